@@ -1,0 +1,308 @@
+"""A local ClickHouse for development, tests and CI.
+
+Serves the ClickHouse HTTP interface over chDB (the ClickHouse engine running
+in-process), because these machines can run neither Docker nor a ClickHouse
+server binary. It speaks what the `clickhouse` Rust crate and curl use:
+
+* POST/GET `/` with the query in the URL (`query=`), in the body, or in a
+  multipart form (`query` and `param_*` fields); `param_*` in the URL too;
+* `database`, `default_format`, and any other URL setting applied to that query
+  alone (SET before, SET ... = DEFAULT after);
+* INSERT data in the body, passed to chDB binary-safe (`send_insert`), plain or
+  in ClickHouse's native LZ4 block framing (`decompress=1`); chunked bodies;
+* `/ping`; errors as HTTP 500 with `Code: N. DB::Exception: ...` and the
+  `X-ClickHouse-Exception-Code` header.
+
+Credentials are accepted and ignored: this is a dev engine bound to loopback.
+chDB allows one process per data directory and one statement at a time per
+connection, so queries are serialized behind one lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import re
+import signal
+import socket
+import socketserver
+import struct
+import sys
+import threading
+import urllib.parse
+
+import chdb
+import lz4.block
+
+# URL parameters that shape the HTTP exchange itself rather than the query.
+TRANSPORT_PARAMS = {
+    "query",
+    "database",
+    "default_format",
+    "decompress",
+    "compress",
+    "query_id",
+    "session_id",
+    "session_timeout",
+    "session_check",
+    "user",
+    "password",
+    "quota_key",
+    "buffer_size",
+    "wait_end_of_query",
+    "enable_http_compression",
+    "http_zlib_compression_level",
+    "send_progress_in_http_headers",
+    "http_headers_progress_interval_ms",
+    "role",
+    "cancel_http_readonly_queries_on_client_close",
+}
+
+SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+INSERT_WITH_FORMAT = re.compile(r"^\s*(INSERT\s+INTO\s+.*?)\s+FORMAT\s+(\w+)\s*;?\s*$", re.I | re.S)
+ERROR_CODE = re.compile(r"Code:\s*(\d+)")
+NATIVE_BLOCK_HEADER = 16 + 9  # CityHash128 checksum, method byte, two u32 sizes
+
+
+class ClickHouseError(Exception):
+    """An error to report the way ClickHouse does."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
+
+    @classmethod
+    def from_engine(cls, exc: Exception) -> "ClickHouseError":
+        text = str(exc)
+        found = ERROR_CODE.search(text)
+        code = int(found.group(1)) if found else 1001
+        if not text.startswith("Code:"):
+            text = f"Code: {code}. DB::Exception: {text}"
+        return cls(text, code)
+
+
+def quote_literal(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def decompress_native(body: bytes) -> bytes:
+    """Undo ClickHouse's compressed-block framing (what `decompress=1` announces)."""
+    out = []
+    pos = 0
+    while pos < len(body):
+        if len(body) - pos < NATIVE_BLOCK_HEADER:
+            raise ClickHouseError("Code: 432. DB::Exception: Truncated compressed block header", 432)
+        method = body[pos + 16]
+        compressed_size, plain_size = struct.unpack_from("<II", body, pos + 17)
+        payload_start = pos + NATIVE_BLOCK_HEADER
+        payload_end = pos + 16 + compressed_size
+        if compressed_size < 9 or payload_end > len(body):
+            raise ClickHouseError("Code: 432. DB::Exception: Truncated compressed block", 432)
+        payload = body[payload_start:payload_end]
+        if method == 0x82:
+            out.append(lz4.block.decompress(payload, uncompressed_size=plain_size))
+        elif method == 0x02:
+            out.append(payload)
+        else:
+            raise ClickHouseError(
+                f"Code: 89. DB::Exception: Unknown compression method 0x{method:02x}", 89
+            )
+        pos = payload_end
+    return b"".join(out)
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, str]:
+    """The form fields of a multipart/form-data body (what the Rust crate sends with params)."""
+    found = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not found:
+        raise ClickHouseError("Code: 27. DB::Exception: multipart body without boundary", 27)
+    delimiter = b"--" + found.group(1).encode()
+    fields = {}
+    for part in body.split(delimiter)[1:]:
+        if part.startswith(b"--"):
+            break
+        part = part[2:] if part.startswith(b"\r\n") else part
+        head, _, value = part.partition(b"\r\n\r\n")
+        if value.endswith(b"\r\n"):
+            value = value[:-2]
+        name = re.search(rb'name="([^"]*)"', head)
+        if name:
+            fields[name.group(1).decode()] = value.decode()
+    return fields
+
+
+class Engine:
+    """One chDB connection, used by one request at a time."""
+
+    def __init__(self, path: str):
+        self.conn = chdb.connect(f"file:{path}")
+        self.lock = threading.Lock()
+
+    def execute(self, sql: str, params: dict, settings: dict, database: str, fmt: str, data: bytes | None) -> bytes:
+        with self.lock:
+            applied = []
+            try:
+                self._run(f"USE {database}" if database else "USE default")
+                for name, value in settings.items():
+                    self._run(f"SET {name} = {quote_literal(value)}")
+                    applied.append(name)
+                insert = INSERT_WITH_FORMAT.match(sql) if data is not None else None
+                if insert:
+                    return self._insert(insert.group(1), insert.group(2), data)
+                if data:
+                    sql = sql + "\n" + data.decode("utf-8", errors="replace")
+                result = self._run(sql, fmt, params)
+                return result.bytes()
+            finally:
+                for name in applied:
+                    try:
+                        self._run(f"SET {name} = DEFAULT")
+                    except ClickHouseError:
+                        pass
+
+    def _run(self, sql: str, fmt: str = "TabSeparated", params: dict | None = None):
+        try:
+            return self.conn.query(sql, fmt, params=params or {})
+        except Exception as exc:  # chDB raises its own and RuntimeError
+            raise ClickHouseError.from_engine(exc) from None
+
+    def _insert(self, statement: str, fmt: str, data: bytes) -> bytes:
+        try:
+            inserter = self.conn.send_insert(statement, fmt)
+            try:
+                if data:
+                    inserter.append(data)
+                inserter.finish()
+            except BaseException:
+                inserter.cancel()
+                raise
+        except ClickHouseError:
+            raise
+        except Exception as exc:
+            raise ClickHouseError.from_engine(exc) from None
+        return b""
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "statehouse-localch"
+    engine: Engine
+    verbose = False
+
+    def setup(self):
+        super().setup()
+        # Without this every reply waits ~40 ms on Nagle + delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format, *args):  # noqa: A002 - name fixed by the base class
+        if self.verbose:
+            sys.stderr.write("localch: " + (format % args) + "\n")
+
+    def do_GET(self):
+        self.handle_query(b"")
+
+    def do_POST(self):
+        self.handle_query(self.read_body())
+
+    def read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def handle_query(self, body: bytes):
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/ping":
+            return self.reply(200, b"Ok.\n", "text/plain; charset=UTF-8")
+        if url.path not in ("/", ""):
+            return self.fail(ClickHouseError(f"Code: 0. DB::Exception: There is no handle {url.path}", 0), 404)
+        try:
+            output = self.run(url.query, body)
+        except ClickHouseError as exc:
+            return self.fail(exc, 500)
+        except Exception as exc:  # a bug here must still answer like ClickHouse would
+            return self.fail(ClickHouseError(f"Code: 1001. DB::Exception: {exc!r}", 1001), 500)
+        self.reply(200, output, "text/plain; charset=UTF-8")
+
+    def run(self, query_string: str, body: bytes) -> bytes:
+        url_params = dict(urllib.parse.parse_qsl(query_string, keep_blank_values=True))
+        content_type = self.headers.get("Content-Type", "")
+        form = {}
+        if content_type.startswith("multipart/form-data"):
+            form = parse_multipart(content_type, body)
+            body = b""
+        elif url_params.get("decompress") == "1" and body:
+            body = decompress_native(body)
+        fields = {**url_params, **form}
+        params = {k[len("param_"):]: v for k, v in fields.items() if k.startswith("param_")}
+        settings = {k: v for k, v in url_params.items() if k not in TRANSPORT_PARAMS and not k.startswith("param_")}
+        for name in settings:
+            if not SETTING_NAME.match(name):
+                raise ClickHouseError(f"Code: 115. DB::Exception: Unknown setting '{name}'", 115)
+        database = fields.get("database") or self.headers.get("X-ClickHouse-Database", "")
+        if database and not SETTING_NAME.match(database):
+            database = "`" + database.replace("\\", "\\\\").replace("`", "\\`") + "`"
+        fmt = fields.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
+        if "query" in fields:
+            sql, data = fields["query"], body
+        else:
+            sql, data = body.decode("utf-8", errors="replace"), None
+        if not sql.strip():
+            raise ClickHouseError("Code: 62. DB::Exception: Empty query", 62)
+        return self.engine.execute(sql, params, settings, database, fmt, data)
+
+    def fail(self, exc: ClickHouseError, status: int):
+        text = str(exc).rstrip("\n") + "\n"
+        self.reply(status, text.encode(), "text/plain; charset=UTF-8", {"X-ClickHouse-Exception-Code": str(exc.code)})
+
+    def reply(self, status: int, body: bytes, content_type: str, extra: dict | None = None):
+        head = [f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}"]
+        head.append(f"Content-Type: {content_type}")
+        head.append(f"Content-Length: {len(body)}")
+        head.append("X-ClickHouse-Server-Display-Name: statehouse-localch")
+        for name, value in (extra or {}).items():
+            head.append(f"{name}: {value}")
+        if self.close_connection:
+            head.append("Connection: close")
+        # One write: headers and body leave in the same segment.
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--data", default=os.path.join(os.getcwd(), ".localch-data"), help="data directory")
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args()
+
+    os.makedirs(args.data, exist_ok=True)
+    Handler.engine = Engine(args.data)
+    Handler.verbose = args.verbose
+    server = Server((args.host, args.port), Handler)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"localch: ClickHouse HTTP interface on http://{args.host}:{server.server_address[1]} (data {args.data})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,407 @@
+//! Command line and environment: every setting has a flag and a `STATEHOUSE_*` variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use percent_encoding::percent_decode_str;
+use url::Url;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "statehouse",
+    version,
+    about = "HTTP gateway that keeps Meltano pipeline state in ClickHouse"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "STATEHOUSE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// ClickHouse URI: clickhouse://user:password@host:port/database (HTTP
+    /// interface, port 8123 by default); clickhouses:// for TLS (port 8443).
+    /// User and password are percent-decoded. Required.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_URL", hide_env_values = true)]
+    pub clickhouse_url: Option<String>,
+
+    /// Overrides the host of the ClickHouse URI.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_HOST")]
+    pub clickhouse_host: Option<String>,
+
+    /// Overrides the port of the ClickHouse URI.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_PORT")]
+    pub clickhouse_port: Option<u16>,
+
+    /// Overrides the database of the ClickHouse URI (the connection's default
+    /// database; the state tables live in --schema).
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_DATABASE")]
+    pub clickhouse_database: Option<String>,
+
+    /// Overrides the user of the ClickHouse URI.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_USER")]
+    pub clickhouse_user: Option<String>,
+
+    /// Overrides the password of the ClickHouse URI.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_PASSWORD", hide_env_values = true)]
+    pub clickhouse_password: Option<String>,
+
+    /// Use TLS to ClickHouse (the same as a clickhouses:// URI).
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_SECURE", num_args = 0..=1, default_missing_value = "true")]
+    pub clickhouse_secure: Option<bool>,
+
+    /// ClickHouse database that holds the state tables.
+    #[arg(long, env = "STATEHOUSE_SCHEMA", default_value = "meltano")]
+    pub schema: String,
+
+    /// Name of the state table (the lease table is `<table>_lease`).
+    #[arg(long, env = "STATEHOUSE_TABLE", default_value = "state")]
+    pub table: String,
+
+    /// Longest a ClickHouse query may take before the request fails with 503.
+    #[arg(long, env = "STATEHOUSE_QUERY_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub query_timeout: Duration,
+
+    /// How long to keep retrying an unreachable ClickHouse at start before exiting.
+    #[arg(long, env = "STATEHOUSE_STARTUP_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+
+    /// Largest request body in bytes; one byte more is answered with 413.
+    #[arg(long, env = "STATEHOUSE_BODY_LIMIT", default_value_t = 16 * 1024 * 1024)]
+    pub body_limit: usize,
+
+    /// How long SIGTERM waits for in-flight requests before exiting anyway.
+    #[arg(long, env = "STATEHOUSE_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format: text for people, json for log pipelines.
+    #[arg(long, env = "STATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Where and how to reach ClickHouse, resolved from the URI and its overrides.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClickHouseTarget {
+    pub secure: bool,
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for ClickHouseTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClickHouseTarget")
+            .field("endpoint", &self.endpoint())
+            .field("database", &self.database)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClickHouseTarget {
+    /// The HTTP(S) endpoint, without credentials: safe to log.
+    pub fn endpoint(&self) -> String {
+        let scheme = if self.secure { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host, self.port)
+    }
+}
+
+/// A ClickHouse identifier the service splices into DDL and queries; only
+/// plain names are accepted so no quoting rules can be got wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identifier(String);
+
+impl Identifier {
+    pub fn parse(what: &str, raw: &str) -> Result<Self, ConfigError> {
+        let mut chars = raw.chars();
+        let valid = raw.len() <= 128
+            && chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(ConfigError::Identifier {
+                what: what.to_owned(),
+                value: raw.to_owned(),
+            })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub clickhouse: ClickHouseTarget,
+    pub schema: Identifier,
+    pub table: Identifier,
+    pub query_timeout: Duration,
+    pub startup_timeout: Duration,
+    pub body_limit: usize,
+    pub shutdown_timeout: Duration,
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "no ClickHouse URL: set --clickhouse-url or STATEHOUSE_CLICKHOUSE_URL (clickhouse://user:password@host:8123/database)"
+    )]
+    MissingUrl,
+    #[error("invalid ClickHouse URL: {0}")]
+    InvalidUrl(String),
+    #[error(
+        "invalid {what} {value:?}: use letters, digits and underscores, starting with a letter or underscore"
+    )]
+    Identifier { what: String, value: String },
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+impl TryFrom<ServeArgs> for Config {
+    type Error = ConfigError;
+
+    fn try_from(args: ServeArgs) -> Result<Self, ConfigError> {
+        let raw = args
+            .clickhouse_url
+            .as_deref()
+            .ok_or(ConfigError::MissingUrl)?;
+        let mut target = parse_clickhouse_url(raw)?;
+        if let Some(host) = args.clickhouse_host {
+            target.host = host;
+        }
+        if let Some(secure) = args.clickhouse_secure {
+            if args.clickhouse_port.is_none() && target.port == default_port(target.secure) {
+                target.port = default_port(secure);
+            }
+            target.secure = secure;
+        }
+        if let Some(port) = args.clickhouse_port {
+            target.port = port;
+        }
+        if let Some(database) = args.clickhouse_database {
+            target.database = database;
+        }
+        if let Some(user) = args.clickhouse_user {
+            target.user = user;
+        }
+        if let Some(password) = args.clickhouse_password {
+            target.password = password;
+        }
+        if args.query_timeout.is_zero() {
+            return Err(ConfigError::Zero("--query-timeout"));
+        }
+        if args.body_limit == 0 {
+            return Err(ConfigError::Zero("--body-limit"));
+        }
+        Ok(Self {
+            listen: args.listen,
+            clickhouse: target,
+            schema: Identifier::parse("schema", &args.schema)?,
+            table: Identifier::parse("table", &args.table)?,
+            query_timeout: args.query_timeout,
+            startup_timeout: args.startup_timeout,
+            body_limit: args.body_limit,
+            shutdown_timeout: args.shutdown_timeout,
+            log_format: args.log_format,
+        })
+    }
+}
+
+fn default_port(secure: bool) -> u16 {
+    if secure { 8443 } else { 8123 }
+}
+
+/// Parses the seed plugin's URI form; http(s):// is taken too, for people who
+/// paste ClickHouse's own HTTP address.
+pub fn parse_clickhouse_url(raw: &str) -> Result<ClickHouseTarget, ConfigError> {
+    let invalid = |why: &str| {
+        ConfigError::InvalidUrl(format!(
+            "{why} (expected clickhouse://user:password@host:8123/database)"
+        ))
+    };
+    let url = Url::parse(raw).map_err(|e| invalid(&e.to_string()))?;
+    let secure = match url.scheme() {
+        "clickhouse" | "http" => false,
+        "clickhouses" | "https" => true,
+        other => return Err(invalid(&format!("unsupported scheme {other:?}"))),
+    };
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| invalid("no host"))?
+        .to_owned();
+    let decode = |part: &str| {
+        percent_decode_str(part)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| invalid("user or password is not valid UTF-8 once percent-decoded"))
+    };
+    let user = match url.username() {
+        "" => "default".to_owned(),
+        u => decode(u)?,
+    };
+    let password = decode(url.password().unwrap_or(""))?;
+    let database = match url.path().trim_start_matches('/') {
+        "" => "default".to_owned(),
+        db if db.contains('/') => return Err(invalid("the path must be a single database name")),
+        db => decode(db)?,
+    };
+    Ok(ClickHouseTarget {
+        secure,
+        port: url.port().unwrap_or(default_port(secure)),
+        host,
+        database,
+        user,
+        password,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> ServeArgs {
+        let mut argv = vec!["statehouse", "serve"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(args) => *args,
+        }
+    }
+
+    #[test]
+    fn parses_the_seed_uri_form_with_percent_encoded_credentials() {
+        let t = parse_clickhouse_url("clickhouse://us%3Aer:p%40ss%2Fw@ch.example:9000/analytics")
+            .unwrap();
+        assert_eq!(
+            t,
+            ClickHouseTarget {
+                secure: false,
+                host: "ch.example".into(),
+                port: 9000,
+                database: "analytics".into(),
+                user: "us:er".into(),
+                password: "p@ss/w".into(),
+            }
+        );
+    }
+
+    #[test]
+    fn defaults_port_user_and_database_and_knows_tls() {
+        let t = parse_clickhouse_url("clickhouse://localhost").unwrap();
+        assert_eq!(
+            (t.port, t.user.as_str(), t.database.as_str()),
+            (8123, "default", "default")
+        );
+        let t = parse_clickhouse_url("clickhouses://h/db").unwrap();
+        assert!(t.secure);
+        assert_eq!(t.endpoint(), "https://h:8443");
+    }
+
+    #[test]
+    fn rejects_malformed_uris() {
+        for raw in [
+            "",
+            "localhost:8123",
+            "postgres://h/db",
+            "clickhouse:///db",
+            "clickhouse://h/a/b",
+        ] {
+            assert!(parse_clickhouse_url(raw).is_err(), "{raw}");
+        }
+    }
+
+    #[test]
+    fn each_part_has_its_own_override() {
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://u:p@h:1/d",
+            "--clickhouse-host=h2",
+            "--clickhouse-port=2",
+            "--clickhouse-database=d2",
+            "--clickhouse-user=u2",
+            "--clickhouse-password=p2",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.clickhouse.endpoint(), "http://h2:2");
+        assert_eq!(cfg.clickhouse.database, "d2");
+        assert_eq!(
+            (
+                cfg.clickhouse.user.as_str(),
+                cfg.clickhouse.password.as_str()
+            ),
+            ("u2", "p2")
+        );
+    }
+
+    #[test]
+    fn secure_flag_moves_the_default_port_only() {
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://h",
+            "--clickhouse-secure",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.clickhouse.endpoint(), "https://h:8443");
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://h:9999",
+            "--clickhouse-secure=true",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.clickhouse.endpoint(), "https://h:9999");
+    }
+
+    #[test]
+    fn missing_url_and_bad_identifiers_are_errors() {
+        assert!(matches!(
+            Config::try_from(args(&[])),
+            Err(ConfigError::MissingUrl)
+        ));
+        for bad in [
+            "--schema=me-ltano",
+            "--table=1state",
+            "--table=a;b",
+            "--schema=",
+        ] {
+            let result = Config::try_from(args(&["--clickhouse-url=clickhouse://h", bad]));
+            assert!(
+                matches!(result, Err(ConfigError::Identifier { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let cfg = Config::try_from(args(&["--clickhouse-url=clickhouse://h"])).unwrap();
+        assert_eq!(cfg.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(
+            (cfg.schema.as_str(), cfg.table.as_str()),
+            ("meltano", "state")
+        );
+        assert_eq!(cfg.body_limit, 16_777_216);
+    }
+}

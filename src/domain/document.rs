@@ -1,0 +1,261 @@
+use serde_json::{Map, Value};
+
+pub type JsonObject = Map<String, Value>;
+
+/// A Meltano state: `{"completed": {...}, "partial": {...}}`, as Meltano's
+/// `MeltanoState.to_dict()` writes it. Numbers keep their exact digits and
+/// objects their key order (serde_json's arbitrary_precision and preserve_order).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StateDocument {
+    pub completed: JsonObject,
+    pub partial: JsonObject,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("body is not valid JSON: {0}")]
+    InvalidJson(serde_json::Error),
+    #[error("body is not a state document: {0}")]
+    NotAState(String),
+}
+
+/// What ClickHouse holds for a state_id is not a state another writer could have meant.
+#[derive(Debug, thiserror::Error)]
+#[error("stored {column} is not a JSON object: {reason}")]
+pub struct CorruptState {
+    column: &'static str,
+    reason: String,
+}
+
+impl StateDocument {
+    /// Parses a request body. Absent or `null` halves are empty (Meltano sends
+    /// `null` for a state it never set); anything but those two keys is refused
+    /// so that a typo cannot silently store an empty state.
+    pub fn from_request(body: &[u8]) -> Result<Self, DocumentError> {
+        let value: Value = serde_json::from_slice(body).map_err(DocumentError::InvalidJson)?;
+        let Value::Object(fields) = value else {
+            return Err(DocumentError::NotAState(format!(
+                "expected a JSON object with \"completed\" and/or \"partial\", got {}",
+                kind_of(&value)
+            )));
+        };
+        let mut doc = Self::default();
+        for (key, value) in fields {
+            let half = match key.as_str() {
+                "completed" => &mut doc.completed,
+                "partial" => &mut doc.partial,
+                other => {
+                    return Err(DocumentError::NotAState(format!(
+                        "unknown field {other:?}; a state document has only \"completed\" and \"partial\""
+                    )));
+                }
+            };
+            *half = match value {
+                Value::Null => JsonObject::new(),
+                Value::Object(object) => object,
+                other => {
+                    return Err(DocumentError::NotAState(format!(
+                        "\"{key}\" must be a JSON object or null, got {}",
+                        kind_of(&other)
+                    )));
+                }
+            };
+        }
+        Ok(doc)
+    }
+
+    /// Reads the two stored columns; NULL (or empty text) reads back as `{}`.
+    pub fn from_stored(
+        completed: Option<&str>,
+        partial: Option<&str>,
+    ) -> Result<Self, CorruptState> {
+        Ok(Self {
+            completed: stored_object("completed_state", completed)?,
+            partial: stored_object("partial_state", partial)?,
+        })
+    }
+
+    /// Meltano calls a state complete when it has any completed part.
+    pub fn is_complete(&self) -> bool {
+        !self.completed.is_empty()
+    }
+
+    /// Meltano's `StateStoreManager.update`: a complete incoming state replaces
+    /// what is stored; an incomplete one deep-merges its partial state into the
+    /// stored partial state (incoming values win, lists are replaced) and keeps
+    /// the stored completed state.
+    pub fn updated_by(current: Option<Self>, incoming: Self) -> Self {
+        match current {
+            Some(mut current) if !incoming.is_complete() => {
+                deep_merge(incoming.partial, &mut current.partial);
+                current
+            }
+            _ => incoming,
+        }
+    }
+
+    pub fn completed_json(&self) -> String {
+        Value::Object(self.completed.clone()).to_string()
+    }
+
+    pub fn partial_json(&self) -> String {
+        Value::Object(self.partial.clone()).to_string()
+    }
+}
+
+/// `meltano.core.utils.merge(src, dest)`: nested objects merge key by key,
+/// anything else in `src` (lists included) replaces what `dest` had. Where
+/// `dest` holds a non-object under a key that `src` has an object for, Meltano
+/// would crash; the incoming object replaces it instead.
+fn deep_merge(src: JsonObject, dest: &mut JsonObject) {
+    for (key, value) in src {
+        match (value, dest.get_mut(&key)) {
+            (Value::Object(src_child), Some(Value::Object(dest_child))) => {
+                deep_merge(src_child, dest_child);
+            }
+            (Value::Object(src_child), _) => {
+                let mut fresh = JsonObject::new();
+                deep_merge(src_child, &mut fresh);
+                dest.insert(key, Value::Object(fresh));
+            }
+            (value, _) => {
+                dest.insert(key, value);
+            }
+        }
+    }
+}
+
+fn stored_object(column: &'static str, text: Option<&str>) -> Result<JsonObject, CorruptState> {
+    let text = match text {
+        None => return Ok(JsonObject::new()),
+        Some(t) if t.trim().is_empty() => return Ok(JsonObject::new()),
+        Some(t) => t,
+    };
+    match serde_json::from_str(text) {
+        Ok(Value::Object(object)) => Ok(object),
+        Ok(Value::Null) => Ok(JsonObject::new()),
+        Ok(other) => Err(CorruptState {
+            column,
+            reason: format!("found {}", kind_of(&other)),
+        }),
+        Err(err) => Err(CorruptState {
+            column,
+            reason: err.to_string(),
+        }),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(value: Value) -> StateDocument {
+        StateDocument::from_request(value.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn parses_both_halves_and_treats_null_or_absent_as_empty() {
+        let d = doc(json!({"completed": {"a": 1}, "partial": null}));
+        assert_eq!(Value::Object(d.completed), json!({"a": 1}));
+        assert!(d.partial.is_empty());
+        assert_eq!(doc(json!({})), StateDocument::default());
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_state_document() {
+        for body in [
+            "[]",
+            "42",
+            r#"{"completed": []}"#,
+            r#"{"partial": "x"}"#,
+            r#"{"singer_state": {}}"#,
+        ] {
+            assert!(
+                matches!(
+                    StateDocument::from_request(body.as_bytes()),
+                    Err(DocumentError::NotAState(_))
+                ),
+                "{body}"
+            );
+        }
+        assert!(matches!(
+            StateDocument::from_request(b"{"),
+            Err(DocumentError::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn numbers_keep_their_digits_and_keys_their_order() {
+        let body = r#"{"completed":{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e400}}"#;
+        let d = StateDocument::from_request(body.as_bytes()).unwrap();
+        assert_eq!(
+            d.completed_json(),
+            // Digits are never rounded; serde_json only spells the exponent sign out.
+            r#"{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e+400}"#
+        );
+    }
+
+    #[test]
+    fn incomplete_update_deep_merges_partial_and_keeps_completed() {
+        let current = doc(json!({
+            "completed": {"singer_state": {"bookmarks": {"a": 1}}},
+            "partial": {"singer_state": {"bookmarks": {"s1": {"ts": 1, "keep": true}, "s2": [1, 2, 3]}}}
+        }));
+        let incoming = doc(json!({
+            "partial": {"singer_state": {"bookmarks": {"s1": {"ts": 2}, "s2": [9], "s3": {"new": 1}}}}
+        }));
+        let merged = StateDocument::updated_by(Some(current), incoming);
+        assert_eq!(
+            Value::Object(merged.completed),
+            json!({"singer_state": {"bookmarks": {"a": 1}}})
+        );
+        assert_eq!(
+            Value::Object(merged.partial),
+            json!({"singer_state": {"bookmarks": {"s1": {"ts": 2, "keep": true}, "s2": [9], "s3": {"new": 1}}}})
+        );
+    }
+
+    #[test]
+    fn complete_update_replaces_everything() {
+        let current = doc(json!({"completed": {"a": 1}, "partial": {"p": 1}}));
+        let incoming = doc(json!({"completed": {"b": 2}}));
+        let merged = StateDocument::updated_by(Some(current), incoming.clone());
+        assert_eq!(merged, incoming);
+    }
+
+    #[test]
+    fn update_of_nothing_stores_the_incoming_state() {
+        let incoming = doc(json!({"partial": {"p": {"q": 1}}}));
+        assert_eq!(StateDocument::updated_by(None, incoming.clone()), incoming);
+    }
+
+    #[test]
+    fn object_replaces_a_scalar_it_would_merge_into() {
+        let current = doc(json!({"partial": {"k": "scalar"}}));
+        let incoming = doc(json!({"partial": {"k": {"x": 1}}}));
+        let merged = StateDocument::updated_by(Some(current), incoming);
+        assert_eq!(Value::Object(merged.partial), json!({"k": {"x": 1}}));
+    }
+
+    #[test]
+    fn stored_null_and_empty_read_as_empty_objects() {
+        let d = StateDocument::from_stored(None, Some("")).unwrap();
+        assert_eq!(d, StateDocument::default());
+        let d = StateDocument::from_stored(Some("null"), Some(r#"{"x":1}"#)).unwrap();
+        assert!(d.completed.is_empty());
+        assert!(StateDocument::from_stored(Some("[1]"), None).is_err());
+        assert!(StateDocument::from_stored(Some("{oops"), None).is_err());
+    }
+}

@@ -1,0 +1,97 @@
+/// Longest glob accepted: room for a 900-byte id with wildcards around it.
+pub const MAX_PATTERN_BYTES: usize = 4096;
+
+/// A state-id glob with fnmatch's meaning of `*` (any run of characters, `/`
+/// included) and `?` (exactly one character). Everything else is literal,
+/// including `%`, `_` and `[`, so a glob never leaks SQL LIKE or class syntax.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatePattern(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pattern is {0} bytes long; at most {MAX_PATTERN_BYTES} bytes are allowed")]
+pub struct PatternTooLong(usize);
+
+impl StatePattern {
+    pub fn parse(raw: impl Into<String>) -> Result<Self, PatternTooLong> {
+        let raw = raw.into();
+        if raw.len() > MAX_PATTERN_BYTES {
+            return Err(PatternTooLong(raw.len()));
+        }
+        Ok(Self(raw))
+    }
+
+    pub fn matches_everything(&self) -> bool {
+        !self.0.is_empty() && self.0.chars().all(|c| c == '*')
+    }
+
+    /// The same language as an RE2 expression (ClickHouse `match`), anchored at
+    /// both ends; `(?s)` lets `?` and `*` cross newlines as fnmatch does.
+    pub fn to_regex(&self) -> String {
+        let mut re = String::with_capacity(self.0.len() + 8);
+        re.push_str("(?s)^");
+        for c in self.0.chars() {
+            match c {
+                '*' => re.push_str(".*"),
+                '?' => re.push('.'),
+                '\\' | '.' | '+' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => {
+                    re.push('\\');
+                    re.push(c);
+                }
+                _ => re.push(c),
+            }
+        }
+        re.push('$');
+        re
+    }
+
+    /// The literal text every match starts with, which lets ClickHouse use the
+    /// primary key instead of scanning every id.
+    pub fn literal_prefix(&self) -> &str {
+        let end = self.0.find(['*', '?']).unwrap_or(self.0.len());
+        &self.0[..end]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(raw: &str) -> StatePattern {
+        StatePattern::parse(raw).unwrap()
+    }
+
+    #[test]
+    fn wildcards_become_regex_and_the_rest_stays_literal() {
+        assert_eq!(pattern("dev:*").to_regex(), "(?s)^dev:.*$");
+        assert_eq!(pattern("a?c").to_regex(), "(?s)^a.c$");
+        assert_eq!(pattern("100%_done").to_regex(), "(?s)^100%_done$");
+        assert_eq!(
+            pattern("a.b+[c](d)|{e}^$\\").to_regex(),
+            "(?s)^a\\.b\\+\\[c\\]\\(d\\)\\|\\{e\\}\\^\\$\\\\$"
+        );
+    }
+
+    #[test]
+    fn literal_prefix_stops_at_the_first_wildcard() {
+        assert_eq!(pattern("dev:tap-*-x?").literal_prefix(), "dev:tap-");
+        assert_eq!(pattern("exact").literal_prefix(), "exact");
+        assert_eq!(pattern("*x").literal_prefix(), "");
+    }
+
+    #[test]
+    fn only_stars_match_everything() {
+        assert!(pattern("*").matches_everything());
+        assert!(pattern("**").matches_everything());
+        assert!(!pattern("").matches_everything());
+        assert!(!pattern("*a").matches_everything());
+    }
+
+    #[test]
+    fn rejects_overlong_patterns() {
+        assert!(StatePattern::parse("*".repeat(MAX_PATTERN_BYTES)).is_ok());
+        assert_eq!(
+            StatePattern::parse("*".repeat(MAX_PATTERN_BYTES + 1)),
+            Err(PatternTooLong(MAX_PATTERN_BYTES + 1))
+        );
+    }
+}

@@ -1,0 +1,196 @@
+//! Every error leaves as RFC 9457 problem+json with a stable `type`.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::domain::{DocumentError, StateIdError};
+use crate::states::StateError;
+use crate::store::StoreError;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidStateId(#[from] StateIdError),
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("{0}")]
+    InvalidDocument(String),
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("{0}")]
+    InvalidHeader(String),
+    #[error("no state with id {0:?}")]
+    StateNotFound(String),
+    #[error("{0}")]
+    PreconditionFailed(&'static str),
+    #[error("request body is larger than the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("ClickHouse is unavailable: {0}")]
+    ClickHouseUnavailable(StoreError),
+    #[error("{0}")]
+    CorruptState(StoreError),
+}
+
+/// The problem types; their slugs are part of the API and never change.
+#[derive(Clone, Copy, Debug)]
+pub enum ProblemType {
+    InvalidStateId,
+    InvalidJson,
+    InvalidStateDocument,
+    InvalidQuery,
+    InvalidHeader,
+    NotFound,
+    StateNotFound,
+    MethodNotAllowed,
+    PreconditionFailed,
+    PayloadTooLarge,
+    ClickHouseUnavailable,
+    CorruptState,
+    Internal,
+    Other,
+}
+
+impl ProblemType {
+    fn slug(self) -> &'static str {
+        match self {
+            Self::InvalidStateId => "invalid-state-id",
+            Self::InvalidJson => "invalid-json",
+            Self::InvalidStateDocument => "invalid-state-document",
+            Self::InvalidQuery => "invalid-query",
+            Self::InvalidHeader => "invalid-header",
+            Self::NotFound => "not-found",
+            Self::StateNotFound => "state-not-found",
+            Self::MethodNotAllowed => "method-not-allowed",
+            Self::PreconditionFailed => "precondition-failed",
+            Self::PayloadTooLarge => "payload-too-large",
+            Self::ClickHouseUnavailable => "clickhouse-unavailable",
+            Self::CorruptState => "corrupt-state",
+            Self::Internal => "internal",
+            Self::Other => "http-error",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Self::InvalidStateId => "Invalid state id",
+            Self::InvalidJson => "Invalid JSON",
+            Self::InvalidStateDocument => "Invalid state document",
+            Self::InvalidQuery => "Invalid query string",
+            Self::InvalidHeader => "Invalid header",
+            Self::NotFound => "Not found",
+            Self::StateNotFound => "State not found",
+            Self::MethodNotAllowed => "Method not allowed",
+            Self::PreconditionFailed => "Precondition failed",
+            Self::PayloadTooLarge => "Payload too large",
+            Self::ClickHouseUnavailable => "ClickHouse unavailable",
+            Self::CorruptState => "Stored state is unreadable",
+            Self::Internal => "Internal error",
+            Self::Other => "HTTP error",
+        }
+    }
+
+    /// The problem type for a bare status some layer produced without one.
+    pub fn for_status(status: StatusCode) -> Self {
+        match status {
+            StatusCode::NOT_FOUND => Self::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => Self::MethodNotAllowed,
+            StatusCode::PAYLOAD_TOO_LARGE => Self::PayloadTooLarge,
+            StatusCode::BAD_REQUEST => Self::InvalidQuery,
+            StatusCode::INTERNAL_SERVER_ERROR => Self::Internal,
+            _ => Self::Other,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
+/// Builds a problem+json response.
+pub fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response {
+    let body = ProblemBody {
+        kind: format!("urn:statehouse:problem:{}", kind.slug()),
+        title: kind.title(),
+        status: status.as_u16(),
+        detail,
+    };
+    let mut response = (status, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+impl ApiError {
+    fn status_and_type(&self) -> (StatusCode, ProblemType) {
+        match self {
+            Self::InvalidStateId(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidStateId),
+            Self::InvalidJson(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidJson),
+            Self::InvalidDocument(_) => {
+                (StatusCode::BAD_REQUEST, ProblemType::InvalidStateDocument)
+            }
+            Self::InvalidQuery(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidQuery),
+            Self::InvalidHeader(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidHeader),
+            Self::StateNotFound(_) => (StatusCode::NOT_FOUND, ProblemType::StateNotFound),
+            Self::PreconditionFailed(_) => (
+                StatusCode::PRECONDITION_FAILED,
+                ProblemType::PreconditionFailed,
+            ),
+            Self::PayloadTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, ProblemType::PayloadTooLarge)
+            }
+            Self::ClickHouseUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                ProblemType::ClickHouseUnavailable,
+            ),
+            // The data came from another writer; the gateway relays it faithfully or not at all.
+            Self::CorruptState(_) => (StatusCode::BAD_GATEWAY, ProblemType::CorruptState),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind) = self.status_and_type();
+        if status.is_server_error() {
+            tracing::error!(error = %self, problem = kind.slug(), "request failed");
+        }
+        problem(status, kind, &self.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Corrupt { .. } => Self::CorruptState(err),
+            other => Self::ClickHouseUnavailable(other),
+        }
+    }
+}
+
+impl From<StateError> for ApiError {
+    fn from(err: StateError) -> Self {
+        match err {
+            StateError::Store(store) => store.into(),
+            StateError::PreconditionFailed(why) => Self::PreconditionFailed(why),
+        }
+    }
+}
+
+impl From<DocumentError> for ApiError {
+    fn from(err: DocumentError) -> Self {
+        match err {
+            DocumentError::InvalidJson(_) => Self::InvalidJson(err.to_string()),
+            DocumentError::NotAState(_) => Self::InvalidDocument(err.to_string()),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The HTTP face: routes, extractors, errors, and the middleware around them.
+
+mod error;
+mod extract;
+mod health;
+mod states;
+
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderName, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+pub use error::{ApiError, PROBLEM_JSON, ProblemType, problem};
+
+use crate::AppContext;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Every route of the API. The OpenAPI contract test walks this list, so a
+/// route added here and not to `openapi.yaml` (or the other way) fails CI.
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/v1/states", &["GET", "DELETE"]),
+    ("/v1/states/{state_id}", &["GET", "PUT", "PATCH", "DELETE"]),
+    ("/healthz", &["GET"]),
+    ("/readyz", &["GET"]),
+    ("/metrics", &["GET"]),
+];
+
+pub fn router(ctx: AppContext) -> Router {
+    let body_limit = ctx.body_limit;
+    Router::new()
+        .route("/v1/states", get(states::list).delete(states::delete_many))
+        .route(
+            "/v1/states/{state_id}",
+            get(states::get)
+                .put(states::put)
+                .patch(states::patch)
+                .delete(states::delete),
+        )
+        .route(
+            "/v1/states/",
+            get(states::empty_id)
+                .put(states::empty_id)
+                .patch(states::empty_id)
+                .delete(states::empty_id),
+        )
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(ctx.clone(), record_metrics))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(ctx)
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(|request: &Request<Body>| {
+                            let id = request
+                                .headers()
+                                .get(REQUEST_ID)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("-");
+                            tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
+                        })
+                        .on_response(DefaultOnResponse::new().level(Level::INFO)),
+                )
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+                .layer(middleware::from_fn(problem_for_bare_errors))
+                .layer(CatchPanicLayer::custom(|_| {
+                    problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        ProblemType::Internal,
+                        "the request hit a bug in statehouse; it has been logged",
+                    )
+                })),
+        )
+}
+
+async fn not_found(request: Request) -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        ProblemType::NotFound,
+        &format!("no route for {}", request.uri().path()),
+    )
+}
+
+/// Requests by route and status, with latency, labelled by the route
+/// template (never the raw path, which would explode label cardinality).
+async fn record_metrics(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    ctx.metrics.observe_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// Turns an error status that some layer answered without a body of ours
+/// (405 from the method router, 413 from the body limit, ...) into problem+json.
+async fn problem_for_bare_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !status.is_client_error() && !status.is_server_error() || is_problem {
+        return response;
+    }
+    let detail = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "this method is not allowed on this path".to_owned(),
+        other => other
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_owned(),
+    };
+    let mut replacement = problem(status, ProblemType::for_status(status), &detail);
+    if let Some(allow) = response.headers().get(header::ALLOW) {
+        replacement
+            .headers_mut()
+            .insert(header::ALLOW, allow.clone());
+    }
+    replacement.into_response()
+}

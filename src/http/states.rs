@@ -1,0 +1,203 @@
+//! `/v1/states`: Meltano state documents over REST.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use super::extract::{ApiQuery, IfMatchHeader, StateBody, StatePath};
+use crate::AppContext;
+use crate::domain::{PageCursor, PageLimit, StateIdError, StatePattern};
+use crate::states::Written;
+use crate::store::StoredState;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    pattern: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteManyParams {
+    pattern: Option<String>,
+}
+
+#[derive(Serialize)]
+struct StateListing {
+    states: Vec<ListedState>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ListedState {
+    state_id: String,
+    updated_at: String,
+}
+
+#[derive(Serialize)]
+struct StateRepresentation<'a> {
+    state_id: &'a str,
+    completed: &'a Map<String, Value>,
+    partial: &'a Map<String, Value>,
+    updated_at: String,
+}
+
+/// RFC 3339 UTC with milliseconds, the API's one time format.
+pub fn rfc3339_millis(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn representation(state: &StoredState, status: StatusCode) -> Response {
+    let body = StateRepresentation {
+        state_id: state.id.as_str(),
+        completed: &state.doc.completed,
+        partial: &state.doc.partial,
+        updated_at: rfc3339_millis(state.updated_at_ms),
+    };
+    let mut response = (status, Json(body)).into_response();
+    if let Ok(etag) = HeaderValue::from_str(&state.etag()) {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}
+
+fn written(written: &Written) -> Response {
+    let status = if written.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    representation(&written.state, status)
+}
+
+fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
+    StatePattern::parse(raw.unwrap_or_else(|| "*".to_owned()))
+        .map_err(|e| ApiError::InvalidQuery(e.to_string()))
+}
+
+pub async fn list(
+    State(ctx): State<AppContext>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> Result<Json<Value>, ApiError> {
+    let pattern = parse_pattern(params.pattern)?;
+    let limit = params
+        .limit
+        .map(|raw| {
+            raw.parse::<u32>()
+                .map_err(|_| ApiError::InvalidQuery(format!("limit {raw:?} is not a whole number")))
+        })
+        .transpose()?;
+    let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
+    let cursor = params
+        .cursor
+        .map(|raw| PageCursor::decode(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string())))
+        .transpose()?;
+    let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
+    let next_cursor = has_more
+        .then(|| {
+            summaries
+                .last()
+                .map(|last| PageCursor::after(last.id.clone()).encode())
+        })
+        .flatten();
+    let listing = StateListing {
+        states: summaries
+            .into_iter()
+            .map(|s| ListedState {
+                updated_at: rfc3339_millis(s.updated_at_ms),
+                state_id: s.id.as_str().to_owned(),
+            })
+            .collect(),
+        next_cursor,
+    };
+    Ok(Json(
+        serde_json::to_value(listing).expect("a listing always serializes"),
+    ))
+}
+
+pub async fn delete_many(
+    State(ctx): State<AppContext>,
+    ApiQuery(params): ApiQuery<DeleteManyParams>,
+) -> Result<Json<Value>, ApiError> {
+    // Clearing everything must be asked for (pattern=*), never the result of a missing parameter.
+    let Some(raw) = params.pattern else {
+        return Err(ApiError::InvalidQuery(
+            "pattern is required; use pattern=* to delete every state".into(),
+        ));
+    };
+    let pattern = parse_pattern(Some(raw))?;
+    let deleted = ctx.states.delete_matching(&pattern).await?;
+    Ok(Json(serde_json::json!({ "deleted": deleted })))
+}
+
+pub async fn get(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let state = ctx
+        .states
+        .get(&id)
+        .await?
+        .ok_or_else(|| ApiError::StateNotFound(id.to_string()))?;
+    let etag = state.etag();
+    let unchanged = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|t| t == "*" || t.trim_start_matches("W/") == etag)
+        });
+    if unchanged {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        if let Ok(value) = HeaderValue::from_str(&etag) {
+            response.headers_mut().insert(header::ETAG, value);
+        }
+        return Ok(response);
+    }
+    Ok(representation(&state, StatusCode::OK))
+}
+
+pub async fn put(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    IfMatchHeader(if_match): IfMatchHeader,
+    StateBody(doc): StateBody,
+) -> Result<Response, ApiError> {
+    let outcome = ctx.states.replace(&id, doc, if_match.as_ref()).await?;
+    Ok(written(&outcome))
+}
+
+pub async fn patch(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    IfMatchHeader(if_match): IfMatchHeader,
+    StateBody(doc): StateBody,
+) -> Result<Response, ApiError> {
+    let outcome = ctx.states.update(&id, doc, if_match.as_ref()).await?;
+    Ok(written(&outcome))
+}
+
+pub async fn delete(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    IfMatchHeader(if_match): IfMatchHeader,
+) -> Result<StatusCode, ApiError> {
+    ctx.states.delete(&id, if_match.as_ref()).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `/v1/states/` names the empty id, which cannot exist: say so instead of 404.
+pub async fn empty_id() -> ApiError {
+    ApiError::InvalidStateId(StateIdError::Empty)
+}

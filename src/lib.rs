@@ -1,0 +1,171 @@
+//! statehouse: an HTTP gateway that keeps Meltano pipeline state in ClickHouse.
+//!
+//! A request goes `http` (routes, extractors, errors) → `states` (the API's
+//! rules, per-id write serialization) → `store` (ClickHouse).
+
+pub mod config;
+pub mod domain;
+pub mod http;
+mod keyed_mutex;
+pub mod metrics;
+pub mod states;
+pub mod store;
+pub mod telemetry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::states::States;
+use crate::store::{StateStore, StoreError};
+
+/// What every handler shares; cheap to clone.
+#[derive(Clone)]
+pub struct AppContext {
+    pub states: Arc<States>,
+    pub metrics: Arc<Metrics>,
+    pub body_limit: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("ClickHouse at {endpoint} not usable after {waited:?}: {source}")]
+    ClickHouse {
+        endpoint: String,
+        waited: Duration,
+        source: StoreError,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A gateway that has reached ClickHouse, created its tables and bound its
+/// port, but does not serve yet.
+pub struct App {
+    listener: TcpListener,
+    ctx: AppContext,
+    shutdown_timeout: Duration,
+}
+
+impl App {
+    pub async fn build(config: &Config) -> Result<Self, StartError> {
+        let metrics = Arc::new(Metrics::default());
+        let store = StateStore::new(
+            &config.clickhouse,
+            config.schema.clone(),
+            &config.table,
+            config.query_timeout,
+            metrics.clone(),
+        );
+        prepare_clickhouse(&store, config).await?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        Ok(Self {
+            listener,
+            ctx: AppContext {
+                states: Arc::new(States::new(store)),
+                metrics,
+                body_limit: config.body_limit,
+            },
+            shutdown_timeout: config.shutdown_timeout,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight requests finish
+    /// for at most the shutdown timeout.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (begin_drain, draining) = tokio::sync::oneshot::channel::<()>();
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down: draining in-flight requests");
+            let _ = begin_drain.send(());
+        };
+        let server =
+            axum::serve(self.listener, http::router(self.ctx)).with_graceful_shutdown(signal);
+        let deadline = async move {
+            if draining.await.is_ok() {
+                tokio::time::sleep(self.shutdown_timeout).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            result = server => result,
+            () = deadline => {
+                tracing::warn!(timeout = ?self.shutdown_timeout, "requests still running at the shutdown timeout; exiting anyway");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Waits for ClickHouse (bounded by the startup timeout) and creates the schema.
+async fn prepare_clickhouse(store: &StateStore, config: &Config) -> Result<(), StartError> {
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            store.ping().await?;
+            store.ensure_schema().await
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(source) if started.elapsed() + delay >= config.startup_timeout => {
+                return Err(StartError::ClickHouse {
+                    endpoint: config.clickhouse.endpoint(),
+                    waited: started.elapsed(),
+                    source,
+                });
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, retry_in = ?delay, "ClickHouse not usable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

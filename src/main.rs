@@ -1,0 +1,40 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use statehouse::config::{Cli, Command, Config};
+use statehouse::{App, shutdown_signal, telemetry};
+
+fn main() -> ExitCode {
+    let Command::Serve(args) = Cli::parse().command;
+    let config = match Config::try_from(*args) {
+        Ok(config) => config,
+        Err(err) => return fail(&err),
+    };
+    telemetry::init(config.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(&err),
+    };
+    runtime.block_on(async {
+        let app = match App::build(&config).await {
+            Ok(app) => app,
+            Err(err) => return fail(&err),
+        };
+        tracing::info!(
+            listen = %app.local_addr(),
+            clickhouse = %config.clickhouse.endpoint(),
+            schema = config.schema.as_str(),
+            table = config.table.as_str(),
+            "statehouse ready"
+        );
+        match app.serve(shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => fail(&err),
+        }
+    })
+}
+
+fn fail(err: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("statehouse: error: {err}");
+    ExitCode::FAILURE
+}

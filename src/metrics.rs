@@ -1,0 +1,114 @@
+//! Prometheus metrics: HTTP traffic by route and status, ClickHouse latency and errors.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueryLabels {
+    operation: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: HistogramFamily<RouteLabels>,
+    query_seconds: HistogramFamily<QueryLabels>,
+    query_errors: Family<QueryLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s: covers a point read on a quiet server up to the query timeout.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("statehouse");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let request_seconds: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(latency_histogram);
+        let query_seconds: HistogramFamily<QueryLabels> =
+            Family::new_with_constructor(latency_histogram);
+        let query_errors = Family::<QueryLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer an HTTP request, by route",
+            request_seconds.clone(),
+        );
+        registry.register(
+            "clickhouse_query_duration_seconds",
+            "Time of ClickHouse round trips, by operation (failed ones included)",
+            query_seconds.clone(),
+        );
+        registry.register(
+            "clickhouse_query_errors",
+            "ClickHouse round trips that failed or timed out, by operation",
+            query_errors.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            request_seconds,
+            query_seconds,
+            query_errors,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        let route_labels = RouteLabels {
+            method: method.to_owned(),
+            route: route.to_owned(),
+        };
+        self.request_seconds
+            .get_or_create(&route_labels)
+            .observe(seconds);
+        self.requests
+            .get_or_create(&RequestLabels {
+                method: route_labels.method,
+                route: route_labels.route,
+                status,
+            })
+            .inc();
+    }
+
+    pub fn observe_query(&self, operation: &'static str, seconds: f64, ok: bool) {
+        let labels = QueryLabels { operation };
+        self.query_seconds.get_or_create(&labels).observe(seconds);
+        if !ok {
+            self.query_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -4,7 +4,7 @@
 
 use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern};
 use crate::keyed_mutex::KeyedMutex;
-use crate::store::{StateStore, StateSummary, StoreError, StoredState};
+use crate::store::{StateStore, StateSummary, StoreError, StoredRow, StoredState};
 
 /// An `If-Match` precondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,14 +33,11 @@ impl IfMatch {
     }
 
     /// RFC 9110: If-Match uses the strong comparison, so a weak tag never matches.
-    fn holds_for(&self, current: Option<&StoredState>) -> bool {
+    fn holds_for(&self, current: Option<&StoredRow>) -> bool {
         match (self, current) {
             (_, None) => false,
             (Self::Any, Some(_)) => true,
-            (Self::OneOf(tags), Some(state)) => {
-                let etag = state.etag();
-                tags.contains(&etag)
-            }
+            (Self::OneOf(tags), Some(row)) => tags.contains(&row.etag()),
         }
     }
 }
@@ -51,6 +48,14 @@ pub enum StateError {
     Store(#[from] StoreError),
     #[error("{0}")]
     PreconditionFailed(&'static str),
+}
+
+/// What a write does with the incoming document.
+pub enum Change {
+    /// Meltano `set`: the document replaces the state.
+    Replace(StateDocument),
+    /// Meltano `update`: see [`StateDocument::updated_by`]; a missing state is created.
+    Update(StateDocument),
 }
 
 pub struct Written {
@@ -76,7 +81,7 @@ impl States {
     }
 
     pub async fn get(&self, id: &StateId) -> Result<Option<StoredState>, StoreError> {
-        self.store.get(id).await
+        self.store.get(id).await?.map(StoredRow::parse).transpose()
     }
 
     pub async fn list(
@@ -88,27 +93,32 @@ impl States {
         self.store.list(pattern, cursor, limit).await
     }
 
-    /// Meltano `set`: replaces the whole state.
-    pub async fn replace(
+    /// Meltano `set` (`Change::Replace`) or `update` (`Change::Update`).
+    pub async fn write(
         &self,
         id: &StateId,
-        doc: StateDocument,
+        change: Change,
         if_match: Option<&IfMatch>,
     ) -> Result<Written, StateError> {
-        self.write(id, if_match, |_| doc).await
-    }
-
-    /// Meltano `update`: see [`StateDocument::updated_by`]. A missing state is created.
-    pub async fn update(
-        &self,
-        id: &StateId,
-        doc: StateDocument,
-        if_match: Option<&IfMatch>,
-    ) -> Result<Written, StateError> {
-        self.write(id, if_match, |current| {
-            StateDocument::updated_by(current.map(|c| c.doc.clone()), doc)
+        let _writing = self.writers.lock(id).await;
+        let current = self.store.get(id).await?;
+        if let Some(precondition) = if_match
+            && !precondition.holds_for(current.as_ref())
+        {
+            return Err(precondition_failed(current.is_some()));
+        }
+        let doc = match change {
+            Change::Replace(doc) => doc,
+            Change::Update(doc) => {
+                let stored = current.clone().map(StoredRow::parse).transpose()?;
+                StateDocument::updated_by(stored.map(|s| s.doc), doc)
+            }
+        };
+        let state = self.store.put(id, doc, current.as_ref()).await?;
+        Ok(Written {
+            state,
+            created: current.is_none(),
         })
-        .await
     }
 
     /// Deleting what does not exist succeeds: the outcome is the same.
@@ -117,7 +127,7 @@ impl States {
         if let Some(precondition) = if_match {
             let current = self.store.get(id).await?;
             if !precondition.holds_for(current.as_ref()) {
-                return Err(precondition_failed(current.as_ref()));
+                return Err(precondition_failed(current.is_some()));
             }
         }
         Ok(self.store.delete(id).await?)
@@ -126,33 +136,13 @@ impl States {
     pub async fn delete_matching(&self, pattern: &StatePattern) -> Result<u64, StoreError> {
         self.store.delete_matching(pattern).await
     }
-
-    async fn write(
-        &self,
-        id: &StateId,
-        if_match: Option<&IfMatch>,
-        next: impl FnOnce(Option<&StoredState>) -> StateDocument,
-    ) -> Result<Written, StateError> {
-        let _writing = self.writers.lock(id).await;
-        let current = self.store.get(id).await?;
-        if let Some(precondition) = if_match
-            && !precondition.holds_for(current.as_ref())
-        {
-            return Err(precondition_failed(current.as_ref()));
-        }
-        let doc = next(current.as_ref());
-        let state = self.store.put(id, doc, current.as_ref()).await?;
-        Ok(Written {
-            state,
-            created: current.is_none(),
-        })
-    }
 }
 
-fn precondition_failed(current: Option<&StoredState>) -> StateError {
-    StateError::PreconditionFailed(match current {
-        None => "If-Match was given but the state does not exist",
-        Some(_) => "If-Match does not match the current ETag of the state",
+fn precondition_failed(exists: bool) -> StateError {
+    StateError::PreconditionFailed(if exists {
+        "If-Match does not match the current ETag of the state"
+    } else {
+        "If-Match was given but the state does not exist"
     })
 }
 

@@ -22,25 +22,57 @@ pub enum StoreError {
     Corrupt { id: String, source: CorruptState },
 }
 
-/// One state as ClickHouse holds it now.
+/// One state as ClickHouse holds it now, before its JSON is parsed: a
+/// replacing write needs only its version, and should succeed even over a
+/// row another writer left unreadable.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StoredState {
+pub struct StoredRow {
     pub id: StateId,
-    pub doc: StateDocument,
+    completed: Option<String>,
+    partial: Option<String>,
     /// `updated_at` in milliseconds since the epoch: the row's version.
     pub updated_at_ms: i64,
 }
 
-impl StoredState {
+impl StoredRow {
     /// A strong validator: changes whenever the version or the content does.
     pub fn etag(&self) -> String {
         let mut hash = Fnv1a::default();
         hash.write(&self.updated_at_ms.to_le_bytes());
-        hash.write(self.doc.completed_json().as_bytes());
-        hash.write(&[0]);
-        hash.write(self.doc.partial_json().as_bytes());
+        for text in [&self.completed, &self.partial] {
+            match text {
+                Some(text) => {
+                    hash.write(&[1]);
+                    hash.write(text.as_bytes());
+                }
+                None => hash.write(&[0]),
+            }
+        }
         format!("\"{:016x}\"", hash.0)
     }
+
+    pub fn parse(self) -> Result<StoredState, StoreError> {
+        let doc = StateDocument::from_stored(self.completed.as_deref(), self.partial.as_deref())
+            .map_err(|source| StoreError::Corrupt {
+                id: self.id.to_string(),
+                source,
+            })?;
+        Ok(StoredState {
+            etag: self.etag(),
+            id: self.id,
+            doc,
+            updated_at_ms: self.updated_at_ms,
+        })
+    }
+}
+
+/// One state, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredState {
+    pub id: StateId,
+    pub doc: StateDocument,
+    pub updated_at_ms: i64,
+    pub etag: String,
 }
 
 /// One entry of a listing.
@@ -151,30 +183,20 @@ impl StateStore {
             .await
     }
 
-    pub async fn get(&self, id: &StateId) -> Result<Option<StoredState>, StoreError> {
+    pub async fn get(&self, id: &StateId) -> Result<Option<StoredRow>, StoreError> {
         let sql = format!(
             "SELECT partial_state, completed_state, toUnixTimestamp64Milli(updated_at) AS updated_at_ms
              FROM {} FINAL WHERE state_id = {{id:String}} LIMIT 1",
             self.table
         );
         let query = self.client.query(&sql).param("id", id.as_str());
-        let Some(row) = self
+        let row = self
             .timed("get", query.fetch_optional::<StateRowIn>())
-            .await?
-        else {
-            return Ok(None);
-        };
-        let doc = StateDocument::from_stored(
-            row.completed_state.as_deref(),
-            row.partial_state.as_deref(),
-        )
-        .map_err(|source| StoreError::Corrupt {
-            id: id.to_string(),
-            source,
-        })?;
-        Ok(Some(StoredState {
+            .await?;
+        Ok(row.map(|row| StoredRow {
             id: id.clone(),
-            doc,
+            completed: row.completed_state,
+            partial: row.partial_state,
             updated_at_ms: row.updated_at_ms,
         }))
     }
@@ -187,29 +209,35 @@ impl StateStore {
         &self,
         id: &StateId,
         doc: StateDocument,
-        replacing: Option<&StoredState>,
+        replacing: Option<&StoredRow>,
     ) -> Result<StoredState, StoreError> {
         let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
-        let updated_at_ms = now_ms().max(floor);
-        let row = StateRowOut {
+        let row = StoredRow {
+            id: id.clone(),
+            completed: Some(doc.completed_json()),
+            partial: Some(doc.partial_json()),
+            updated_at_ms: now_ms().max(floor),
+        };
+        let out = StateRowOut {
             state_id: id.as_str().to_owned(),
-            partial_state: Some(doc.partial_json()),
-            completed_state: Some(doc.completed_json()),
-            updated_at: updated_at_ms,
+            partial_state: row.partial.clone(),
+            completed_state: row.completed.clone(),
+            updated_at: row.updated_at_ms,
         };
         self.timed("put", async {
             let mut insert = self
                 .client
                 .insert_unescaped::<StateRowOut>(&self.table)
                 .await?;
-            insert.write(&row).await?;
+            insert.write(&out).await?;
             insert.end().await
         })
         .await?;
         Ok(StoredState {
-            id: id.clone(),
+            etag: row.etag(),
+            id: row.id,
             doc,
-            updated_at_ms,
+            updated_at_ms: row.updated_at_ms,
         })
     }
 

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, IfMatchHeader, StateBody, StatePath};
 use crate::AppContext;
 use crate::domain::{PageCursor, PageLimit, StateIdError, StatePattern};
-use crate::states::Written;
+use crate::states::{Change, Written};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -64,7 +64,7 @@ fn representation(state: &StoredState, status: StatusCode) -> Response {
         updated_at: rfc3339_millis(state.updated_at_ms),
     };
     let mut response = (status, Json(body)).into_response();
-    if let Ok(etag) = HeaderValue::from_str(&state.etag()) {
+    if let Ok(etag) = HeaderValue::from_str(&state.etag) {
         response.headers_mut().insert(header::ETAG, etag);
     }
     response
@@ -149,7 +149,7 @@ pub async fn get(
         .get(&id)
         .await?
         .ok_or_else(|| ApiError::StateNotFound(id.to_string()))?;
-    let etag = state.etag();
+    let etag = &state.etag;
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -160,7 +160,7 @@ pub async fn get(
         });
     if unchanged {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
-        if let Ok(value) = HeaderValue::from_str(&etag) {
+        if let Ok(value) = HeaderValue::from_str(etag) {
             response.headers_mut().insert(header::ETAG, value);
         }
         return Ok(response);
@@ -174,7 +174,10 @@ pub async fn put(
     IfMatchHeader(if_match): IfMatchHeader,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    let outcome = ctx.states.replace(&id, doc, if_match.as_ref()).await?;
+    let outcome = ctx
+        .states
+        .write(&id, Change::Replace(doc), if_match.as_ref())
+        .await?;
     Ok(written(&outcome))
 }
 
@@ -184,7 +187,10 @@ pub async fn patch(
     IfMatchHeader(if_match): IfMatchHeader,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    let outcome = ctx.states.update(&id, doc, if_match.as_ref()).await?;
+    let outcome = ctx
+        .states
+        .write(&id, Change::Update(doc), if_match.as_ref())
+        .await?;
     Ok(written(&outcome))
 }
 

@@ -1,0 +1,213 @@
+//! The `statehouse` binary as scripts and runbooks call it.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::helpers::unique_schema;
+
+const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("statehouse runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn help_documents_every_setting_with_its_env_var() {
+    let output = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for (flag, env) in [
+        ("--listen", "STATEHOUSE_LISTEN"),
+        ("--clickhouse-url", "STATEHOUSE_CLICKHOUSE_URL"),
+        ("--clickhouse-host", "STATEHOUSE_CLICKHOUSE_HOST"),
+        ("--clickhouse-port", "STATEHOUSE_CLICKHOUSE_PORT"),
+        ("--clickhouse-database", "STATEHOUSE_CLICKHOUSE_DATABASE"),
+        ("--clickhouse-user", "STATEHOUSE_CLICKHOUSE_USER"),
+        ("--clickhouse-password", "STATEHOUSE_CLICKHOUSE_PASSWORD"),
+        ("--clickhouse-secure", "STATEHOUSE_CLICKHOUSE_SECURE"),
+        ("--schema", "STATEHOUSE_SCHEMA"),
+        ("--table", "STATEHOUSE_TABLE"),
+        ("--query-timeout", "STATEHOUSE_QUERY_TIMEOUT"),
+        ("--startup-timeout", "STATEHOUSE_STARTUP_TIMEOUT"),
+        ("--body-limit", "STATEHOUSE_BODY_LIMIT"),
+        ("--shutdown-timeout", "STATEHOUSE_SHUTDOWN_TIMEOUT"),
+        ("--log-format", "STATEHOUSE_LOG_FORMAT"),
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+        assert!(
+            help.contains(&format!("env: {env}")),
+            "{env} missing from --help"
+        );
+    }
+    let top = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(String::from_utf8(top.stdout).unwrap().contains("serve"));
+}
+
+#[test]
+fn missing_or_malformed_uri_is_one_clear_line_and_a_failure() {
+    for (env, expected) in [
+        (vec![], "no ClickHouse URL"),
+        (
+            vec![("STATEHOUSE_CLICKHOUSE_URL", "localhost:8123")],
+            "invalid ClickHouse URL",
+        ),
+        (
+            vec![("STATEHOUSE_CLICKHOUSE_URL", "postgres://h/db")],
+            "unsupported scheme",
+        ),
+        (
+            vec![
+                ("STATEHOUSE_CLICKHOUSE_URL", "clickhouse://h"),
+                ("STATEHOUSE_SCHEMA", "bad-name"),
+            ],
+            "invalid schema",
+        ),
+    ] {
+        let (code, stderr) = run(&["serve"], &env);
+        assert_eq!(code, Some(1), "{env:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.starts_with("statehouse: error: ") && stderr.contains(expected),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"));
+    }
+}
+
+#[test]
+fn unreachable_clickhouse_at_start_fails_after_the_startup_timeout() {
+    let url = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
+    let (code, stderr) = run(
+        &[
+            "serve",
+            "--startup-timeout",
+            "1s",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("STATEHOUSE_CLICKHOUSE_URL", &url), ("RUST_LOG", "off")],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("not usable after"), "{stderr}");
+}
+
+#[tokio::test]
+async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
+    let target = crate::helpers::clickhouse_target();
+    let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = crate::proxy::Proxy::start(upstream).await;
+    let url = format!(
+        "clickhouse://{}:{}@{}/{}",
+        target.user, target.password, proxy.addr, target.database
+    );
+    let port = free_port();
+    let schema = unique_schema();
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+        ])
+        .env("STATEHOUSE_CLICKHOUSE_URL", &url)
+        .env("STATEHOUSE_SCHEMA", &schema)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("statehouse ready") {
+                return line;
+            }
+        }
+        panic!("exited before ready");
+    })
+    .await
+    .expect("ready within 30 s");
+    let ready: serde_json::Value = serde_json::from_str(&ready).expect("JSON log line");
+    assert_eq!(ready["message"], "statehouse ready");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    proxy.set_delay(Duration::from_millis(1500));
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{base}/v1/states/slow");
+        async move {
+            client
+                .put(url)
+                .body(r#"{"completed":{"v":1}}"#)
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let reply = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request is answered");
+    assert_eq!(reply.status(), 201, "it finished its write");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    proxy.set_delay(Duration::ZERO);
+    let stored = crate::helpers::raw_sql(&format!(
+        "SELECT count() FROM `{schema}`.state FINAL WHERE state_id = 'slow'"
+    ))
+    .await;
+    assert_eq!(stored.trim(), "1");
+}

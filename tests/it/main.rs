@@ -1,0 +1,11 @@
+//! Integration tests, one binary: a real gateway on a real ClickHouse engine
+//! (the project's local ClickHouse, see localch/), over HTTP.
+
+mod bad_input;
+mod cli;
+mod clickhouse_faults;
+mod contract;
+mod helpers;
+mod proxy;
+mod seed_compat;
+mod states_api;

@@ -1,0 +1,98 @@
+//! A TCP proxy between the gateway and ClickHouse that a test can cut or slow
+//! down: the ClickHouse outage and stall, on loopback, without touching the engine.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    down: AtomicBool,
+    delay_ms: AtomicU64,
+    /// Bumped to drop every open connection.
+    cut: watch::Sender<u64>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            upstream,
+            down: AtomicBool::new(false),
+            delay_ms: AtomicU64::new(0),
+            cut: watch::channel(0).0,
+        });
+        let accepting = shared.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if accepting.down.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                tokio::spawn(relay(client, accepting.clone()));
+            }
+        });
+        Self { addr, shared }
+    }
+
+    /// Down: open connections are cut and new ones are closed at once.
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.store(down, Ordering::SeqCst);
+        if down {
+            self.shared.cut.send_modify(|generation| *generation += 1);
+        }
+    }
+
+    /// Every chunk sent towards ClickHouse waits this long first.
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared
+            .delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+}
+
+async fn relay(client: TcpStream, shared: Arc<Shared>) {
+    let Ok(server) = TcpStream::connect(shared.upstream).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let mut cut = shared.cut.subscribe();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let to_server = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = client_read.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                return;
+            }
+            let delay = shared.delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let to_client = async {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+    };
+    tokio::select! {
+        () = to_server => {},
+        () = to_client => {},
+        _ = cut.changed() => {},
+    }
+}

@@ -40,7 +40,10 @@ struct Samples {
 
 impl Samples {
     fn new() -> Self {
-        Self { latencies: Vec::new(), busy: Duration::ZERO }
+        Self {
+            latencies: Vec::new(),
+            busy: Duration::ZERO,
+        }
     }
 
     fn percentile_ms(&mut self, p: f64) -> f64 {
@@ -85,12 +88,16 @@ fn document(n: usize) -> String {
     let streams: Vec<String> = (0..20)
         .map(|s| format!(r#""stream_{s}":{{"replication_key":"updated_at","replication_key_value":"2026-11-{:02}T00:00:{:02}Z"}}"#, s % 28 + 1, n % 60))
         .collect();
-    format!(r#"{{"completed":{{"singer_state":{{"bookmarks":{{{}}}}}}}}}"#, streams.join(","))
+    format!(
+        r#"{{"completed":{{"singer_state":{{"bookmarks":{{{}}}}}}}}}"#,
+        streams.join(",")
+    )
 }
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL").expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
+    let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
+        .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
     let target = parse_clickhouse_url(&url).expect("valid ClickHouse URL");
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
     let config = Config {
@@ -119,7 +126,11 @@ async fn main() {
         "SELECT partial_state, completed_state, toUnixTimestamp64Milli(updated_at) AS updated_at_ms FROM {table} FINAL WHERE state_id = {{id:String}} LIMIT 1"
     ));
     let state_url = Arc::new(format!("{base}/v1/states/bench"));
-    http.put(state_url.as_str()).body(document(0)).send().await.unwrap();
+    http.put(state_url.as_str())
+        .body(document(0))
+        .send()
+        .await
+        .unwrap();
 
     let gateway_get = Arc::new({
         let (http, url) = (http.clone(), state_url.clone());
@@ -137,7 +148,12 @@ async fn main() {
         move |_n: usize| {
             let (direct, select) = (direct.clone(), select.clone());
             async move {
-                let row = direct.query(&select).param("id", "bench").fetch_optional::<Row>().await.unwrap();
+                let row = direct
+                    .query(&select)
+                    .param("id", "bench")
+                    .fetch_optional::<Row>()
+                    .await
+                    .unwrap();
                 let row = row.expect("the state exists");
                 assert!(row.completed_state.is_some() && row.partial_state.is_some());
             }
@@ -148,7 +164,12 @@ async fn main() {
         move |n: usize| {
             let (http, url) = (http.clone(), url.clone());
             async move {
-                let reply = http.put(url.as_str()).body(document(n)).send().await.unwrap();
+                let reply = http
+                    .put(url.as_str())
+                    .body(document(n))
+                    .send()
+                    .await
+                    .unwrap();
                 assert!(reply.status().is_success());
                 reply.bytes().await.unwrap();
             }
@@ -160,7 +181,12 @@ async fn main() {
         move |n: usize| {
             let (direct, select, table) = (direct.clone(), select.clone(), table.clone());
             async move {
-                let current = direct.query(&select).param("id", "direct").fetch_optional::<Row>().await.unwrap();
+                let current = direct
+                    .query(&select)
+                    .param("id", "direct")
+                    .fetch_optional::<Row>()
+                    .await
+                    .unwrap();
                 let version = current.map_or(0, |row| row.updated_at_ms + 1);
                 let mut insert = direct.insert_unescaped::<RowOut>(&table).await.unwrap();
                 insert
@@ -180,7 +206,10 @@ async fn main() {
     let names = ["GET one state", "PUT one state"];
     let mut results: Vec<[[Samples; 2]; 2]> = Vec::new();
     for clients in [1, CONCURRENCY] {
-        let mut cell = [[Samples::new(), Samples::new()], [Samples::new(), Samples::new()]];
+        let mut cell = [
+            [Samples::new(), Samples::new()],
+            [Samples::new(), Samples::new()],
+        ];
         for _ in 0..ROUNDS {
             measure(&mut cell[0][0], clients, PER_ROUND, gateway_get.clone()).await;
             measure(&mut cell[0][1], clients, PER_ROUND, direct_get.clone()).await;
@@ -197,13 +226,30 @@ async fn main() {
     );
     println!(
         "{:<15} {:>7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9}",
-        "workload", "clients", "gw p50ms", "gw p99ms", "gw req/s", "ch p50ms", "ch p99ms", "ch req/s", "p50 x", "req/s x"
+        "workload",
+        "clients",
+        "gw p50ms",
+        "gw p99ms",
+        "gw req/s",
+        "ch p50ms",
+        "ch p99ms",
+        "ch req/s",
+        "p50 x",
+        "req/s x"
     );
     for (cell, clients) in results.iter_mut().zip([1, CONCURRENCY]) {
         for (row, name) in cell.iter_mut().zip(names) {
             let [gateway, direct] = row;
-            let (g50, g99, gps) = (gateway.percentile_ms(0.5), gateway.percentile_ms(0.99), gateway.per_second());
-            let (d50, d99, dps) = (direct.percentile_ms(0.5), direct.percentile_ms(0.99), direct.per_second());
+            let (g50, g99, gps) = (
+                gateway.percentile_ms(0.5),
+                gateway.percentile_ms(0.99),
+                gateway.per_second(),
+            );
+            let (d50, d99, dps) = (
+                direct.percentile_ms(0.5),
+                direct.percentile_ms(0.99),
+                direct.per_second(),
+            );
             println!(
                 "{name:<15} {clients:>7} | {g50:>9.2} {g99:>9.2} {gps:>9.0} | {d50:>9.2} {d99:>9.2} {dps:>9.0} | {:>9.2} {:>9.2}",
                 g50 / d50,
@@ -211,7 +257,9 @@ async fn main() {
             );
         }
     }
-    println!("gw = through statehouse over HTTP; ch = the same queries sent straight to ClickHouse");
+    println!(
+        "gw = through statehouse over HTTP; ch = the same queries sent straight to ClickHouse"
+    );
     println!("(PUT direct = read the current version + insert, what the gateway does for a PUT)");
     println!("p50 x = gateway p50 / direct p50; req/s x = gateway req/s / direct req/s");
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use clickhouse::Client;
 use serde::{Deserialize, Serialize};
 use statehouse::App;
-use statehouse::config::{Config, Identifier, LogFormat, parse_clickhouse_url};
+use statehouse::config::{Config, parse_clickhouse_url};
 
 const ROUNDS: usize = 10;
 const PER_ROUND: usize = 50;
@@ -100,17 +100,8 @@ async fn main() {
         .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
     let target = parse_clickhouse_url(&url).expect("valid ClickHouse URL");
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        clickhouse: target.clone(),
-        schema: Identifier::parse("schema", &schema).unwrap(),
-        table: Identifier::parse("table", "state").unwrap(),
-        query_timeout: Duration::from_secs(10),
-        startup_timeout: Duration::from_secs(10),
-        body_limit: 16 * 1024 * 1024,
-        shutdown_timeout: Duration::from_secs(5),
-        log_format: LogFormat::Text,
-    };
+    let config = Config::from_serve_args(&["--clickhouse-url", &url, "--listen", "127.0.0.1:0", "--schema", &schema])
+        .expect("valid configuration");
     let app = App::build(&config).await.expect("gateway starts");
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));

@@ -6,6 +6,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use percent_encoding::percent_decode_str;
 use url::Url;
+use uuid::Uuid;
+
+use crate::locks::LockSettings;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -84,6 +87,26 @@ pub struct ServeArgs {
     /// How long SIGTERM waits for in-flight requests before exiting anyway.
     #[arg(long, env = "STATEHOUSE_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    /// This gateway's id in the lock tables (default: a fresh UUID per start,
+    /// so a restarted gateway never mistakes its predecessor's claims for its own).
+    #[arg(long, env = "STATEHOUSE_GATEWAY_ID")]
+    pub gateway_id: Option<Uuid>,
+
+    /// How long a lock claim candidate settles in ClickHouse before the
+    /// earliest one wins; paid once per claim, not per lease.
+    #[arg(long, env = "STATEHOUSE_CLAIM_SETTLE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub claim_settle: Duration,
+
+    /// How long a gateway's claim on a state_id outlives its last renewal
+    /// (renewed every third of it); a crashed gateway's claims expire after this.
+    #[arg(long, env = "STATEHOUSE_CLAIM_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub claim_ttl: Duration,
+
+    /// A claim with no lease and no waiter is released after this long, so
+    /// other gateways can take it without waiting for it to expire.
+    #[arg(long, env = "STATEHOUSE_CLAIM_IDLE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub claim_idle: Duration,
 
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "STATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -165,6 +188,7 @@ pub struct Config {
     pub body_limit: usize,
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
+    pub locks: LockSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +205,8 @@ pub enum ConfigError {
     Identifier { what: String, value: String },
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    #[error("--claim-ttl must be at least 300ms")]
+    ClaimTtl,
 }
 
 impl TryFrom<ServeArgs> for Config {
@@ -219,6 +245,9 @@ impl TryFrom<ServeArgs> for Config {
         if args.body_limit == 0 {
             return Err(ConfigError::Zero("--body-limit"));
         }
+        if args.claim_ttl < Duration::from_millis(300) {
+            return Err(ConfigError::ClaimTtl);
+        }
         Ok(Self {
             listen: args.listen,
             clickhouse: target,
@@ -229,7 +258,23 @@ impl TryFrom<ServeArgs> for Config {
             body_limit: args.body_limit,
             shutdown_timeout: args.shutdown_timeout,
             log_format: args.log_format,
+            locks: LockSettings {
+                gateway_id: args.gateway_id.unwrap_or_else(Uuid::new_v4),
+                settle: args.claim_settle,
+                claim_ttl: args.claim_ttl,
+                claim_idle: args.claim_idle,
+            },
         })
+    }
+}
+
+impl Config {
+    /// The configuration `statehouse serve ARGS...` would run with, flags
+    /// and environment included: how tests and benches get the real defaults.
+    pub fn from_serve_args(args: &[&str]) -> Result<Self, Box<dyn std::error::Error>> {
+        let argv = ["statehouse", "serve"].into_iter().chain(args.iter().copied());
+        let Command::Serve(serve) = Cli::try_parse_from(argv)?.command;
+        Ok(Self::try_from(*serve)?)
     }
 }
 

@@ -1,12 +1,14 @@
 //! statehouse: an HTTP gateway that keeps Meltano pipeline state in ClickHouse.
 //!
 //! A request goes `http` (routes, extractors, errors) → `states` (the API's
-//! rules, per-id write serialization) → `store` (ClickHouse).
+//! rules, per-id write serialization) or `locks` (claims and leases) →
+//! `store` (ClickHouse tables).
 
 pub mod config;
 pub mod domain;
 pub mod http;
 mod keyed_mutex;
+pub mod locks;
 pub mod metrics;
 pub mod states;
 pub mod store;
@@ -20,14 +22,17 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::{StateStore, StoreError};
+use crate::store::{ClickHouse, Store, StoreError};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
 pub struct AppContext {
     pub states: Arc<States>,
+    pub locks: Arc<LockManager>,
+    pub clickhouse: ClickHouse,
     pub metrics: Arc<Metrics>,
     pub body_limit: usize,
 }
@@ -58,14 +63,10 @@ pub struct App {
 impl App {
     pub async fn build(config: &Config) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::default());
-        let store = StateStore::new(
-            &config.clickhouse,
-            config.schema.clone(),
-            &config.table,
-            config.query_timeout,
-            metrics.clone(),
-        );
+        let clickhouse = ClickHouse::new(&config.clickhouse, config.query_timeout, metrics.clone());
+        let store = Store::new(clickhouse.clone(), config.schema.clone(), &config.table);
         prepare_clickhouse(&store, config).await?;
+        let locks = Arc::new(LockManager::new(config.locks.clone(), store.leases, metrics.clone()));
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -76,7 +77,9 @@ impl App {
         Ok(Self {
             listener,
             ctx: AppContext {
-                states: Arc::new(States::new(store)),
+                states: Arc::new(States::new(store.states, locks.clone())),
+                locks,
+                clickhouse,
                 metrics,
                 body_limit: config.body_limit,
             },
@@ -102,6 +105,7 @@ impl App {
             tracing::info!("shutting down: draining in-flight requests");
             let _ = begin_drain.send(());
         };
+        let maintenance = tokio::spawn(self.ctx.locks.clone().maintain());
         let server =
             axum::serve(self.listener, http::router(self.ctx)).with_graceful_shutdown(signal);
         let deadline = async move {
@@ -111,23 +115,25 @@ impl App {
                 std::future::pending::<()>().await;
             }
         };
-        tokio::select! {
+        let result = tokio::select! {
             result = server => result,
             () = deadline => {
                 tracing::warn!(timeout = ?self.shutdown_timeout, "requests still running at the shutdown timeout; exiting anyway");
                 Ok(())
             }
-        }
+        };
+        maintenance.abort();
+        result
     }
 }
 
 /// Waits for ClickHouse (bounded by the startup timeout) and creates the schema.
-async fn prepare_clickhouse(store: &StateStore, config: &Config) -> Result<(), StartError> {
+async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartError> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
         let attempt = async {
-            store.ping().await?;
+            store.clickhouse.ping().await?;
             store.ensure_schema().await
         };
         match attempt.await {

@@ -24,6 +24,50 @@ struct QueryLabels {
     operation: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LockLabels {
+    event: &'static str,
+}
+
+/// Things that happen to locks, counted by `statehouse_lock_events_total{event}`.
+#[derive(Clone, Copy, Debug)]
+pub enum LockEvent {
+    /// A lease was granted.
+    Grant,
+    /// An acquire had to wait behind another holder or waiter.
+    Wait,
+    /// An acquire gave up at its wait_seconds.
+    Timeout,
+    /// This gateway won the ClickHouse claim of a state_id.
+    ClaimWin,
+    /// A claim attempt lost to another gateway's earlier candidate.
+    ClaimLoss,
+    /// A held claim could not be renewed in time and lapsed.
+    ClaimLost,
+    Renewal,
+    /// A lease ran out without being released.
+    Expiry,
+    Release,
+    ForcedRelease,
+}
+
+impl LockEvent {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Grant => "grant",
+            Self::Wait => "wait",
+            Self::Timeout => "timeout",
+            Self::ClaimWin => "claim_win",
+            Self::ClaimLoss => "claim_loss",
+            Self::ClaimLost => "claim_lapsed",
+            Self::Renewal => "renewal",
+            Self::Expiry => "expiry",
+            Self::Release => "release",
+            Self::ForcedRelease => "forced_release",
+        }
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
@@ -32,6 +76,7 @@ pub struct Metrics {
     request_seconds: HistogramFamily<RouteLabels>,
     query_seconds: HistogramFamily<QueryLabels>,
     query_errors: Family<QueryLabels, Counter>,
+    lock_events: Family<LockLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -48,6 +93,7 @@ impl Default for Metrics {
         let query_seconds: HistogramFamily<QueryLabels> =
             Family::new_with_constructor(latency_histogram);
         let query_errors = Family::<QueryLabels, Counter>::default();
+        let lock_events = Family::<LockLabels, Counter>::default();
         registry.register(
             "http_requests",
             "HTTP requests answered, by route and status",
@@ -68,7 +114,13 @@ impl Default for Metrics {
             "ClickHouse round trips that failed or timed out, by operation",
             query_errors.clone(),
         );
+        registry.register(
+            "lock_events",
+            "Lock grants, waits, timeouts, claim wins and losses, renewals, expiries and releases",
+            lock_events.clone(),
+        );
         Self {
+            lock_events,
             registry,
             requests,
             request_seconds,
@@ -102,6 +154,10 @@ impl Metrics {
         if !ok {
             self.query_errors.get_or_create(&labels).inc();
         }
+    }
+
+    pub fn lock_event(&self, event: LockEvent) {
+        self.lock_events.get_or_create(&LockLabels { event: event.label() }).inc();
     }
 
     /// The OpenMetrics text exposition.

@@ -1,9 +1,15 @@
 //! State operations: the rules of the API on top of the store. Writes to one
 //! state_id are serialized in this process, so a read-decide-write (If-Match,
-//! PATCH's merge) sees no interleaved write from this gateway.
+//! PATCH's merge) sees no interleaved write from this gateway, and a write
+//! checked against the lock cannot be overtaken by the next holder's.
+
+use std::sync::Arc;
+
+use uuid::Uuid;
 
 use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern};
 use crate::keyed_mutex::KeyedMutex;
+use crate::locks::{LockError, LockManager};
 use crate::store::{StateStore, StateSummary, StoreError, StoredRow, StoredState};
 
 /// An `If-Match` precondition.
@@ -48,6 +54,8 @@ pub enum StateError {
     Store(#[from] StoreError),
     #[error("{0}")]
     PreconditionFailed(&'static str),
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 /// What a write does with the incoming document.
@@ -65,19 +73,25 @@ pub struct Written {
 
 pub struct States {
     store: StateStore,
+    locks: Arc<LockManager>,
     writers: KeyedMutex<StateId>,
 }
 
+/// What a write carries besides its document.
+#[derive(Default)]
+pub struct WriteConditions {
+    pub if_match: Option<IfMatch>,
+    /// The `Lease-Id` header: required while the state_id is locked.
+    pub lease_id: Option<Uuid>,
+}
+
 impl States {
-    pub fn new(store: StateStore) -> Self {
+    pub fn new(store: StateStore, locks: Arc<LockManager>) -> Self {
         Self {
             store,
+            locks,
             writers: KeyedMutex::default(),
         }
-    }
-
-    pub fn store(&self) -> &StateStore {
-        &self.store
     }
 
     pub async fn get(&self, id: &StateId) -> Result<Option<StoredState>, StoreError> {
@@ -98,11 +112,12 @@ impl States {
         &self,
         id: &StateId,
         change: Change,
-        if_match: Option<&IfMatch>,
+        conditions: &WriteConditions,
     ) -> Result<Written, StateError> {
         let _writing = self.writers.lock(id).await;
+        self.locks.check_write(id, conditions.lease_id).await?;
         let current = self.store.get(id).await?;
-        if let Some(precondition) = if_match
+        if let Some(precondition) = &conditions.if_match
             && !precondition.holds_for(current.as_ref())
         {
             return Err(precondition_failed(current.is_some()));
@@ -122,9 +137,10 @@ impl States {
     }
 
     /// Deleting what does not exist succeeds: the outcome is the same.
-    pub async fn delete(&self, id: &StateId, if_match: Option<&IfMatch>) -> Result<(), StateError> {
+    pub async fn delete(&self, id: &StateId, conditions: &WriteConditions) -> Result<(), StateError> {
         let _writing = self.writers.lock(id).await;
-        if let Some(precondition) = if_match {
+        self.locks.check_write(id, conditions.lease_id).await?;
+        if let Some(precondition) = &conditions.if_match {
             let current = self.store.get(id).await?;
             if !precondition.holds_for(current.as_ref()) {
                 return Err(precondition_failed(current.is_some()));

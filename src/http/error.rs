@@ -5,7 +5,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::locks::LockView;
 use crate::domain::{DocumentError, StateIdError};
+use crate::locks::LockError;
 use crate::states::StateError;
 use crate::store::StoreError;
 
@@ -33,6 +35,12 @@ pub enum ApiError {
     ClickHouseUnavailable(StoreError),
     #[error("{0}")]
     CorruptState(StoreError),
+    #[error("{0}")]
+    InvalidBody(String),
+    #[error("no lease is held on {0:?}")]
+    LockNotFound(String),
+    #[error(transparent)]
+    Lock(LockError),
 }
 
 /// The problem types; their slugs are part of the API and never change.
@@ -50,6 +58,12 @@ pub enum ProblemType {
     PayloadTooLarge,
     ClickHouseUnavailable,
     CorruptState,
+    InvalidBody,
+    LockNotFound,
+    LockHeld,
+    LeaseNotCurrent,
+    LeaseHeldElsewhere,
+    StateLocked,
     Internal,
     Other,
 }
@@ -69,6 +83,12 @@ impl ProblemType {
             Self::PayloadTooLarge => "payload-too-large",
             Self::ClickHouseUnavailable => "clickhouse-unavailable",
             Self::CorruptState => "corrupt-state",
+            Self::InvalidBody => "invalid-body",
+            Self::LockNotFound => "lock-not-found",
+            Self::LockHeld => "lock-held",
+            Self::LeaseNotCurrent => "lease-not-current",
+            Self::LeaseHeldElsewhere => "lease-held-elsewhere",
+            Self::StateLocked => "state-locked",
             Self::Internal => "internal",
             Self::Other => "http-error",
         }
@@ -88,6 +108,12 @@ impl ProblemType {
             Self::PayloadTooLarge => "Payload too large",
             Self::ClickHouseUnavailable => "ClickHouse unavailable",
             Self::CorruptState => "Stored state is unreadable",
+            Self::InvalidBody => "Invalid request body",
+            Self::LockNotFound => "No lock held",
+            Self::LockHeld => "Lock held by another owner",
+            Self::LeaseNotCurrent => "Lease is not current",
+            Self::LeaseHeldElsewhere => "Lease is held through another gateway",
+            Self::StateLocked => "State is locked",
             Self::Internal => "Internal error",
             Self::Other => "HTTP error",
         }
@@ -113,15 +139,23 @@ struct ProblemBody<'a> {
     title: &'a str,
     status: u16,
     detail: &'a str,
+    /// Lock conflicts say who holds the lock (null when nobody can be named).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder: Option<Option<LockView>>,
 }
 
 /// Builds a problem+json response.
 pub fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response {
+    problem_with_holder(status, kind, detail, None)
+}
+
+fn problem_with_holder(status: StatusCode, kind: ProblemType, detail: &str, holder: Option<Option<LockView>>) -> Response {
     let body = ProblemBody {
         kind: format!("urn:statehouse:problem:{}", kind.slug()),
         title: kind.title(),
         status: status.as_u16(),
         detail,
+        holder,
     };
     let mut response = (status, Json(body)).into_response();
     response
@@ -154,6 +188,13 @@ impl ApiError {
             ),
             // The data came from another writer; the gateway relays it faithfully or not at all.
             Self::CorruptState(_) => (StatusCode::BAD_GATEWAY, ProblemType::CorruptState),
+            Self::InvalidBody(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidBody),
+            Self::LockNotFound(_) => (StatusCode::NOT_FOUND, ProblemType::LockNotFound),
+            Self::Lock(LockError::Held { .. }) => (StatusCode::CONFLICT, ProblemType::LockHeld),
+            Self::Lock(LockError::NotCurrent(_)) => (StatusCode::CONFLICT, ProblemType::LeaseNotCurrent),
+            Self::Lock(LockError::HeldElsewhere { .. }) => (StatusCode::CONFLICT, ProblemType::LeaseHeldElsewhere),
+            Self::Lock(LockError::Locked { .. }) => (StatusCode::CONFLICT, ProblemType::StateLocked),
+            Self::Lock(LockError::Store(_)) => (StatusCode::SERVICE_UNAVAILABLE, ProblemType::ClickHouseUnavailable),
         }
     }
 }
@@ -164,7 +205,12 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, problem = kind.slug(), "request failed");
         }
-        problem(status, kind, &self.to_string())
+        let holder = match &self {
+            Self::Lock(LockError::Held { holder, .. }) => Some(holder.as_deref().map(LockView::from)),
+            Self::Lock(LockError::Locked { holder, .. }) => Some(Some(LockView::from(holder.as_ref()))),
+            _ => None,
+        };
+        problem_with_holder(status, kind, &self.to_string(), holder)
     }
 }
 
@@ -182,6 +228,16 @@ impl From<StateError> for ApiError {
         match err {
             StateError::Store(store) => store.into(),
             StateError::PreconditionFailed(why) => Self::PreconditionFailed(why),
+            StateError::Lock(lock) => lock.into(),
+        }
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(err: LockError) -> Self {
+        match err {
+            LockError::Store(store) => store.into(),
+            other => Self::Lock(other),
         }
     }
 }

@@ -4,14 +4,18 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::StatusCode;
+use axum::http::{HeaderName, StatusCode, header};
+use uuid::Uuid;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use crate::AppContext;
 use crate::domain::{StateDocument, StateId};
-use crate::states::IfMatch;
+use crate::states::{IfMatch, WriteConditions};
+
+/// The header that carries a lease on writes to a locked state.
+pub const LEASE_ID: HeaderName = HeaderName::from_static("lease-id");
 
 /// The `{state_id}` path segment, percent-decoded and validated.
 pub struct StatePath(pub StateId);
@@ -68,25 +72,65 @@ fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
-/// The optional `If-Match` header.
-pub struct IfMatchHeader(pub Option<IfMatch>);
-
-impl<S: Send + Sync> FromRequestParts<S> for IfMatchHeader {
+/// A write's `If-Match` and `Lease-Id` headers.
+impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let Some(value) = parts.headers.get(axum::http::header::IF_MATCH) else {
-            return Ok(Self(None));
+        let if_match = match parts.headers.get(header::IF_MATCH) {
+            None => None,
+            Some(value) => Some(value.to_str().ok().and_then(IfMatch::parse).ok_or_else(|| {
+                ApiError::InvalidHeader("If-Match must be \"*\" or a list of quoted entity tags".into())
+            })?),
         };
-        value
-            .to_str()
-            .ok()
-            .and_then(IfMatch::parse)
-            .map(|precondition| Self(Some(precondition)))
-            .ok_or_else(|| {
-                ApiError::InvalidHeader(
-                    "If-Match must be \"*\" or a list of quoted entity tags".into(),
-                )
+        let lease_id = match parts.headers.get(LEASE_ID) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| Uuid::parse_str(v.trim()).ok())
+                    .ok_or_else(|| ApiError::InvalidHeader("Lease-Id must be a lease_id (a UUID)".into()))?,
+            ),
+        };
+        Ok(Self { if_match, lease_id })
+    }
+}
+
+/// The `{lease_id}` path segment of `/v1/locks/{state_id}/{lease_id}`.
+pub struct LeasePath(pub StateId, pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((raw_id, raw_lease)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidQuery(format!("path: {}", rejection.body_text())))?;
+        let lease = Uuid::parse_str(&raw_lease)
+            .map_err(|_| ApiError::InvalidQuery(format!("lease_id {raw_lease:?} is not a UUID")))?;
+        Ok(Self(StateId::parse(raw_id)?, lease))
+    }
+}
+
+/// An optional JSON body: absent or empty means `T::default()`.
+pub struct OptionalJson<T>(pub T);
+
+impl<T: DeserializeOwned + Default> FromRequest<AppContext> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, ctx: &AppContext) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(request, ctx)
+            .await
+            .map_err(|rejection| body_rejection(rejection, ctx.body_limit))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(T::default()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(Self)
+            .map_err(|e| match e.classify() {
+                serde_json::error::Category::Data => ApiError::InvalidBody(e.to_string()),
+                _ => ApiError::InvalidJson(format!("body is not valid JSON: {e}")),
             })
     }
 }

@@ -19,7 +19,7 @@ pub async fn healthz() -> Json<serde_json::Value> {
 /// Ready while ClickHouse answers: checked live on every call.
 pub async fn readyz(State(ctx): State<AppContext>) -> Response {
     let started = Instant::now();
-    let clickhouse = match ctx.states.store().ping().await {
+    let clickhouse = match ctx.clickhouse.ping().await {
         Ok(()) => json!({
             "status": "ok",
             "latency_ms": started.elapsed().as_secs_f64() * 1000.0,

@@ -3,9 +3,10 @@
 mod error;
 mod extract;
 mod health;
+mod locks;
 mod states;
 
-use std::time::Instant;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
@@ -43,6 +44,12 @@ fn operations() -> Vec<(&'static str, Method, MethodRouter<AppContext>)> {
         op!(PUT "/v1/states/{state_id}" => states::put),
         op!(PATCH "/v1/states/{state_id}" => states::patch),
         op!(DELETE "/v1/states/{state_id}" => states::delete),
+        op!(GET "/v1/locks" => locks::list),
+        op!(POST "/v1/locks/{state_id}" => locks::acquire),
+        op!(GET "/v1/locks/{state_id}" => locks::get),
+        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock),
+        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew),
+        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release),
         op!(GET "/healthz" => health::healthz),
         op!(GET "/readyz" => health::readyz),
         op!(GET "/metrics" => health::metrics),
@@ -102,6 +109,12 @@ pub fn router(ctx: AppContext) -> Router {
                     )
                 })),
         )
+}
+
+/// RFC 3339 UTC with milliseconds, the API's one time format.
+fn rfc3339_millis(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 async fn not_found(request: Request) -> Response {

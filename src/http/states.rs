@@ -1,7 +1,5 @@
 //! `/v1/states`: Meltano state documents over REST.
 
-use std::time::{Duration, UNIX_EPOCH};
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -10,10 +8,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::extract::{ApiQuery, IfMatchHeader, StateBody, StatePath};
+use super::rfc3339_millis;
+use super::extract::{ApiQuery, StateBody, StatePath};
 use crate::AppContext;
 use crate::domain::{PageCursor, PageLimit, StateIdError, StatePattern};
-use crate::states::{Change, Written};
+use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -48,12 +47,6 @@ struct StateRepresentation<'a> {
     completed: &'a Map<String, Value>,
     partial: &'a Map<String, Value>,
     updated_at: String,
-}
-
-/// RFC 3339 UTC with milliseconds, the API's one time format.
-pub fn rfc3339_millis(ms: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
 }
 
 fn representation(state: &StoredState, status: StatusCode) -> Response {
@@ -171,12 +164,12 @@ pub async fn get(
 pub async fn put(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
-    IfMatchHeader(if_match): IfMatchHeader,
+    conditions: WriteConditions,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
     let outcome = ctx
         .states
-        .write(&id, Change::Replace(doc), if_match.as_ref())
+        .write(&id, Change::Replace(doc), &conditions)
         .await?;
     Ok(written(&outcome))
 }
@@ -184,12 +177,12 @@ pub async fn put(
 pub async fn patch(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
-    IfMatchHeader(if_match): IfMatchHeader,
+    conditions: WriteConditions,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
     let outcome = ctx
         .states
-        .write(&id, Change::Update(doc), if_match.as_ref())
+        .write(&id, Change::Update(doc), &conditions)
         .await?;
     Ok(written(&outcome))
 }
@@ -197,9 +190,9 @@ pub async fn patch(
 pub async fn delete(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
-    IfMatchHeader(if_match): IfMatchHeader,
+    conditions: WriteConditions,
 ) -> Result<StatusCode, ApiError> {
-    ctx.states.delete(&id, if_match.as_ref()).await?;
+    ctx.states.delete(&id, &conditions).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use statehouse::App;
-use statehouse::config::{ClickHouseTarget, Config, Identifier, LogFormat, parse_clickhouse_url};
+use statehouse::config::{ClickHouseTarget, Config, parse_clickhouse_url};
 use tokio::sync::oneshot;
 
 use crate::contract;
@@ -29,18 +29,25 @@ pub fn unique_schema() -> String {
     format!("it_{}", uuid::Uuid::new_v4().simple())
 }
 
+/// The defaults `statehouse serve` has, on port 0 and a database of its own;
+/// a short claim settle keeps lock tests quick (the mechanism is the same).
 pub fn test_config(schema: &str) -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        clickhouse: clickhouse_target(),
-        schema: Identifier::parse("schema", schema).unwrap(),
-        table: Identifier::parse("table", "state").unwrap(),
-        query_timeout: Duration::from_secs(10),
-        startup_timeout: Duration::from_secs(10),
-        body_limit: 16 * 1024 * 1024,
-        shutdown_timeout: Duration::from_secs(5),
-        log_format: LogFormat::Text,
-    }
+    let url = clickhouse_url();
+    let mut config = Config::from_serve_args(&[
+        "--clickhouse-url",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--schema",
+        schema,
+        "--claim-settle",
+        "200ms",
+        "--shutdown-timeout",
+        "5s",
+    ])
+    .expect("test configuration is valid");
+    config.query_timeout = Duration::from_secs(10);
+    config
 }
 
 pub struct TestApp {

@@ -1,26 +1,9 @@
-//! The ClickHouse repository: the state table, read with FINAL, written with
-//! explicit versions. Every value travels as a bound parameter.
+//! The state table: read with FINAL, written with explicit versions.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use clickhouse::Client;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ClickHouseTarget, Identifier};
-use crate::domain::{CorruptState, PageCursor, PageLimit, StateDocument, StateId, StatePattern};
-use crate::metrics::Metrics;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("ClickHouse did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("ClickHouse request failed: {0}")]
-    ClickHouse(#[from] clickhouse::error::Error),
-    #[error("state {id:?} in ClickHouse cannot be read: {source}")]
-    Corrupt { id: String, source: CorruptState },
-}
+use super::{ClickHouse, StoreError, now_ms};
+use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a
 /// replacing write needs only its version, and should succeed even over a
@@ -105,71 +88,19 @@ struct SummaryRow {
 
 #[derive(Clone)]
 pub struct StateStore {
-    client: Client,
-    schema: Identifier,
+    ch: ClickHouse,
     /// `schema`.`table`, ready to splice into SQL (both parts are plain identifiers).
     table: String,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
 }
 
 impl StateStore {
-    pub fn new(
-        target: &ClickHouseTarget,
-        schema: Identifier,
-        table: &Identifier,
-        timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        // ClickHouse 26.3+ batches inserts asynchronously by default, which
-        // would acknowledge a write before it is readable; every query here
-        // is synchronous. max_execution_time stops server-side work we gave up on.
-        let client = Client::default()
-            .with_url(target.endpoint())
-            .with_user(&target.user)
-            .with_password(&target.password)
-            .with_database(&target.database)
-            .with_setting("async_insert", "0")
-            .with_setting("max_execution_time", timeout.as_secs().max(1).to_string());
-        let table = format!("`{}`.`{}`", schema.as_str(), table.as_str());
-        Self {
-            client,
-            schema,
-            table,
-            timeout,
-            metrics,
-        }
+    pub fn new(ch: ClickHouse, table: String) -> Self {
+        Self { ch, table }
     }
 
-    /// Runs one ClickHouse round trip under the query timeout and records it.
-    async fn timed<T>(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = Result<T, clickhouse::error::Error>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(StoreError::ClickHouse(err)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        };
-        self.metrics
-            .observe_query(operation, started.elapsed().as_secs_f64(), result.is_ok());
-        result
-    }
-
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.timed("ping", self.client.query("SELECT 1").fetch_one::<u8>())
-            .await
-            .map(drop)
-    }
-
-    /// Creates the database and the state table if missing. The table's layout
-    /// is the seed plugin's, so either can serve a database the other wrote.
-    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let create_db = format!("CREATE DATABASE IF NOT EXISTS `{}`", self.schema.as_str());
-        self.timed("ensure_schema", self.client.query(&create_db).execute())
-            .await?;
+    /// Creates the state table if missing. Its layout is the seed plugin's,
+    /// so either can serve a database the other wrote.
+    pub async fn ensure_table(&self) -> Result<(), StoreError> {
         let create_table = format!(
             "CREATE TABLE IF NOT EXISTS {} (
                 state_id String,
@@ -179,7 +110,7 @@ impl StateStore {
             ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id",
             self.table
         );
-        self.timed("ensure_schema", self.client.query(&create_table).execute())
+        self.ch.timed("ensure_schema", self.ch.client.query(&create_table).execute())
             .await
     }
 
@@ -189,9 +120,8 @@ impl StateStore {
              FROM {} FINAL WHERE state_id = {{id:String}} LIMIT 1",
             self.table
         );
-        let query = self.client.query(&sql).param("id", id.as_str());
-        let row = self
-            .timed("get", query.fetch_optional::<StateRowIn>())
+        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let row = self.ch.timed("get", query.fetch_optional::<StateRowIn>())
             .await?;
         Ok(row.map(|row| StoredRow {
             id: id.clone(),
@@ -224,9 +154,8 @@ impl StateStore {
             completed_state: row.completed.clone(),
             updated_at: row.updated_at_ms,
         };
-        self.timed("put", async {
-            let mut insert = self
-                .client
+        self.ch.timed("put", async {
+            let mut insert = self.ch.client
                 .insert_unescaped::<StateRowOut>(&self.table)
                 .await?;
             insert.write(&out).await?;
@@ -244,11 +173,12 @@ impl StateStore {
     pub async fn delete(&self, id: &StateId) -> Result<(), StoreError> {
         let sql = format!("DELETE FROM {} WHERE state_id = {{id:String}}", self.table);
         let query = self
+            .ch
             .client
             .query(&sql)
             .param("id", id.as_str())
             .with_setting("lightweight_deletes_sync", "2");
-        self.timed("delete", query.execute()).await
+        self.ch.timed("delete", query.execute()).await
     }
 
     /// Deletes every state whose id matches; answers how many there were.
@@ -258,11 +188,10 @@ impl StateStore {
             "SELECT count() FROM {} FINAL WHERE {}",
             self.table, filter.sql
         );
-        let count = self
-            .timed(
+        let count = self.ch.timed(
                 "delete_matching",
                 filter
-                    .bind(self.client.query(&count_sql))
+                    .bind(self.ch.client.query(&count_sql))
                     .fetch_one::<u64>(),
             )
             .await?;
@@ -271,9 +200,9 @@ impl StateStore {
         }
         let delete_sql = format!("DELETE FROM {} WHERE {}", self.table, filter.sql);
         let delete = filter
-            .bind(self.client.query(&delete_sql))
+            .bind(self.ch.client.query(&delete_sql))
             .with_setting("lightweight_deletes_sync", "2");
-        self.timed("delete_matching", delete.execute()).await?;
+        self.ch.timed("delete_matching", delete.execute()).await?;
         Ok(count)
     }
 
@@ -295,11 +224,11 @@ impl StateStore {
         );
         let after = cursor.map_or("", |c| c.last_seen().as_str());
         let query = filter
-            .bind(self.client.query(&sql))
+            .bind(self.ch.client.query(&sql))
             .param("after", after)
             // One more than asked tells whether another page exists.
             .param("limit", limit.get() + 1);
-        let rows = self.timed("list", query.fetch_all::<SummaryRow>()).await?;
+        let rows = self.ch.timed("list", query.fetch_all::<SummaryRow>()).await?;
         let has_more = rows.len() > limit.get() as usize;
         let summaries = rows
             .into_iter()
@@ -346,13 +275,6 @@ impl PatternFilter {
             None => query,
         }
     }
-}
-
-fn now_ms() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// FNV-1a, 64 bit: stable across builds and platforms, which ETags need

@@ -1,0 +1,158 @@
+//! `/v1/locks`: leases on state_ids for workers, and views for operators.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::extract::{LeasePath, OptionalJson, StatePath};
+use super::rfc3339_millis;
+use crate::AppContext;
+use crate::locks::Lease;
+
+pub const DEFAULT_TTL_SECONDS: u64 = 30;
+pub const MAX_TTL_SECONDS: u64 = 3600;
+pub const MAX_WAIT_SECONDS: f64 = 300.0;
+pub const MAX_OWNER_BYTES: usize = 256;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    owner: Option<String>,
+    ttl_seconds: Option<u64>,
+    wait_seconds: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    ttl_seconds: Option<u64>,
+}
+
+/// A lease as its holder sees it: with the `lease_id` that proves holding it.
+#[derive(Serialize)]
+struct LeaseBody<'a> {
+    state_id: &'a str,
+    lease_id: String,
+    fencing_token: u64,
+    owner: &'a str,
+    acquired_at: String,
+    expires_at: String,
+}
+
+/// A lock as everyone else sees it: who holds it and until when, but never
+/// the lease_id, which would let a reader write as the holder.
+#[derive(Serialize)]
+pub struct LockView {
+    state_id: String,
+    owner: String,
+    fencing_token: u64,
+    acquired_at: String,
+    expires_at: String,
+    gateway_id: String,
+}
+
+impl From<&Lease> for LockView {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            state_id: lease.state_id.as_str().to_owned(),
+            owner: lease.owner.clone(),
+            fencing_token: lease.fencing_token,
+            acquired_at: rfc3339_millis(lease.acquired_ms),
+            expires_at: rfc3339_millis(lease.expires_ms),
+            gateway_id: lease.gateway_id.to_string(),
+        }
+    }
+}
+
+fn lease_body(lease: &Lease) -> LeaseBody<'_> {
+    LeaseBody {
+        state_id: lease.state_id.as_str(),
+        lease_id: lease.lease_id.to_string(),
+        fencing_token: lease.fencing_token,
+        owner: &lease.owner,
+        acquired_at: rfc3339_millis(lease.acquired_ms),
+        expires_at: rfc3339_millis(lease.expires_ms),
+    }
+}
+
+fn ttl(raw: Option<u64>) -> Result<Duration, ApiError> {
+    match raw.unwrap_or(DEFAULT_TTL_SECONDS) {
+        n @ 1..=MAX_TTL_SECONDS => Ok(Duration::from_secs(n)),
+        n => Err(ApiError::InvalidBody(format!(
+            "ttl_seconds must be between 1 and {MAX_TTL_SECONDS}, got {n}"
+        ))),
+    }
+}
+
+pub async fn acquire(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    OptionalJson(request): OptionalJson<AcquireRequest>,
+) -> Result<Response, ApiError> {
+    let owner = request.owner.unwrap_or_default();
+    if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+        return Err(ApiError::InvalidBody(format!(
+            "owner is required: who takes the lock, 1 to {MAX_OWNER_BYTES} bytes"
+        )));
+    }
+    let ttl = ttl(request.ttl_seconds)?;
+    let wait = request.wait_seconds.unwrap_or(0.0);
+    if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {
+        return Err(ApiError::InvalidBody(format!(
+            "wait_seconds must be between 0 and {MAX_WAIT_SECONDS}"
+        )));
+    }
+    let lease = ctx
+        .locks
+        .acquire(&id, &owner, ttl, Duration::from_secs_f64(wait))
+        .await?;
+    Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
+}
+
+pub async fn renew(
+    State(ctx): State<AppContext>,
+    LeasePath(id, lease_id): LeasePath,
+    OptionalJson(request): OptionalJson<RenewRequest>,
+) -> Result<Response, ApiError> {
+    let lease = ctx.locks.renew(&id, lease_id, ttl(request.ttl_seconds)?).await?;
+    Ok(Json(lease_body(&lease)).into_response())
+}
+
+pub async fn release(
+    State(ctx): State<AppContext>,
+    LeasePath(id, lease_id): LeasePath,
+) -> Result<StatusCode, ApiError> {
+    ctx.locks.release(&id, lease_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn get(State(ctx): State<AppContext>, StatePath(id): StatePath) -> Result<Json<LockView>, ApiError> {
+    match ctx.locks.current(&id).await? {
+        Some(lease) => Ok(Json(LockView::from(&lease))),
+        None => Err(ApiError::LockNotFound(id.to_string())),
+    }
+}
+
+#[derive(Serialize)]
+pub struct LockList {
+    locks: Vec<LockView>,
+}
+
+pub async fn list(State(ctx): State<AppContext>) -> Result<Json<LockList>, ApiError> {
+    let leases = ctx.locks.all().await?;
+    Ok(Json(LockList {
+        locks: leases.iter().map(LockView::from).collect(),
+    }))
+}
+
+/// Admin: ends the lease on `state_id` whoever holds it; succeeds when there is none.
+pub async fn force_unlock(State(ctx): State<AppContext>, StatePath(id): StatePath) -> Result<StatusCode, ApiError> {
+    let released = ctx.locks.force_unlock(&id).await?;
+    tracing::warn!(state_id = %id, released, "force-unlock");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -100,8 +100,15 @@ async fn main() {
         .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
     let target = parse_clickhouse_url(&url).expect("valid ClickHouse URL");
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let config = Config::from_serve_args(&["--clickhouse-url", &url, "--listen", "127.0.0.1:0", "--schema", &schema])
-        .expect("valid configuration");
+    let config = Config::from_serve_args(&[
+        "--clickhouse-url",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--schema",
+        &schema,
+    ])
+    .expect("valid configuration");
     let app = App::build(&config).await.expect("gateway starts");
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));

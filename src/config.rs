@@ -272,7 +272,9 @@ impl Config {
     /// The configuration `statehouse serve ARGS...` would run with, flags
     /// and environment included: how tests and benches get the real defaults.
     pub fn from_serve_args(args: &[&str]) -> Result<Self, Box<dyn std::error::Error>> {
-        let argv = ["statehouse", "serve"].into_iter().chain(args.iter().copied());
+        let argv = ["statehouse", "serve"]
+            .into_iter()
+            .chain(args.iter().copied());
         let Command::Serve(serve) = Cli::try_parse_from(argv)?.command;
         Ok(Self::try_from(*serve)?)
     }

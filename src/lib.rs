@@ -66,7 +66,11 @@ impl App {
         let clickhouse = ClickHouse::new(&config.clickhouse, config.query_timeout, metrics.clone());
         let store = Store::new(clickhouse.clone(), config.schema.clone(), &config.table);
         prepare_clickhouse(&store, config).await?;
-        let locks = Arc::new(LockManager::new(config.locks.clone(), store.leases, metrics.clone()));
+        let locks = Arc::new(LockManager::new(
+            config.locks.clone(),
+            store.leases,
+            metrics.clone(),
+        ));
         let listener =
             TcpListener::bind(config.listen)
                 .await

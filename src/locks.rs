@@ -24,6 +24,8 @@ use crate::store::{Candidate, LeaseRow, LeaseStore, StoreError};
 /// Bits of a lease row's version below the fencing token: room for renewals.
 const VERSION_SEQ_BITS: u32 = 20;
 const RELEASED_SEQ: u64 = (1 << VERSION_SEQ_BITS) - 1;
+/// How often a candidate waiting in line looks whether its turn has come.
+const CLAIM_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Clone, Debug)]
 pub struct LockSettings {
@@ -65,13 +67,21 @@ impl From<LeaseRow> for Lease {
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("{state_id} is locked and the wait ran out")]
-    Held { state_id: StateId, holder: Option<Box<Lease>> },
-    #[error("lease {0} is not the current lease of this state (released, expired, force-unlocked or unknown)")]
+    Held {
+        state_id: StateId,
+        holder: Option<Box<Lease>>,
+    },
+    #[error(
+        "lease {0} is not the current lease of this state (released, expired, force-unlocked or unknown)"
+    )]
     NotCurrent(Uuid),
     #[error("lease {lease_id} is held through gateway {gateway_id}; renew or release it there")]
     HeldElsewhere { lease_id: Uuid, gateway_id: Uuid },
     #[error("{state_id} is locked; writes need the holder's Lease-Id")]
-    Locked { state_id: StateId, holder: Box<Lease> },
+    Locked {
+        state_id: StateId,
+        holder: Box<Lease>,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -190,7 +200,13 @@ impl LockManager {
     /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
     /// waiters; a first acquire still runs one claim attempt (settle included)
     /// even with no wait at all.
-    pub async fn acquire(&self, id: &StateId, owner: &str, ttl: Duration, wait: Duration) -> Result<Lease, LockError> {
+    pub async fn acquire(
+        &self,
+        id: &StateId,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
         let slot = self.slot(id);
         let deadline = Instant::now() + wait;
         let ticket = {
@@ -200,7 +216,9 @@ impl LockManager {
             st.queue.push_back(ticket);
             ticket
         };
-        let result = self.wait_for_grant(id, &slot, ticket, owner, ttl, deadline).await;
+        let result = self
+            .wait_for_grant(id, &slot, ticket, owner, ttl, deadline)
+            .await;
         {
             let mut st = slot.state.lock().await;
             st.queue.retain(|t| *t != ticket);
@@ -249,7 +267,7 @@ impl LockManager {
                     None => {
                         st.claiming = true;
                         drop(st);
-                        let outcome = self.try_claim(id).await;
+                        let outcome = self.try_claim(id, deadline).await;
                         attempted_claim = true;
                         let mut st = slot.state.lock().await;
                         st.claiming = false;
@@ -259,6 +277,11 @@ impl LockManager {
                                 st.claim = Some(won.claim);
                                 st.next_token = st.next_token.max(won.next_token);
                                 st.lease = won.adopted;
+                                // The winner gets a lease before any hand-over,
+                                // unless a lease from before is still running.
+                                if st.lease.is_none() {
+                                    return self.grant(id, &mut st, owner, ttl).await;
+                                }
                                 continue;
                             }
                             Ok(ClaimOutcome::Lost) => {
@@ -272,9 +295,7 @@ impl LockManager {
                                             .map(|(row, _)| Box::new(row.into())),
                                     });
                                 }
-                                // The holder hands over when its lease ends; try again shortly.
-                                let pause = Duration::from_millis(100).min(deadline - Instant::now());
-                                tokio::time::sleep(pause).await;
+                                // Our candidate lapsed in line: stand in line again.
                                 continue;
                             }
                             Err(err) => return Err(err.into()),
@@ -306,7 +327,13 @@ impl LockManager {
 
     /// Grants under a held claim: persist first, so the fencing token is
     /// durable before anyone sees it.
-    async fn grant(&self, id: &StateId, st: &mut SlotState, owner: &str, ttl: Duration) -> Result<Lease, LockError> {
+    async fn grant(
+        &self,
+        id: &StateId,
+        st: &mut SlotState,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
         let token = st.next_token;
         // Burn the token even if persisting fails: the row may have landed.
         st.next_token += 1;
@@ -321,7 +348,9 @@ impl LockManager {
             expires_ms: system_ms(now) + ms(ttl),
         };
         let version = token << VERSION_SEQ_BITS;
-        self.leases.write_lease(&row_of(&lease, version, false)).await?;
+        self.leases
+            .write_lease(&row_of(&lease, version, false))
+            .await?;
         let deadline = Instant::now() + ttl;
         st.lease = Some(LocalLease {
             lease: lease.clone(),
@@ -332,25 +361,83 @@ impl LockManager {
         Ok(lease)
     }
 
-    /// One claim attempt: propose, settle, and win only as the earliest live candidate.
-    async fn try_claim(&self, id: &StateId) -> Result<ClaimOutcome, StoreError> {
+    /// Claims `id`: proposes a candidate stamped with the server's clock, lets
+    /// it settle, then keeps it in line (renewed) until it is the earliest live
+    /// candidate or `deadline` passes. Staying in line is what makes gateways
+    /// take turns: the holder sees the waiting candidate and hands over, and the
+    /// waiter wins by its place, not by a race against fresh candidates.
+    async fn try_claim(&self, id: &StateId, deadline: Instant) -> Result<ClaimOutcome, StoreError> {
         let claim_id = Uuid::new_v4();
-        let started = Instant::now();
+        let mut written_at = Instant::now();
         self.leases
-            .propose_claim(id, claim_id, self.settings.gateway_id, self.settings.claim_ttl)
+            .propose_claim(
+                id,
+                claim_id,
+                self.settings.gateway_id,
+                self.settings.claim_ttl,
+            )
             .await?;
         tokio::time::sleep(self.settings.settle).await;
-        let candidates = self.leases.candidates(id).await?;
-        let Some(mine) = candidates.iter().find(|c| c.claim_id == claim_id).cloned() else {
-            // Our candidate is gone or expired (a stall longer than the claim TTL).
-            self.metrics.lock_event(LockEvent::ClaimLoss);
-            return Ok(ClaimOutcome::Lost);
-        };
-        if candidates.first().map(|c| c.claim_id) != Some(claim_id) {
-            self.withdraw(id, &mine).await;
-            self.metrics.lock_event(LockEvent::ClaimLoss);
-            return Ok(ClaimOutcome::Lost);
+        let mut version = 1;
+        loop {
+            let candidates = match self.leases.candidates(id).await {
+                Ok(candidates) => candidates,
+                Err(err) => {
+                    self.withdraw(id, &self.unplaced(claim_id)).await;
+                    return Err(err);
+                }
+            };
+            let Some(mine) = candidates.iter().find(|c| c.claim_id == claim_id).cloned() else {
+                // Our candidate lapsed (a stall longer than the claim TTL).
+                self.metrics.lock_event(LockEvent::ClaimLoss);
+                return Ok(ClaimOutcome::Lost);
+            };
+            if candidates.first().map(|c| c.claim_id) == Some(claim_id) {
+                return self
+                    .won(id, mine, version, written_at, candidates.len() > 1)
+                    .await;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.withdraw(id, &mine).await;
+                self.metrics.lock_event(LockEvent::ClaimLoss);
+                return Ok(ClaimOutcome::Lost);
+            }
+            if now.duration_since(written_at) >= self.settings.claim_ttl / 3 {
+                if let Err(err) = self
+                    .leases
+                    .renew_claim(id, &mine, self.settings.claim_ttl, version + 1)
+                    .await
+                {
+                    self.withdraw(id, &mine).await;
+                    return Err(err);
+                }
+                version += 1;
+                written_at = now;
+            }
+            tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
         }
+    }
+
+    /// A candidate whose place in line is unknown, for withdrawing it.
+    fn unplaced(&self, claim_id: Uuid) -> Candidate {
+        Candidate {
+            claim_id,
+            gateway_id: self.settings.gateway_id,
+            created_ms: 0,
+        }
+    }
+
+    /// Takes over a claim just won: the next fencing token, and any lease
+    /// still running from a gateway that held the claim before.
+    async fn won(
+        &self,
+        id: &StateId,
+        mine: Candidate,
+        version: u64,
+        written_at: Instant,
+        others_waiting: bool,
+    ) -> Result<ClaimOutcome, StoreError> {
         let latest = match self.leases.latest_lease(id).await {
             Ok(latest) => latest,
             Err(err) => {
@@ -363,7 +450,8 @@ impl LockManager {
         // A lease granted through a gateway that went away is still the
         // current one until it ends: adopt it rather than break it.
         let adopted = latest.filter(|(_, live)| *live).map(|(row, _)| {
-            let remaining = u64::try_from(row.expires_ms - system_ms(SystemTime::now())).unwrap_or(0);
+            let remaining =
+                u64::try_from(row.expires_ms - system_ms(SystemTime::now())).unwrap_or(0);
             LocalLease {
                 version: row.version,
                 deadline: Instant::now() + Duration::from_millis(remaining),
@@ -373,9 +461,9 @@ impl LockManager {
         Ok(ClaimOutcome::Won(Box::new(WonClaim {
             claim: HeldClaim {
                 candidate: mine,
-                version: 1,
-                valid_until: started + self.claim_margin(),
-                handover: candidates.len() > 1,
+                version,
+                valid_until: written_at + self.claim_margin(),
+                handover: others_waiting,
             },
             next_token,
             adopted,
@@ -396,7 +484,12 @@ impl LockManager {
     }
 
     /// Extends the current lease by `ttl` from now.
-    pub async fn renew(&self, id: &StateId, lease_id: Uuid, ttl: Duration) -> Result<Lease, LockError> {
+    pub async fn renew(
+        &self,
+        id: &StateId,
+        lease_id: Uuid,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
         if let Some(slot) = self.existing_slot(id) {
             let mut st = slot.state.lock().await;
             st.expire(Instant::now(), &self.metrics);
@@ -404,7 +497,9 @@ impl LockManager {
                 let mut renewed = local.lease.clone();
                 renewed.expires_ms = system_ms(SystemTime::now()) + ms(ttl);
                 let version = local.version + 1;
-                self.leases.write_lease(&row_of(&renewed, version, false)).await?;
+                self.leases
+                    .write_lease(&row_of(&renewed, version, false))
+                    .await?;
                 local.lease = renewed.clone();
                 local.version = version;
                 local.deadline = Instant::now() + ttl;
@@ -421,7 +516,11 @@ impl LockManager {
         if let Some(slot) = self.existing_slot(id) {
             let mut st = slot.state.lock().await;
             st.expire(Instant::now(), &self.metrics);
-            if st.lease.as_ref().is_some_and(|l| l.lease.lease_id == lease_id) {
+            if st
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.lease.lease_id == lease_id)
+            {
                 let local = st.lease.take().expect("checked above");
                 st.last_used = Some(Instant::now());
                 let handover = st.claim.as_ref().is_some_and(|c| c.handover) && st.queue.is_empty();
@@ -442,7 +541,9 @@ impl LockManager {
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
         match self.leases.latest_lease(id).await {
-            Ok(Some((row, true))) if row.lease_id == lease_id && row.gateway_id != self.settings.gateway_id => {
+            Ok(Some((row, true)))
+                if row.lease_id == lease_id && row.gateway_id != self.settings.gateway_id =>
+            {
                 LockError::HeldElsewhere {
                     lease_id,
                     gateway_id: row.gateway_id,
@@ -484,7 +585,13 @@ impl LockManager {
         match self.leases.latest_lease(id).await? {
             Some((row, true)) => {
                 let version = row.version | RELEASED_SEQ;
-                self.leases.write_lease(&LeaseRow { released: true, version, ..row }).await?;
+                self.leases
+                    .write_lease(&LeaseRow {
+                        released: true,
+                        version,
+                        ..row
+                    })
+                    .await?;
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 Ok(true)
             }
@@ -507,7 +614,13 @@ impl LockManager {
 
     /// Every current lease, through any gateway.
     pub async fn all(&self) -> Result<Vec<Lease>, LockError> {
-        Ok(self.leases.live_leases().await?.into_iter().map(Lease::from).collect())
+        Ok(self
+            .leases
+            .live_leases()
+            .await?
+            .into_iter()
+            .map(Lease::from)
+            .collect())
     }
 
     /// Whether a write to `id` carrying `lease_id` (or none) may go ahead now.
@@ -557,9 +670,12 @@ impl LockManager {
             st.lease = None;
             slot.changed.notify_waiters();
         }
-        let idle_for = st.last_used.map_or(Duration::MAX, |t| now.duration_since(t));
+        let idle_for = st
+            .last_used
+            .map_or(Duration::MAX, |t| now.duration_since(t));
         let drop_claim = st.claim.as_ref().is_some_and(|claim| {
-            st.lease.is_none() && (claim.handover || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
+            st.lease.is_none()
+                && (claim.handover || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
         });
         if drop_claim {
             let claim = st.claim.take().expect("checked above");
@@ -578,7 +694,9 @@ impl LockManager {
                     claim.version = version;
                     claim.valid_until = started + self.claim_margin();
                     if let Ok(candidates) = self.leases.candidates(id).await {
-                        claim.handover = candidates.iter().any(|c| c.claim_id != claim.candidate.claim_id);
+                        claim.handover = candidates
+                            .iter()
+                            .any(|c| c.claim_id != claim.candidate.claim_id);
                     }
                 }
                 Err(err) => {

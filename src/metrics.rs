@@ -157,7 +157,11 @@ impl Metrics {
     }
 
     pub fn lock_event(&self, event: LockEvent) {
-        self.lock_events.get_or_create(&LockLabels { event: event.label() }).inc();
+        self.lock_events
+            .get_or_create(&LockLabels {
+                event: event.label(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.

@@ -137,7 +137,11 @@ impl States {
     }
 
     /// Deleting what does not exist succeeds: the outcome is the same.
-    pub async fn delete(&self, id: &StateId, conditions: &WriteConditions) -> Result<(), StateError> {
+    pub async fn delete(
+        &self,
+        id: &StateId,
+        conditions: &WriteConditions,
+    ) -> Result<(), StateError> {
         let _writing = self.writers.lock(id).await;
         self.locks.check_write(id, conditions.lease_id).await?;
         if let Some(precondition) = &conditions.if_match {

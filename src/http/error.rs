@@ -149,7 +149,12 @@ pub fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response 
     problem_with_holder(status, kind, detail, None)
 }
 
-fn problem_with_holder(status: StatusCode, kind: ProblemType, detail: &str, holder: Option<Option<LockView>>) -> Response {
+fn problem_with_holder(
+    status: StatusCode,
+    kind: ProblemType,
+    detail: &str,
+    holder: Option<Option<LockView>>,
+) -> Response {
     let body = ProblemBody {
         kind: format!("urn:statehouse:problem:{}", kind.slug()),
         title: kind.title(),
@@ -191,10 +196,19 @@ impl ApiError {
             Self::InvalidBody(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidBody),
             Self::LockNotFound(_) => (StatusCode::NOT_FOUND, ProblemType::LockNotFound),
             Self::Lock(LockError::Held { .. }) => (StatusCode::CONFLICT, ProblemType::LockHeld),
-            Self::Lock(LockError::NotCurrent(_)) => (StatusCode::CONFLICT, ProblemType::LeaseNotCurrent),
-            Self::Lock(LockError::HeldElsewhere { .. }) => (StatusCode::CONFLICT, ProblemType::LeaseHeldElsewhere),
-            Self::Lock(LockError::Locked { .. }) => (StatusCode::CONFLICT, ProblemType::StateLocked),
-            Self::Lock(LockError::Store(_)) => (StatusCode::SERVICE_UNAVAILABLE, ProblemType::ClickHouseUnavailable),
+            Self::Lock(LockError::NotCurrent(_)) => {
+                (StatusCode::CONFLICT, ProblemType::LeaseNotCurrent)
+            }
+            Self::Lock(LockError::HeldElsewhere { .. }) => {
+                (StatusCode::CONFLICT, ProblemType::LeaseHeldElsewhere)
+            }
+            Self::Lock(LockError::Locked { .. }) => {
+                (StatusCode::CONFLICT, ProblemType::StateLocked)
+            }
+            Self::Lock(LockError::Store(_)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                ProblemType::ClickHouseUnavailable,
+            ),
         }
     }
 }
@@ -206,8 +220,12 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %self, problem = kind.slug(), "request failed");
         }
         let holder = match &self {
-            Self::Lock(LockError::Held { holder, .. }) => Some(holder.as_deref().map(LockView::from)),
-            Self::Lock(LockError::Locked { holder, .. }) => Some(Some(LockView::from(holder.as_ref()))),
+            Self::Lock(LockError::Held { holder, .. }) => {
+                Some(holder.as_deref().map(LockView::from))
+            }
+            Self::Lock(LockError::Locked { holder, .. }) => {
+                Some(Some(LockView::from(holder.as_ref())))
+            }
             _ => None,
         };
         problem_with_holder(status, kind, &self.to_string(), holder)

@@ -4,10 +4,10 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
-use axum::http::{HeaderName, StatusCode, header};
-use uuid::Uuid;
 use axum::http::request::Parts;
+use axum::http::{HeaderName, StatusCode, header};
 use serde::de::DeserializeOwned;
+use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::AppContext;
@@ -77,12 +77,17 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let if_match = match parts.headers.get(header::IF_MATCH) {
-            None => None,
-            Some(value) => Some(value.to_str().ok().and_then(IfMatch::parse).ok_or_else(|| {
-                ApiError::InvalidHeader("If-Match must be \"*\" or a list of quoted entity tags".into())
-            })?),
-        };
+        let if_match =
+            match parts.headers.get(header::IF_MATCH) {
+                None => None,
+                Some(value) => Some(value.to_str().ok().and_then(IfMatch::parse).ok_or_else(
+                    || {
+                        ApiError::InvalidHeader(
+                            "If-Match must be \"*\" or a list of quoted entity tags".into(),
+                        )
+                    },
+                )?),
+            };
         let lease_id = match parts.headers.get(LEASE_ID) {
             None => None,
             Some(value) => Some(
@@ -90,7 +95,9 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
                     .to_str()
                     .ok()
                     .and_then(|v| Uuid::parse_str(v.trim()).ok())
-                    .ok_or_else(|| ApiError::InvalidHeader("Lease-Id must be a lease_id (a UUID)".into()))?,
+                    .ok_or_else(|| {
+                        ApiError::InvalidHeader("Lease-Id must be a lease_id (a UUID)".into())
+                    })?,
             ),
         };
         Ok(Self { if_match, lease_id })
@@ -106,7 +113,9 @@ impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Path((raw_id, raw_lease)) = Path::<(String, String)>::from_request_parts(parts, state)
             .await
-            .map_err(|rejection| ApiError::InvalidQuery(format!("path: {}", rejection.body_text())))?;
+            .map_err(|rejection| {
+                ApiError::InvalidQuery(format!("path: {}", rejection.body_text()))
+            })?;
         let lease = Uuid::parse_str(&raw_lease)
             .map_err(|_| ApiError::InvalidQuery(format!("lease_id {raw_lease:?} is not a UUID")))?;
         Ok(Self(StateId::parse(raw_id)?, lease))

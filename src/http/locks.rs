@@ -119,7 +119,10 @@ pub async fn renew(
     LeasePath(id, lease_id): LeasePath,
     OptionalJson(request): OptionalJson<RenewRequest>,
 ) -> Result<Response, ApiError> {
-    let lease = ctx.locks.renew(&id, lease_id, ttl(request.ttl_seconds)?).await?;
+    let lease = ctx
+        .locks
+        .renew(&id, lease_id, ttl(request.ttl_seconds)?)
+        .await?;
     Ok(Json(lease_body(&lease)).into_response())
 }
 
@@ -131,7 +134,10 @@ pub async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn get(State(ctx): State<AppContext>, StatePath(id): StatePath) -> Result<Json<LockView>, ApiError> {
+pub async fn get(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+) -> Result<Json<LockView>, ApiError> {
     match ctx.locks.current(&id).await? {
         Some(lease) => Ok(Json(LockView::from(&lease))),
         None => Err(ApiError::LockNotFound(id.to_string())),
@@ -151,7 +157,10 @@ pub async fn list(State(ctx): State<AppContext>) -> Result<Json<LockList>, ApiEr
 }
 
 /// Admin: ends the lease on `state_id` whoever holds it; succeeds when there is none.
-pub async fn force_unlock(State(ctx): State<AppContext>, StatePath(id): StatePath) -> Result<StatusCode, ApiError> {
+pub async fn force_unlock(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+) -> Result<StatusCode, ApiError> {
     let released = ctx.locks.force_unlock(&id).await?;
     tracing::warn!(state_id = %id, released, "force-unlock");
     Ok(StatusCode::NO_CONTENT)

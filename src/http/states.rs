@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::rfc3339_millis;
 use super::extract::{ApiQuery, StateBody, StatePath};
+use super::rfc3339_millis;
 use crate::AppContext;
 use crate::domain::{PageCursor, PageLimit, StateIdError, StatePattern};
 use crate::states::{Change, WriteConditions, Written};

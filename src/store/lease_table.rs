@@ -57,16 +57,20 @@ struct LeaseRowIn {
     live: u8,
 }
 
-const LEASE_COLUMNS: &str = "state_id, toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+const LEASE_COLUMNS: &str =
+    "state_id, toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
     fencing_token, toUnixTimestamp64Milli(created_at) AS acquired_ms,
     toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
     released = 0 AND expires_at > now64(3) AS live";
 
-const INSERT_COLUMNS: &str =
-    "(state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at, expires_at, released, version)";
+const INSERT_COLUMNS: &str = "(state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at, expires_at, released, version)";
 
 fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
-    Uuid::parse_str(raw).map_err(|e| StoreError::ClickHouse(clickhouse::error::Error::Custom(format!("bad UUID {raw:?}: {e}"))))
+    Uuid::parse_str(raw).map_err(|e| {
+        StoreError::ClickHouse(clickhouse::error::Error::Custom(format!(
+            "bad UUID {raw:?}: {e}"
+        )))
+    })
 }
 
 impl LeaseRowIn {
@@ -128,8 +132,15 @@ impl LeaseStore {
     }
 
     /// Inserts a claim candidate stamped with the server's clock.
-    pub async fn propose_claim(&self, id: &StateId, claim_id: Uuid, gateway_id: Uuid, ttl: Duration) -> Result<(), StoreError> {
-        self.write_claim(id, claim_id, gateway_id, None, ttl, 1, false).await
+    pub async fn propose_claim(
+        &self,
+        id: &StateId,
+        claim_id: Uuid,
+        gateway_id: Uuid,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.write_claim(id, claim_id, gateway_id, None, ttl, 1, false)
+            .await
     }
 
     /// Extends a claim this gateway holds; `created_ms` keeps its place in line.
@@ -140,14 +151,30 @@ impl LeaseStore {
         ttl: Duration,
         version: u64,
     ) -> Result<(), StoreError> {
-        self.write_claim(id, claim.claim_id, claim.gateway_id, Some(claim.created_ms), ttl, version, false)
-            .await
+        self.write_claim(
+            id,
+            claim.claim_id,
+            claim.gateway_id,
+            Some(claim.created_ms),
+            ttl,
+            version,
+            false,
+        )
+        .await
     }
 
     /// Withdraws a claim for good (the highest version, released).
     pub async fn withdraw_claim(&self, id: &StateId, claim: &Candidate) -> Result<(), StoreError> {
-        self.write_claim(id, claim.claim_id, claim.gateway_id, Some(claim.created_ms), Duration::ZERO, u64::MAX, true)
-            .await
+        self.write_claim(
+            id,
+            claim.claim_id,
+            claim.gateway_id,
+            Some(claim.created_ms),
+            Duration::ZERO,
+            u64::MAX,
+            true,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -199,7 +226,10 @@ impl LeaseStore {
             self.table
         );
         let query = self.ch.client.query(&sql).param("id", id.as_str());
-        let rows = self.ch.timed("claim_candidates", query.fetch_all::<CandidateRow>()).await?;
+        let rows = self
+            .ch
+            .timed("claim_candidates", query.fetch_all::<CandidateRow>())
+            .await?;
         rows.into_iter()
             .map(|row| {
                 Ok(Candidate {
@@ -218,7 +248,11 @@ impl LeaseStore {
             self.table
         );
         let query = self.ch.client.query(&sql).param("id", id.as_str());
-        match self.ch.timed("lease_read", query.fetch_optional::<LeaseRowIn>()).await? {
+        match self
+            .ch
+            .timed("lease_read", query.fetch_optional::<LeaseRowIn>())
+            .await?
+        {
             Some(row) => row.into_row(),
             None => Ok(None),
         }
@@ -234,7 +268,10 @@ impl LeaseStore {
         );
         let rows = self
             .ch
-            .timed("lease_list", self.ch.client.query(&sql).fetch_all::<LeaseRowIn>())
+            .timed(
+                "lease_list",
+                self.ch.client.query(&sql).fetch_all::<LeaseRowIn>(),
+            )
             .await?;
         let mut leases = Vec::with_capacity(rows.len());
         for row in rows {

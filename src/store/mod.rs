@@ -102,7 +102,10 @@ impl Store {
     pub async fn ensure_schema(&self) -> Result<(), StoreError> {
         let create_db = format!("CREATE DATABASE IF NOT EXISTS `{}`", self.schema.as_str());
         self.clickhouse
-            .timed("ensure_schema", self.clickhouse.client.query(&create_db).execute())
+            .timed(
+                "ensure_schema",
+                self.clickhouse.client.query(&create_db).execute(),
+            )
             .await?;
         self.states.ensure_table().await?;
         self.leases.ensure_table().await

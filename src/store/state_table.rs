@@ -110,7 +110,11 @@ impl StateStore {
             ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id",
             self.table
         );
-        self.ch.timed("ensure_schema", self.ch.client.query(&create_table).execute())
+        self.ch
+            .timed(
+                "ensure_schema",
+                self.ch.client.query(&create_table).execute(),
+            )
             .await
     }
 
@@ -121,7 +125,9 @@ impl StateStore {
             self.table
         );
         let query = self.ch.client.query(&sql).param("id", id.as_str());
-        let row = self.ch.timed("get", query.fetch_optional::<StateRowIn>())
+        let row = self
+            .ch
+            .timed("get", query.fetch_optional::<StateRowIn>())
             .await?;
         Ok(row.map(|row| StoredRow {
             id: id.clone(),
@@ -154,14 +160,17 @@ impl StateStore {
             completed_state: row.completed.clone(),
             updated_at: row.updated_at_ms,
         };
-        self.ch.timed("put", async {
-            let mut insert = self.ch.client
-                .insert_unescaped::<StateRowOut>(&self.table)
-                .await?;
-            insert.write(&out).await?;
-            insert.end().await
-        })
-        .await?;
+        self.ch
+            .timed("put", async {
+                let mut insert = self
+                    .ch
+                    .client
+                    .insert_unescaped::<StateRowOut>(&self.table)
+                    .await?;
+                insert.write(&out).await?;
+                insert.end().await
+            })
+            .await?;
         Ok(StoredState {
             etag: row.etag(),
             id: row.id,
@@ -188,7 +197,9 @@ impl StateStore {
             "SELECT count() FROM {} FINAL WHERE {}",
             self.table, filter.sql
         );
-        let count = self.ch.timed(
+        let count = self
+            .ch
+            .timed(
                 "delete_matching",
                 filter
                     .bind(self.ch.client.query(&count_sql))
@@ -228,7 +239,10 @@ impl StateStore {
             .param("after", after)
             // One more than asked tells whether another page exists.
             .param("limit", limit.get() + 1);
-        let rows = self.ch.timed("list", query.fetch_all::<SummaryRow>()).await?;
+        let rows = self
+            .ch
+            .timed("list", query.fetch_all::<SummaryRow>())
+            .await?;
         let has_more = rows.len() > limit.get() as usize;
         let summaries = rows
             .into_iter()

@@ -287,7 +287,7 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
 
 /// Sends raw bytes and reads the whole response (the connection is closed after it).
 async fn raw_http(app: &TestApp, head: &str, body: &[u8]) -> (u16, String) {
-    let addr = app.base.trim_start_matches("http://");
+    let addr = app.api.base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(head.as_bytes()).await.unwrap();
     // The server may answer 413 and close before taking everything; that is fine.

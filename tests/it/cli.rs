@@ -1,11 +1,9 @@
 //! The `statehouse` binary as scripts and runbooks call it.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-use crate::helpers::unique_schema;
+use crate::helpers::{free_port, spawn_gateway_process, unique_schema};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
 
@@ -23,14 +21,6 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
         output.status.code(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]
@@ -130,52 +120,20 @@ async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
         "clickhouse://{}:{}@{}/{}",
         target.user, target.password, proxy.addr, target.database
     );
-    let port = free_port();
     let schema = unique_schema();
-    let mut child = tokio::process::Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--log-format",
-            "json",
-        ])
-        .env("STATEHOUSE_CLICKHOUSE_URL", &url)
-        .env("STATEHOUSE_SCHEMA", &schema)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("statehouse ready") {
-                return line;
-            }
-        }
-        panic!("exited before ready");
-    })
-    .await
-    .expect("ready within 30 s");
-    let ready: serde_json::Value = serde_json::from_str(&ready).expect("JSON log line");
-    assert_eq!(ready["message"], "statehouse ready");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut gateway = spawn_gateway_process(&url, &["--schema", &schema]).await;
 
-    let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    assert_eq!(
-        client
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    let ready = client
+        .get(format!("{}/readyz", gateway.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
     proxy.set_delay(Duration::from_millis(1500));
     let in_flight = tokio::spawn({
         let client = client.clone();
-        let url = format!("{base}/v1/states/slow");
+        let url = format!("{}/v1/states/slow", gateway.base);
         async move {
             client
                 .put(url)
@@ -185,7 +143,7 @@ async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid = child.id().unwrap().to_string();
+    let pid = gateway.child.id().unwrap().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -199,7 +157,7 @@ async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
         .unwrap()
         .expect("the in-flight request is answered");
     assert_eq!(reply.status(), 201, "it finished its write");
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(30), gateway.child.wait())
         .await
         .unwrap()
         .unwrap();

@@ -50,11 +50,26 @@ pub fn test_config(schema: &str) -> Config {
     config
 }
 
-pub struct TestApp {
+/// An HTTP client for one gateway; every answer is checked against openapi.yaml.
+#[derive(Clone)]
+pub struct Api {
     pub base: String,
-    pub schema: String,
     pub client: reqwest::Client,
+}
+
+/// A gateway running in this process on its own database.
+pub struct TestApp {
+    pub api: Api,
+    pub schema: String,
     stop: Option<oneshot::Sender<()>>,
+}
+
+impl std::ops::Deref for TestApp {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 impl Drop for TestApp {
@@ -130,9 +145,8 @@ pub async fn spawn_configured(config: Config) -> TestApp {
         let _ = stopped.await;
     }));
     TestApp {
-        base,
+        api: Api::new(base),
         schema: config.schema.as_str().to_owned(),
-        client: reqwest::Client::new(),
         stop: Some(stop),
     }
 }
@@ -149,7 +163,14 @@ pub fn encode_id(id: &str) -> String {
         .collect()
 }
 
-impl TestApp {
+impl Api {
+    pub fn new(base: String) -> Self {
+        Self {
+            base,
+            client: reqwest::Client::new(),
+        }
+    }
+
     pub async fn request(
         &self,
         method: Method,
@@ -216,6 +237,54 @@ impl TestApp {
         .await
     }
 
+    pub async fn acquire(&self, id: &str, body: &Value) -> Reply {
+        self.request(
+            Method::POST,
+            &format!("/v1/locks/{}", encode_id(id)),
+            Some(&body.to_string()),
+            &[],
+        )
+        .await
+    }
+
+    /// Acquires or panics; answers (lease_id, fencing_token).
+    pub async fn lease(&self, id: &str, owner: &str, ttl: u64, wait: f64) -> (String, u64) {
+        let reply = self
+            .acquire(
+                id,
+                &serde_json::json!({"owner": owner, "ttl_seconds": ttl, "wait_seconds": wait}),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        let body = reply.json();
+        (
+            body["lease_id"].as_str().unwrap().to_owned(),
+            body["fencing_token"].as_u64().unwrap(),
+        )
+    }
+
+    pub async fn release(&self, id: &str, lease_id: &str) -> Reply {
+        self.request(
+            Method::DELETE,
+            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
+            None,
+            &[],
+        )
+        .await
+    }
+
+    pub async fn put_state_with_lease(&self, id: &str, body: &Value, lease_id: &str) -> Reply {
+        self.request(
+            Method::PUT,
+            &format!("/v1/states/{}", encode_id(id)),
+            Some(&body.to_string()),
+            &[("lease-id", lease_id)],
+        )
+        .await
+    }
+}
+
+impl TestApp {
     /// Every state id with its content, straight from ClickHouse (FINAL).
     pub async fn table_snapshot(&self) -> Vec<(String, Option<String>, Option<String>)> {
         let rows = raw_sql(&format!(
@@ -249,4 +318,66 @@ pub async fn raw_sql(sql: &str) -> String {
     let text = response.text().await.unwrap();
     assert!(status.is_success(), "ClickHouse refused {sql}: {text}");
     text
+}
+
+/// `statehouse serve` as a separate process, ready to serve.
+pub struct GatewayProcess {
+    pub base: String,
+    pub child: tokio::process::Child,
+}
+
+impl GatewayProcess {
+    pub fn api(&self) -> Api {
+        Api::new(self.base.clone())
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts the binary against `clickhouse_url` and waits for its ready line;
+/// `extra` adds flags (the schema, claim timings, ...). Logs as JSON.
+pub async fn spawn_gateway_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+        ])
+        .args(extra)
+        .env("STATEHOUSE_CLICKHOUSE_URL", clickhouse_url)
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("statehouse starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("statehouse ready") {
+                return line;
+            }
+        }
+        panic!("statehouse exited before it was ready");
+    })
+    .await
+    .expect("ready within 30 s");
+    let ready: Value = serde_json::from_str(&ready).expect("the ready line is JSON");
+    assert_eq!(ready["message"], "statehouse ready");
+    // Keep draining its logs so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    GatewayProcess {
+        base: format!("http://127.0.0.1:{port}"),
+        child,
+    }
 }

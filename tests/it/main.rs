@@ -6,6 +6,8 @@ mod cli;
 mod clickhouse_faults;
 mod contract;
 mod helpers;
+mod lock_concurrency;
+mod locks_api;
 mod proxy;
 mod seed_compat;
 mod states_api;

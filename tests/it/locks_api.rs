@@ -1,0 +1,325 @@
+//! The lock endpoints and how locks guard state writes.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::{spawn_app, spawn_configured, test_config, unique_schema};
+
+#[tokio::test]
+async fn acquire_inspect_release() {
+    let app = spawn_app().await;
+    let reply = app
+        .acquire("job", &json!({"owner": "worker-1", "ttl_seconds": 60}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    let lease = reply.json();
+    assert_eq!(lease["owner"], "worker-1");
+    assert_eq!(lease["state_id"], "job");
+    assert!(lease["fencing_token"].as_u64().unwrap() >= 1);
+    let lease_id = lease["lease_id"].as_str().unwrap();
+
+    let one = app.get("/v1/locks/job").await;
+    assert_eq!(one.status, StatusCode::OK);
+    let view = one.json();
+    assert_eq!(view["owner"], "worker-1");
+    assert_eq!(view["expires_at"], lease["expires_at"]);
+    assert!(
+        view.get("lease_id").is_none(),
+        "others never see the lease_id"
+    );
+    let all = app.get("/v1/locks").await.json();
+    assert_eq!(all["locks"].as_array().unwrap().len(), 1);
+    assert_eq!(all["locks"][0]["state_id"], "job");
+
+    assert_eq!(
+        app.release("job", lease_id).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let gone = app.get("/v1/locks/job").await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    assert_eq!(gone.problem_type(), "lock-not-found");
+    let twice = app.release("job", lease_id).await;
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+    assert_eq!(twice.problem_type(), "lease-not-current");
+    let renew = app
+        .request(Method::PUT, &format!("/v1/locks/job/{lease_id}"), None, &[])
+        .await;
+    assert_eq!(
+        renew.status,
+        StatusCode::CONFLICT,
+        "a released lease cannot be renewed"
+    );
+    // Released leases leave the listing (the release is recorded in the background).
+    for _ in 0..50 {
+        if app.get("/v1/locks").await.json()["locks"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("released lease still listed");
+}
+
+#[tokio::test]
+async fn a_held_lock_answers_409_with_the_holder_after_the_wait() {
+    let app = spawn_app().await;
+    app.lease("busy", "first", 60, 0.0).await;
+    let now = app.acquire("busy", &json!({"owner": "second"})).await;
+    assert_eq!(now.status, StatusCode::CONFLICT);
+    assert_eq!(now.problem_type(), "lock-held");
+    assert_eq!(now.json()["holder"]["owner"], "first");
+    let waited = app
+        .acquire("busy", &json!({"owner": "third", "wait_seconds": 0.5}))
+        .await;
+    assert_eq!(waited.status, StatusCode::CONFLICT);
+    assert_eq!(waited.json()["holder"]["owner"], "first");
+    // Other state_ids are not held up.
+    let other = app.acquire("free", &json!({"owner": "second"})).await;
+    assert_eq!(other.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn waiters_are_served_first_come_first_served() {
+    let app = spawn_app().await;
+    let (holder, _) = app.lease("queue", "holder", 60, 0.0).await;
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        let (api, order) = (app.api.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let (lease, _) = api.lease("queue", name, 60, 30.0).await;
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            assert_eq!(
+                api.release("queue", &lease).await.status,
+                StatusCode::NO_CONTENT
+            );
+        }));
+        // Each waiter is queued before the next one asks.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        app.release("queue", &holder).await.status,
+        StatusCode::NO_CONTENT
+    );
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["a", "b", "c", "d"]);
+}
+
+#[tokio::test]
+async fn renew_extends_and_an_expired_lease_is_gone() {
+    let app = spawn_app().await;
+    let first = app
+        .acquire("ttl", &json!({"owner": "w", "ttl_seconds": 1}))
+        .await
+        .json();
+    let lease_id = first["lease_id"].as_str().unwrap();
+    let renewed = app
+        .request(
+            Method::PUT,
+            &format!("/v1/locks/ttl/{lease_id}"),
+            Some(r#"{"ttl_seconds": 120}"#),
+            &[],
+        )
+        .await;
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.text);
+    assert!(renewed.json()["expires_at"].as_str() > first["expires_at"].as_str());
+    assert_eq!(renewed.json()["fencing_token"], first["fencing_token"]);
+
+    let short = app
+        .acquire("short", &json!({"owner": "w", "ttl_seconds": 1}))
+        .await
+        .json();
+    let short_id = short["lease_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let late = app
+        .request(
+            Method::PUT,
+            &format!("/v1/locks/short/{short_id}"),
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(late.status, StatusCode::CONFLICT);
+    assert_eq!(late.problem_type(), "lease-not-current");
+    assert_eq!(
+        app.get("/v1/locks/short").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let next = app.acquire("short", &json!({"owner": "next"})).await;
+    assert_eq!(next.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn locked_states_take_writes_only_with_the_holders_lease() {
+    let app = spawn_app().await;
+    app.put_state("guarded", &json!({"completed": {"n": 0}}))
+        .await;
+    let (lease, _) = app.lease("guarded", "owner", 60, 0.0).await;
+    let before = app.table_snapshot().await;
+
+    let without = app
+        .put_state("guarded", &json!({"completed": {"n": 1}}))
+        .await;
+    assert_eq!(without.status, StatusCode::CONFLICT);
+    assert_eq!(without.problem_type(), "state-locked");
+    assert_eq!(without.json()["holder"]["owner"], "owner");
+    let wrong = app
+        .put_state_with_lease(
+            "guarded",
+            &json!({"completed": {"n": 1}}),
+            "00000000-0000-4000-8000-000000000000",
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::CONFLICT);
+    assert_eq!(wrong.problem_type(), "lease-not-current");
+    let patch = app
+        .patch_state("guarded", &json!({"partial": {"x": 1}}))
+        .await;
+    assert_eq!(patch.status, StatusCode::CONFLICT);
+    let delete = app.delete_state("guarded").await;
+    assert_eq!(delete.status, StatusCode::CONFLICT);
+    let bad_header = app
+        .request(
+            Method::PUT,
+            "/v1/states/guarded",
+            Some("{}"),
+            &[("lease-id", "not-a-uuid")],
+        )
+        .await;
+    assert_eq!(bad_header.problem_type(), "invalid-header");
+    assert_eq!(
+        app.table_snapshot().await,
+        before,
+        "refused writes changed nothing"
+    );
+
+    let right = app
+        .put_state_with_lease("guarded", &json!({"completed": {"n": 1}}), &lease)
+        .await;
+    assert_eq!(right.status, StatusCode::OK);
+    let reads_need_no_lease = app.get_state("guarded").await;
+    assert_eq!(reads_need_no_lease.json()["completed"]["n"], 1);
+
+    app.release("guarded", &lease).await;
+    let stale = app
+        .put_state_with_lease("guarded", &json!({"completed": {"n": 2}}), &lease)
+        .await;
+    assert_eq!(
+        stale.status,
+        StatusCode::CONFLICT,
+        "a released lease cannot write, even unlocked"
+    );
+    let unlocked = app
+        .put_state("guarded", &json!({"completed": {"n": 3}}))
+        .await;
+    assert_eq!(unlocked.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn force_unlock_ends_the_lease_for_its_holder() {
+    let app = spawn_app().await;
+    let (lease, token) = app.lease("stuck", "crashed-worker", 3600, 0.0).await;
+    let forced = app
+        .request(Method::DELETE, "/v1/locks/stuck", None, &[])
+        .await;
+    assert_eq!(forced.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.get("/v1/locks/stuck").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let write = app.put_state_with_lease("stuck", &json!({}), &lease).await;
+    assert_eq!(write.status, StatusCode::CONFLICT);
+    assert_eq!(
+        app.release("stuck", &lease).await.status,
+        StatusCode::CONFLICT
+    );
+    let (_, next) = app.lease("stuck", "next-worker", 60, 0.0).await;
+    assert!(next > token);
+    let again = app
+        .request(Method::DELETE, "/v1/locks/nothing-here", None, &[])
+        .await;
+    assert_eq!(
+        again.status,
+        StatusCode::NO_CONTENT,
+        "force-unlock is idempotent"
+    );
+}
+
+#[tokio::test]
+async fn fencing_tokens_increase_across_a_gateway_restart_and_repeat_acquires_skip_the_settle() {
+    let schema = unique_schema();
+    let first = spawn_configured(test_config(&schema)).await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let (lease, token) = first.lease("fenced", "w", 60, 0.0).await;
+        assert!(token > last, "{token} after {last}");
+        last = token;
+        first.release("fenced", &lease).await;
+    }
+    let metrics = first.get("/metrics").await.text;
+    assert!(
+        metrics.contains(r#"statehouse_lock_events_total{event="claim_win"} 1"#),
+        "five acquires, one claim:\n{metrics}"
+    );
+    assert!(metrics.contains(r#"statehouse_lock_events_total{event="grant"} 5"#));
+    drop(first);
+
+    let second = spawn_configured(test_config(&schema)).await;
+    // The first gateway's claim is released or expires; the wait covers both.
+    let (_, token) = second.lease("fenced", "w", 60, 30.0).await;
+    assert!(token > last, "after a restart: {token} after {last}");
+}
+
+#[tokio::test]
+async fn bad_lock_requests_are_refused() {
+    let app = spawn_app().await;
+    for (body, problem) in [
+        (r#"{}"#, "invalid-body"),
+        (r#"{"owner": ""}"#, "invalid-body"),
+        (r#"{"owner": "w", "ttl_seconds": 0}"#, "invalid-body"),
+        (r#"{"owner": "w", "ttl_seconds": 3601}"#, "invalid-body"),
+        (r#"{"owner": "w", "wait_seconds": -1}"#, "invalid-body"),
+        (r#"{"owner": "w", "wait_seconds": 301}"#, "invalid-body"),
+        (r#"{"owner": "w", "colour": "red"}"#, "invalid-body"),
+        (r#"{"owner": 5}"#, "invalid-body"),
+        (r#"{"owner": "#, "invalid-json"),
+        ("", "invalid-body"),
+    ] {
+        let reply = app
+            .request(Method::POST, "/v1/locks/x", Some(body), &[])
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.text
+        );
+        assert_eq!(reply.problem_type(), problem, "{body}");
+    }
+    let bad_lease = app
+        .request(Method::DELETE, "/v1/locks/x/not-a-uuid", None, &[])
+        .await;
+    assert_eq!(bad_lease.status, StatusCode::BAD_REQUEST);
+    let unknown = app
+        .request(
+            Method::DELETE,
+            "/v1/locks/x/00000000-0000-4000-8000-000000000000",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::CONFLICT);
+    assert_eq!(
+        app.get("/v1/locks").await.json()["locks"],
+        json!([]),
+        "nothing was locked"
+    );
+}

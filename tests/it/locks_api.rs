@@ -323,3 +323,48 @@ async fn bad_lock_requests_are_refused() {
         "nothing was locked"
     );
 }
+
+#[tokio::test]
+async fn an_idle_claim_is_released_and_locks_show_through_every_gateway() {
+    let schema = unique_schema();
+    let with_timings = |schema: &str| {
+        let mut config = test_config(schema);
+        // Renewal ticks every second; an idle claim goes after half a second.
+        config.locks.claim_ttl = Duration::from_secs(3);
+        config.locks.claim_idle = Duration::from_millis(500);
+        config
+    };
+    let a = spawn_configured(with_timings(&schema)).await;
+    let b = spawn_configured(with_timings(&schema)).await;
+
+    let (lease, _) = a.lease("shared", "on-a", 60, 0.0).await;
+    let seen_from_b = b.get("/v1/locks/shared").await;
+    assert_eq!(seen_from_b.status, StatusCode::OK);
+    assert_eq!(seen_from_b.json()["owner"], "on-a");
+    let gateway_a = seen_from_b.json()["gateway_id"].clone();
+    assert_eq!(
+        b.get("/v1/locks").await.json()["locks"][0]["gateway_id"],
+        gateway_a
+    );
+    let renew_via_b = b
+        .request(Method::PUT, &format!("/v1/locks/shared/{lease}"), None, &[])
+        .await;
+    assert_eq!(renew_via_b.problem_type(), "lease-held-elsewhere");
+    let write_via_b = b
+        .put_state_with_lease("shared", &json!({"completed": {"by": "a"}}), &lease)
+        .await;
+    assert_eq!(
+        write_via_b.status,
+        StatusCode::CREATED,
+        "the holder's lease is honoured by every gateway"
+    );
+    let intruder = b.put_state("shared", &json!({})).await;
+    assert_eq!(intruder.problem_type(), "state-locked");
+
+    a.release("shared", &lease).await;
+    // A's claim is idle now: it lets go within a renewal tick plus the idle time,
+    // so B's single try (no wait) finds no earlier candidate.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let reply = b.acquire("shared", &json!({"owner": "on-b"})).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+}

@@ -1,0 +1,142 @@
+"""The Meltano state backend: every StateStoreManager call goes to the gateway."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import typing as t
+from contextlib import contextmanager
+
+from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
+
+from statehouse_meltano.client import GatewayClient, GatewayError, LockHeldError, gateway_url
+
+if t.TYPE_CHECKING:
+    from collections.abc import Generator, Iterable
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseRenewer:
+    """Renews a lease every third of its TTL while a lock block runs."""
+
+    def __init__(self, client: GatewayClient, state_id: str, lease_id: str, ttl_seconds: int) -> None:
+        self._client = client
+        self._state_id = state_id
+        self._lease_id = lease_id
+        self._ttl = ttl_seconds
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"statehouse-renew-{state_id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._ttl / 3):
+            try:
+                self._client.renew(self._state_id, self._lease_id, self._ttl)
+            except GatewayError as err:
+                # Writes with a lapsed lease get 409, so nothing is clobbered; say why.
+                logger.warning("could not renew the lock on %s: %s", self._state_id, err)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+
+class StatehouseStateStoreManager(StateStoreManager):
+    """State in ClickHouse, through a statehouse gateway."""
+
+    label = "statehouse"
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        lock_timeout_seconds: int = 10,
+        lock_retry_seconds: int = 1,  # noqa: ARG002 - the gateway queues waiters itself
+        token: str | None = None,
+        request_timeout: int | None = 10,
+        lease_ttl: int | None = 30,
+        owner: str | None = None,
+        **kwargs: t.Any,
+    ) -> None:
+        """Meltano passes the URI, its own lock settings and state_backend.<scheme>.* settings."""
+        super().__init__(**kwargs)
+        self.uri = uri
+        self.lock_timeout_seconds = float(lock_timeout_seconds if lock_timeout_seconds is not None else 10)
+        self.lease_ttl = int(lease_ttl or 30)
+        self.owner = owner or f"meltano@{socket.gethostname()}:{os.getpid()}"
+        self.client = GatewayClient(gateway_url(uri), token=token, timeout=float(request_timeout or 10))
+        # Leases this process holds, by state_id: writes inside a lock block carry them.
+        self._leases: dict[str, str] = {}
+        self._leases_guard = threading.Lock()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _lease_for(self, state_id: str) -> str | None:
+        with self._leases_guard:
+            return self._leases.get(state_id)
+
+    def set(self, state: MeltanoState) -> None:
+        document = {"completed": state.completed_state or {}, "partial": state.partial_state or {}}
+        self.client.put_state(state.state_id, document, self._lease_for(state.state_id))
+
+    def get(self, state_id: str) -> MeltanoState | None:
+        stored = self.client.get_state(state_id)
+        if stored is None:
+            return None
+        return MeltanoState(
+            state_id=state_id,
+            completed_state=stored["completed"],
+            partial_state=stored["partial"],
+        )
+
+    def delete(self, state_id: str) -> None:
+        self.client.delete_state(state_id, self._lease_for(state_id))
+
+    def get_state_ids(self, pattern: str | None = None) -> Iterable[str]:
+        return list(self.client.state_ids(pattern))
+
+    def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
+        for state_id in self.get_state_ids(pattern):
+            if state := self.get(state_id):
+                yield state
+
+    def set_all(self, states: Iterable[MeltanoState]) -> int:
+        count = 0
+        for state in states:
+            self.set(state)
+            count += 1
+        return count
+
+    def clear_all(self) -> int:
+        return self.client.delete_matching("*")
+
+    @contextmanager
+    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Generator[None]:  # noqa: ARG002
+        """Holds a gateway lease while the block runs; waits up to lock_timeout_seconds for it."""
+        try:
+            lease = self.client.acquire(
+                state_id,
+                owner=self.owner,
+                ttl_seconds=self.lease_ttl,
+                wait_seconds=self.lock_timeout_seconds,
+            )
+        except LockHeldError as err:
+            raise StateIDLockedError(str(err)) from None
+        lease_id = lease["lease_id"]
+        renewer = LeaseRenewer(self.client, state_id, lease_id, self.lease_ttl)
+        with self._leases_guard:
+            self._leases[state_id] = lease_id
+        try:
+            yield
+        finally:
+            with self._leases_guard:
+                self._leases.pop(state_id, None)
+            renewer.stop()
+            try:
+                self.client.release(state_id, lease_id)
+            except GatewayError as err:
+                logger.warning("could not release the lock on %s: %s", state_id, err)

@@ -1,0 +1,141 @@
+"""A small client for the statehouse REST API: one HTTP session, reused."""
+
+from __future__ import annotations
+
+import typing as t
+from urllib.parse import quote, urlparse, urlunparse
+
+import requests
+
+SCHEMES = {"statehouse": "http", "statehouses": "https"}
+PAGE = 1000
+MAX_WAIT_SECONDS = 300.0
+
+
+class GatewayError(Exception):
+    """The gateway answered with an error, or could not be reached."""
+
+
+class GatewayUnavailableError(GatewayError):
+    """The gateway could not be reached in time."""
+
+
+class LockHeldError(GatewayError):
+    """The lock stayed held by someone else for the whole wait."""
+
+
+def gateway_url(uri: str) -> str:
+    """The gateway's HTTP(S) base URL for a statehouse:// or statehouses:// URI."""
+    parsed = urlparse(uri)
+    scheme = SCHEMES.get(parsed.scheme)
+    if scheme is None:
+        msg = f"unsupported state backend URI {uri!r}: use statehouse://host:port or statehouses://host:port"
+        raise ValueError(msg)
+    if not parsed.hostname:
+        msg = f"state backend URI {uri!r} names no gateway host"
+        raise ValueError(msg)
+    return urlunparse((scheme, parsed.netloc, parsed.path.rstrip("/"), "", "", ""))
+
+
+def _segment(state_id: str) -> str:
+    return quote(state_id, safe="")
+
+
+class GatewayClient:
+    """Calls the gateway; every failure names it."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+        self.base_url = base_url
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
+        if token:
+            self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        expect: tuple[int, ...],
+        body: t.Any = None,
+        lease_id: str | None = None,
+        params: dict[str, t.Any] | None = None,
+        extra_wait: float = 0.0,
+    ) -> requests.Response:
+        url = f"{self.base_url}{path}"
+        headers = {"Lease-Id": lease_id} if lease_id else None
+        try:
+            response = self.session.request(
+                method,
+                url,
+                json=body,
+                params=params,
+                headers=headers,
+                timeout=(self.timeout, self.timeout + extra_wait),
+            )
+        except requests.RequestException as err:
+            msg = f"statehouse gateway at {self.base_url} is unavailable: {err}"
+            raise GatewayUnavailableError(msg) from None
+        if response.status_code in expect:
+            return response
+        raise self._error(method, url, response)
+
+    def _error(self, method: str, url: str, response: requests.Response) -> GatewayError:
+        try:
+            problem = response.json()
+            detail = f"{problem.get('title')}: {problem.get('detail')}"
+        except ValueError:
+            problem, detail = {}, response.text[:200]
+        holder = problem.get("holder") if isinstance(problem, dict) else None
+        if holder:
+            detail += f"; held by {holder.get('owner')} until {holder.get('expires_at')}"
+        message = f"statehouse gateway at {self.base_url}: {method} {url} answered {response.status_code} ({detail})"
+        kind = str(problem.get("type", ""))
+        if response.status_code == 409 and kind.endswith(":lock-held"):
+            return LockHeldError(message)
+        if response.status_code in (502, 503, 504):
+            return GatewayUnavailableError(message)
+        return GatewayError(message)
+
+    def get_state(self, state_id: str) -> dict[str, t.Any] | None:
+        response = self._call("GET", f"/v1/states/{_segment(state_id)}", expect=(200, 404))
+        return response.json() if response.status_code == 200 else None
+
+    def put_state(self, state_id: str, document: dict[str, t.Any], lease_id: str | None) -> None:
+        self._call("PUT", f"/v1/states/{_segment(state_id)}", expect=(200, 201), body=document, lease_id=lease_id)
+
+    def delete_state(self, state_id: str, lease_id: str | None) -> None:
+        self._call("DELETE", f"/v1/states/{_segment(state_id)}", expect=(204,), lease_id=lease_id)
+
+    def state_ids(self, pattern: str | None) -> t.Iterator[str]:
+        params: dict[str, t.Any] = {"pattern": pattern or "*", "limit": PAGE}
+        while True:
+            page = self._call("GET", "/v1/states", expect=(200,), params=params).json()
+            for entry in page["states"]:
+                yield entry["state_id"]
+            if not page.get("next_cursor"):
+                return
+            params["cursor"] = page["next_cursor"]
+
+    def delete_matching(self, pattern: str) -> int:
+        response = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern})
+        return int(response.json()["deleted"])
+
+    def acquire(self, state_id: str, *, owner: str, ttl_seconds: int, wait_seconds: float) -> dict[str, t.Any]:
+        wait = max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
+        body = {"owner": owner, "ttl_seconds": ttl_seconds, "wait_seconds": wait}
+        # The gateway may take the whole wait (plus one claim settle) to answer.
+        return self._call(
+            "POST", f"/v1/locks/{_segment(state_id)}", expect=(201,), body=body, extra_wait=wait + 5
+        ).json()
+
+    def renew(self, state_id: str, lease_id: str, ttl_seconds: int) -> dict[str, t.Any]:
+        path = f"/v1/locks/{_segment(state_id)}/{lease_id}"
+        return self._call("PUT", path, expect=(200,), body={"ttl_seconds": ttl_seconds}).json()
+
+    def release(self, state_id: str, lease_id: str) -> None:
+        self._call("DELETE", f"/v1/locks/{_segment(state_id)}/{lease_id}", expect=(204,))

@@ -1,0 +1,167 @@
+"""Fixtures: a real statehouse gateway on the local ClickHouse, a Meltano
+project pointed at it, and the real `meltano` CLI to drive."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+MELTANO = Path(sys.executable).parent / "meltano"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Gateway:
+    base: str
+    schema: str
+    process: subprocess.Popen
+    session: requests.Session = field(default_factory=requests.Session)
+
+    @property
+    def uri(self) -> str:
+        return "statehouse://" + self.base.removeprefix("http://")
+
+    def state(self, state_id: str) -> dict | None:
+        response = self.session.get(f"{self.base}/v1/states/{quote(state_id, safe='')}", timeout=10)
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return response.json()
+
+    def state_ids(self, pattern: str = "*") -> list[str]:
+        response = self.session.get(f"{self.base}/v1/states", params={"pattern": pattern, "limit": 1000}, timeout=10)
+        response.raise_for_status()
+        return [s["state_id"] for s in response.json()["states"]]
+
+    def put(self, state_id: str, document: dict) -> None:
+        response = self.session.put(f"{self.base}/v1/states/{quote(state_id, safe='')}", json=document, timeout=10)
+        response.raise_for_status()
+
+
+def start_gateway(schema: str) -> Gateway:
+    clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
+    if not clickhouse:
+        pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
+    binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
+    port = free_port()
+    process = subprocess.Popen(
+        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema,
+         "--claim-settle", "200ms"],
+        env={**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn"},
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"statehouse exited with {process.returncode} before it was ready")
+        try:
+            if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return Gateway(base=base, schema=schema, process=process)
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail("statehouse was not ready within 30 s")
+
+
+@pytest.fixture
+def gateway():
+    gw = start_gateway(f"shim_{uuid.uuid4().hex}")
+    yield gw
+    gw.process.terminate()
+    gw.process.wait(timeout=30)
+
+
+@dataclass
+class Project:
+    root: Path
+    env: dict[str, str]
+
+    def meltano(self, *args: str, check: bool = True, timeout: float = 180, extra_env: dict | None = None):
+        result = subprocess.run(
+            [str(MELTANO), *args],
+            cwd=self.root,
+            env={**self.env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(f"meltano {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def popen(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(MELTANO), *args],
+            cwd=self.root,
+            env={**self.env, **(extra_env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def state_get(self, state_id: str) -> dict:
+        return json.loads(self.meltano("state", "get", state_id).stdout.strip().splitlines()[-1])
+
+
+MELTANO_YML = """\
+default_environment: dev
+project_id: {project_id}
+send_anonymous_usage_stats: false
+environments:
+- name: dev
+plugins:
+  extractors:
+  - name: tap-tiny
+    namespace: tap_tiny
+    executable: {tap}
+    capabilities: [state]
+  loaders:
+  - name: target-tiny
+    namespace: target_tiny
+    executable: {target}
+"""
+
+
+def make_project(root: Path, uri: str) -> Project:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "meltano.yml").write_text(
+        MELTANO_YML.format(
+            project_id=uuid.uuid4(),
+            tap=PLUGINS / "tap_tiny.py",
+            target=PLUGINS / "target_tiny.py",
+        )
+    )
+    env = {
+        **os.environ,
+        "MELTANO_STATE_BACKEND_URI": uri,
+        "MELTANO_SEND_ANONYMOUS_USAGE_STATS": "false",
+        "MELTANO_STATE_BACKEND_STATEHOUSE_REQUEST_TIMEOUT": "5",
+        "TAP_TINY_LOG": str(root / "tap.log"),
+        "TARGET_TINY_OUTPUT": str(root / "records.jsonl"),
+    }
+    return Project(root=root, env=env)
+
+
+@pytest.fixture
+def project(tmp_path: Path, gateway: Gateway) -> Project:
+    return make_project(tmp_path / "project", gateway.uri)

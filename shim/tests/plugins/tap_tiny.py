@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""A tiny Singer tap for the tests: stream `numbers`, ids after its bookmark.
+
+TAP_TINY_COUNT records (default 5), one STATE after each, TAP_TINY_DELAY
+seconds apart; the state it was given is appended to TAP_TINY_LOG as JSON.
+TAP_TINY_RUN tags every state, so tests can tell whose state is stored.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def emit(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    parser.add_argument("--state")
+    parser.add_argument("--catalog")
+    parser.add_argument("--properties")
+    parser.add_argument("--discover", action="store_true")
+    args = parser.parse_args()
+
+    state = {}
+    if args.state:
+        with open(args.state) as f:
+            state = json.load(f)
+    log = os.environ.get("TAP_TINY_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"received_state": state}) + "\n")
+
+    last = state.get("bookmarks", {}).get("numbers", {}).get("last_id", 0)
+    count = int(os.environ.get("TAP_TINY_COUNT", "5"))
+    delay = float(os.environ.get("TAP_TINY_DELAY", "0"))
+    run = os.environ.get("TAP_TINY_RUN", "")
+    emit({"type": "SCHEMA", "stream": "numbers", "key_properties": ["id"],
+          "schema": {"type": "object", "properties": {"id": {"type": "integer"}}}})
+    for n in range(last + 1, last + count + 1):
+        emit({"type": "RECORD", "stream": "numbers", "record": {"id": n}})
+        emit({"type": "STATE", "value": {"bookmarks": {"numbers": {"last_id": n}}, "run": run}})
+        time.sleep(delay)
+
+
+if __name__ == "__main__":
+    main()

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use clickhouse::Client;
 use serde::{Deserialize, Serialize};
-use statehouse::App;
-use statehouse::config::{Config, parse_clickhouse_url};
+
+mod support;
 
 const ROUNDS: usize = 10;
 const PER_ROUND: usize = 50;
@@ -96,23 +96,9 @@ fn document(n: usize) -> String {
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
-        .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
-    let target = parse_clickhouse_url(&url).expect("valid ClickHouse URL");
-    let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let config = Config::from_serve_args(&[
-        "--clickhouse-url",
-        &url,
-        "--listen",
-        "127.0.0.1:0",
-        "--schema",
-        &schema,
-    ])
-    .expect("valid configuration");
-    let app = App::build(&config).await.expect("gateway starts");
-    let base = format!("http://{}", app.local_addr());
-    tokio::spawn(app.serve(std::future::pending()));
-
+    let gateway = support::start_gateway().await;
+    let (base, target) = (gateway.base, gateway.config.clickhouse);
+    let schema = gateway.config.schema.as_str().to_owned();
     let http = reqwest::Client::new();
     let direct = Client::default()
         .with_url(target.endpoint())

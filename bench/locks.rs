@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use statehouse::App;
-use statehouse::config::Config;
+
+mod support;
 
 const FIRST_ACQUIRES: usize = 8;
 const REPEAT_CYCLES: usize = 300;
@@ -70,23 +70,8 @@ async fn parallel(http: &reqwest::Client, base: &str, run: &str, ids: usize) -> 
 
 #[tokio::main]
 async fn main() {
-    let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
-        .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
-    let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    // Production defaults (claim settle 1 s), on a port of its own.
-    let config = Config::from_serve_args(&[
-        "--clickhouse-url",
-        &url,
-        "--listen",
-        "127.0.0.1:0",
-        "--schema",
-        &schema,
-    ])
-    .expect("valid configuration");
-    let settle = config.locks.settle;
-    let app = App::build(&config).await.expect("gateway starts");
-    let base = format!("http://{}", app.local_addr());
-    tokio::spawn(app.serve(std::future::pending()));
+    let gateway = support::start_gateway().await;
+    let (base, settle) = (gateway.base, gateway.config.locks.settle);
     let http = reqwest::Client::new();
 
     let mut first = Vec::new();

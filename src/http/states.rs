@@ -11,8 +11,8 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{PageCursor, PageLimit, StateIdError, StatePattern};
-use crate::states::{Change, WriteConditions, Written};
+use crate::domain::{PageCursor, PageLimit, StateId, StateIdError, StatePattern};
+use crate::states::{Change, WriteConditions};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -61,15 +61,6 @@ fn representation(state: &StoredState, status: StatusCode) -> Response {
         response.headers_mut().insert(header::ETAG, etag);
     }
     response
-}
-
-fn written(written: &Written) -> Response {
-    let status = if written.created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    representation(&written.state, status)
 }
 
 fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
@@ -167,11 +158,7 @@ pub async fn put(
     conditions: WriteConditions,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    let outcome = ctx
-        .states
-        .write(&id, Change::Replace(doc), &conditions)
-        .await?;
-    Ok(written(&outcome))
+    write(&ctx, &id, Change::Replace(doc), &conditions).await
 }
 
 pub async fn patch(
@@ -180,11 +167,23 @@ pub async fn patch(
     conditions: WriteConditions,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    let outcome = ctx
-        .states
-        .write(&id, Change::Update(doc), &conditions)
-        .await?;
-    Ok(written(&outcome))
+    write(&ctx, &id, Change::Update(doc), &conditions).await
+}
+
+/// 201 with the new state when it was created, 200 when it was replaced.
+async fn write(
+    ctx: &AppContext,
+    id: &StateId,
+    change: Change,
+    conditions: &WriteConditions,
+) -> Result<Response, ApiError> {
+    let outcome = ctx.states.write(id, change, conditions).await?;
+    let status = if outcome.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(representation(&outcome.state, status))
 }
 
 pub async fn delete(

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{Api, clickhouse_url, spawn_app, spawn_gateway_process, unique_schema};
+use crate::helpers::{
+    Api, GatewayProcess, clickhouse_url, spawn_app, spawn_gateway_process, unique_schema,
+};
 
 /// What a worker saw while it held a lease: a sub-interval of the lease.
 #[derive(Clone, Copy, Debug)]
@@ -107,14 +109,20 @@ const FAST_CLAIMS: [&str; 6] = [
     "1s",
 ];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_gateway_processes_share_one_clickhouse() {
+/// Two gateway processes on one ClickHouse database.
+async fn two_gateways() -> (GatewayProcess, GatewayProcess) {
     let schema = unique_schema();
     let mut args = vec!["--schema", schema.as_str()];
     args.extend(FAST_CLAIMS);
     let url = clickhouse_url();
     let a = spawn_gateway_process(&url, &args).await;
     let b = spawn_gateway_process(&url, &args).await;
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateway_processes_share_one_clickhouse() {
+    let (a, b) = two_gateways().await;
     let log: Log = Arc::default();
     let mut workers = Vec::new();
     for w in 0..16 {
@@ -137,12 +145,7 @@ async fn two_gateway_processes_share_one_clickhouse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
-    let schema = unique_schema();
-    let mut args = vec!["--schema", schema.as_str()];
-    args.extend(FAST_CLAIMS);
-    let url = clickhouse_url();
-    let mut a = spawn_gateway_process(&url, &args).await;
-    let b = spawn_gateway_process(&url, &args).await;
+    let (mut a, b) = two_gateways().await;
 
     let (lease, token) = a.api().lease("job", "worker-on-a", 3, 0.0).await;
     let write = a

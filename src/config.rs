@@ -8,6 +8,7 @@ use percent_encoding::percent_decode_str;
 use url::Url;
 use uuid::Uuid;
 
+use crate::auth::{TokenError, Tokens};
 use crate::locks::LockSettings;
 
 #[derive(Debug, Parser)]
@@ -108,6 +109,24 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_CLAIM_IDLE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub claim_idle: Duration,
 
+    /// File of bearer tokens, one `<role> <token>` per line (role: read, write
+    /// or admin; `<role> sha256:<hex>` keeps the token itself off disk).
+    #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// Bearer tokens as `<role> <token>` entries separated by commas.
+    #[arg(long, env = "STATEHOUSE_TOKENS", hide_env_values = true)]
+    pub tokens: Option<String>,
+
+    /// Require a read token for /metrics too.
+    #[arg(long, env = "STATEHOUSE_PROTECT_METRICS", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub protect_metrics: bool,
+
+    /// Without tokens the gateway serves on loopback only; this serves on
+    /// --listen as given, unauthenticated.
+    #[arg(long, env = "STATEHOUSE_ALLOW_UNAUTHENTICATED", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub allow_unauthenticated: bool,
+
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "STATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -189,6 +208,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
     pub locks: LockSettings,
+    pub tokens: Tokens,
+    pub protect_metrics: bool,
+    pub allow_unauthenticated: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +229,13 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("--claim-ttl must be at least 300ms")]
     ClaimTtl,
+    #[error("cannot read the tokens file {path}: {source}")]
+    TokensFile {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid token entry: {0}")]
+    Token(#[from] TokenError),
 }
 
 impl TryFrom<ServeArgs> for Config {
@@ -248,6 +277,17 @@ impl TryFrom<ServeArgs> for Config {
         if args.claim_ttl < Duration::from_millis(300) {
             return Err(ConfigError::ClaimTtl);
         }
+        let mut tokens = Tokens::default();
+        if let Some(path) = &args.tokens_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokensFile {
+                path: path.display().to_string(),
+                source,
+            })?;
+            tokens.add(&path.display().to_string(), &text, '\n')?;
+        }
+        if let Some(text) = &args.tokens {
+            tokens.add("STATEHOUSE_TOKENS", text, ',')?;
+        }
         Ok(Self {
             listen: args.listen,
             clickhouse: target,
@@ -264,6 +304,9 @@ impl TryFrom<ServeArgs> for Config {
                 claim_ttl: args.claim_ttl,
                 claim_idle: args.claim_idle,
             },
+            tokens,
+            protect_metrics: args.protect_metrics,
+            allow_unauthenticated: args.allow_unauthenticated,
         })
     }
 }

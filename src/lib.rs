@@ -4,6 +4,7 @@
 //! rules, per-id write serialization) or `locks` (claims and leases) →
 //! `store` (ClickHouse tables).
 
+pub mod auth;
 pub mod config;
 pub mod domain;
 pub mod http;
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use crate::auth::Tokens;
 use crate::config::Config;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
@@ -35,6 +37,8 @@ pub struct AppContext {
     pub clickhouse: ClickHouse,
     pub metrics: Arc<Metrics>,
     pub body_limit: usize,
+    pub tokens: Arc<Tokens>,
+    pub protect_metrics: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,13 +75,13 @@ impl App {
             store.leases,
             metrics.clone(),
         ));
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: config.listen,
-                    source,
-                })?;
+        let listen = guarded_listen_address(config);
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: listen,
+                source,
+            })?;
         Ok(Self {
             listener,
             ctx: AppContext {
@@ -86,6 +90,8 @@ impl App {
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,
+                tokens: Arc::new(config.tokens.clone()),
+                protect_metrics: config.protect_metrics,
             },
             shutdown_timeout: config.shutdown_timeout,
         })
@@ -129,6 +135,30 @@ impl App {
         maintenance.abort();
         result
     }
+}
+
+/// Without tokens anyone who reaches the port can write state, so unless told
+/// otherwise the gateway keeps to loopback, on the port it was given.
+fn guarded_listen_address(config: &Config) -> SocketAddr {
+    let wanted = config.listen;
+    if !config.tokens.is_empty() {
+        tracing::info!(
+            tokens = config.tokens.len(),
+            "bearer-token authentication on"
+        );
+        return wanted;
+    }
+    if wanted.ip().is_loopback() || config.allow_unauthenticated {
+        tracing::warn!(listen = %wanted, "no tokens configured: authentication is off");
+        return wanted;
+    }
+    let loopback = SocketAddr::from(([127, 0, 0, 1], wanted.port()));
+    tracing::warn!(
+        requested = %wanted,
+        listen = %loopback,
+        "no tokens configured: serving on loopback only (set STATEHOUSE_TOKENS_FILE, or --allow-unauthenticated to serve {wanted} without authentication)"
+    );
+    loopback
 }
 
 /// Waits for ClickHouse (bounded by the startup timeout) and creates the schema.

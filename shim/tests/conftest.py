@@ -56,7 +56,7 @@ class Gateway:
         response.raise_for_status()
 
 
-def start_gateway(schema: str) -> Gateway:
+def start_gateway(schema: str, extra_env: dict[str, str] | None = None) -> Gateway:
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
@@ -65,7 +65,7 @@ def start_gateway(schema: str) -> Gateway:
     process = subprocess.Popen(
         [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema,
          "--claim-settle", "200ms"],
-        env={**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn"},
+        env={**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn", **(extra_env or {})},
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30

@@ -64,6 +64,8 @@ pub enum ProblemType {
     LeaseNotCurrent,
     LeaseHeldElsewhere,
     StateLocked,
+    Unauthorized,
+    Forbidden,
     Internal,
     Other,
 }
@@ -89,6 +91,8 @@ impl ProblemType {
             Self::LeaseNotCurrent => "lease-not-current",
             Self::LeaseHeldElsewhere => "lease-held-elsewhere",
             Self::StateLocked => "state-locked",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
             Self::Internal => "internal",
             Self::Other => "http-error",
         }
@@ -114,6 +118,8 @@ impl ProblemType {
             Self::LeaseNotCurrent => "Lease is not current",
             Self::LeaseHeldElsewhere => "Lease is held through another gateway",
             Self::StateLocked => "State is locked",
+            Self::Unauthorized => "Unauthorized",
+            Self::Forbidden => "Forbidden",
             Self::Internal => "Internal error",
             Self::Other => "HTTP error",
         }

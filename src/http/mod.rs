@@ -1,5 +1,6 @@
 //! The HTTP face: routes, extractors, errors, and the middleware around them.
 
+mod auth;
 mod error;
 mod extract;
 mod health;
@@ -23,36 +24,52 @@ use tracing::Level;
 
 pub use error::{ApiError, PROBLEM_JSON, ProblemType, problem};
 
+use self::auth::Access;
 use crate::AppContext;
+use crate::auth::Role;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// One operation per entry: `op!(METHOD path => handler)`.
+/// One operation per entry: `op!(METHOD path => handler, access)`.
 macro_rules! op {
-    ($method:ident $path:literal => $handler:expr) => {
-        ($path, Method::$method, on(MethodFilter::$method, $handler))
+    ($method:ident $path:literal => $handler:expr, $access:expr) => {
+        Operation {
+            path: $path,
+            method: Method::$method,
+            access: $access,
+            handler: on(MethodFilter::$method, $handler),
+        }
     };
 }
 
-/// Every operation of the API. The router is built from this table, and the
-/// contract test holds it against `openapi.yaml` both ways.
-fn operations() -> Vec<(&'static str, Method, MethodRouter<AppContext>)> {
+struct Operation {
+    path: &'static str,
+    method: Method,
+    access: Access,
+    handler: MethodRouter<AppContext>,
+}
+
+/// Every operation of the API with who may call it. The router is built from
+/// this table, and the contract test holds it against `openapi.yaml` both ways.
+fn operations() -> Vec<Operation> {
+    use Access::{Metrics, Needs, Open};
+    use Role::{Admin, Read, Write};
     vec![
-        op!(GET "/v1/states" => states::list),
-        op!(DELETE "/v1/states" => states::delete_many),
-        op!(GET "/v1/states/{state_id}" => states::get),
-        op!(PUT "/v1/states/{state_id}" => states::put),
-        op!(PATCH "/v1/states/{state_id}" => states::patch),
-        op!(DELETE "/v1/states/{state_id}" => states::delete),
-        op!(GET "/v1/locks" => locks::list),
-        op!(POST "/v1/locks/{state_id}" => locks::acquire),
-        op!(GET "/v1/locks/{state_id}" => locks::get),
-        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock),
-        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew),
-        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release),
-        op!(GET "/healthz" => health::healthz),
-        op!(GET "/readyz" => health::readyz),
-        op!(GET "/metrics" => health::metrics),
+        op!(GET "/v1/states" => states::list, Needs(Read)),
+        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin)),
+        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read)),
+        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write)),
+        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write)),
+        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write)),
+        op!(GET "/v1/locks" => locks::list, Needs(Read)),
+        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write)),
+        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read)),
+        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin)),
+        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write)),
+        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write)),
+        op!(GET "/healthz" => health::healthz, Open),
+        op!(GET "/readyz" => health::readyz, Open),
+        op!(GET "/metrics" => health::metrics, Metrics),
     ]
 }
 
@@ -60,17 +77,16 @@ fn operations() -> Vec<(&'static str, Method, MethodRouter<AppContext>)> {
 pub fn operation_list() -> Vec<(&'static str, Method)> {
     operations()
         .into_iter()
-        .map(|(path, method, _)| (path, method))
+        .map(|op| (op.path, op.method))
         .collect()
 }
 
 pub fn router(ctx: AppContext) -> Router {
     let body_limit = ctx.body_limit;
-    let api = operations()
-        .into_iter()
-        .fold(Router::new(), |router, (path, _, handler)| {
-            router.route(path, handler)
-        });
+    let api = operations().into_iter().fold(Router::new(), |router, op| {
+        let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
+        router.route(op.path, op.handler.route_layer(guard))
+    });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.
         .route(

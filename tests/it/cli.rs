@@ -47,6 +47,17 @@ fn help_documents_every_setting_with_its_env_var() {
         ("--body-limit", "STATEHOUSE_BODY_LIMIT"),
         ("--shutdown-timeout", "STATEHOUSE_SHUTDOWN_TIMEOUT"),
         ("--log-format", "STATEHOUSE_LOG_FORMAT"),
+        ("--tokens-file", "STATEHOUSE_TOKENS_FILE"),
+        ("--tokens", "STATEHOUSE_TOKENS"),
+        ("--protect-metrics", "STATEHOUSE_PROTECT_METRICS"),
+        (
+            "--allow-unauthenticated",
+            "STATEHOUSE_ALLOW_UNAUTHENTICATED",
+        ),
+        ("--gateway-id", "STATEHOUSE_GATEWAY_ID"),
+        ("--claim-settle", "STATEHOUSE_CLAIM_SETTLE"),
+        ("--claim-ttl", "STATEHOUSE_CLAIM_TTL"),
+        ("--claim-idle", "STATEHOUSE_CLAIM_IDLE"),
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
         assert!(
@@ -168,4 +179,46 @@ async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
     ))
     .await;
     assert_eq!(stored.trim(), "1");
+}
+
+#[tokio::test]
+async fn without_tokens_it_serves_on_loopback_only_and_says_so() {
+    let schema = unique_schema();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--schema",
+            &schema,
+        ])
+        .env(
+            "STATEHOUSE_CLICKHOUSE_URL",
+            crate::helpers::clickhouse_url(),
+        )
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("statehouse ready") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("ready within 30 s");
+    assert!(log.contains("serving on loopback only"), "{log}");
+    assert!(log.contains(&format!("127.0.0.1:{port}")), "{log}");
+    let local = reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(local.status(), 200);
 }

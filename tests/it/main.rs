@@ -1,6 +1,7 @@
 //! Integration tests, one binary: a real gateway on a real ClickHouse engine
 //! (the project's local ClickHouse, see localch/), over HTTP.
 
+mod auth;
 mod bad_input;
 mod cli;
 mod clickhouse_faults;

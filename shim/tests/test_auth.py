@@ -1,0 +1,38 @@
+"""The shim sends its token; a gateway with tokens refuses Meltano without one."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from conftest import make_project, start_gateway
+
+TOKEN = "worker-token-0123456789"
+
+
+@pytest.fixture
+def guarded_gateway():
+    gw = start_gateway(f"shim_{uuid.uuid4().hex}", {"STATEHOUSE_TOKENS": f"write {TOKEN}"})
+    yield gw
+    gw.process.terminate()
+    gw.process.wait(timeout=30)
+
+
+def test_meltano_with_the_token_reads_and_writes(tmp_path, guarded_gateway):
+    project = make_project(tmp_path / "p", guarded_gateway.uri)
+    project.env["MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN"] = TOKEN
+    project.meltano("state", "set", "--force", "job", json.dumps({"singer_state": {"n": 1}}))
+    assert project.state_get("job") == {"singer_state": {"n": 1}}
+    stored = guarded_gateway.session.get(
+        f"{guarded_gateway.base}/v1/states/job", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+    )
+    assert stored.json()["completed"] == {"singer_state": {"n": 1}}
+
+
+def test_meltano_without_a_token_is_refused(tmp_path, guarded_gateway):
+    project = make_project(tmp_path / "p", guarded_gateway.uri)
+    result = project.meltano("state", "get", "job", check=False)
+    assert result.returncode != 0
+    assert "401" in result.stdout + result.stderr

@@ -1,0 +1,195 @@
+//! Bearer tokens and roles: read for dashboards, write for workers, admin for operators.
+
+use reqwest::{Method, StatusCode};
+use statehouse::auth::Tokens;
+
+use crate::helpers::{TestApp, spawn_app_with};
+
+const READ: &str = "read-token-0123456789";
+const WRITE: &str = "write-token-0123456789";
+const ADMIN: &str = "admin-token-0123456789";
+
+async fn app_with_tokens(protect_metrics: bool) -> TestApp {
+    spawn_app_with(|config| {
+        let mut tokens = Tokens::default();
+        tokens
+            .add(
+                "test",
+                &format!("read {READ}, write {WRITE}, admin {ADMIN}"),
+                ',',
+            )
+            .unwrap();
+        config.tokens = tokens;
+        config.protect_metrics = protect_metrics;
+    })
+    .await
+}
+
+async fn call(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> StatusCode {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("authorization", b.as_str()))
+        .collect();
+    app.request(method, path, body, &headers).await.status
+}
+
+#[tokio::test]
+async fn each_role_can_do_its_part_and_no_more() {
+    let app = app_with_tokens(false).await;
+    let doc = Some(r#"{"completed": {"v": 1}}"#);
+    let lock = Some(r#"{"owner": "w"}"#);
+    // (method, path, body, least role that may call it)
+    let cases: [(Method, &str, Option<&str>, &str); 8] = [
+        (Method::GET, "/v1/states", None, READ),
+        (Method::GET, "/v1/locks", None, READ),
+        (Method::PUT, "/v1/states/a", doc, WRITE),
+        (Method::PATCH, "/v1/states/a", doc, WRITE),
+        (Method::POST, "/v1/locks/b", lock, WRITE),
+        (Method::DELETE, "/v1/locks/b", None, ADMIN),
+        (Method::DELETE, "/v1/states?pattern=zzz*", None, ADMIN),
+        (Method::DELETE, "/v1/states/a", None, WRITE),
+    ];
+    let rank = |token: &str| {
+        [READ, WRITE, ADMIN]
+            .iter()
+            .position(|t| *t == token)
+            .unwrap()
+    };
+    for (method, path, body, least) in cases {
+        assert_eq!(
+            call(&app, method.clone(), path, body, None).await,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path}"
+        );
+        assert_eq!(
+            call(
+                &app,
+                method.clone(),
+                path,
+                body,
+                Some("not-a-token-at-all-000")
+            )
+            .await,
+            StatusCode::UNAUTHORIZED
+        );
+        for token in [READ, WRITE, ADMIN] {
+            let status = call(&app, method.clone(), path, body, Some(token)).await;
+            if rank(token) < rank(least) {
+                assert_eq!(
+                    status,
+                    StatusCode::FORBIDDEN,
+                    "{method} {path} with {token}"
+                );
+            } else {
+                assert_ne!(
+                    status,
+                    StatusCode::FORBIDDEN,
+                    "{method} {path} with {token}"
+                );
+                assert_ne!(
+                    status,
+                    StatusCode::UNAUTHORIZED,
+                    "{method} {path} with {token}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn refusals_are_problems_that_say_how_to_authenticate() {
+    let app = app_with_tokens(false).await;
+    let missing = app.get("/v1/states").await;
+    assert_eq!(missing.problem_type(), "unauthorized");
+    assert_eq!(
+        missing.header("www-authenticate"),
+        Some("Bearer realm=\"statehouse\"")
+    );
+    let weak = app
+        .request(
+            Method::PUT,
+            "/v1/states/x",
+            Some("{}"),
+            &[("authorization", &format!("Bearer {READ}"))],
+        )
+        .await;
+    assert_eq!(weak.problem_type(), "forbidden");
+    assert!(weak.json()["detail"].as_str().unwrap().contains("write"));
+    assert_eq!(
+        app.table_snapshot().await,
+        Vec::new(),
+        "refused writes wrote nothing"
+    );
+}
+
+#[tokio::test]
+async fn health_stays_open_and_metrics_can_be_protected() {
+    let open = app_with_tokens(false).await;
+    assert_eq!(
+        call(&open, Method::GET, "/healthz", None, None).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&open, Method::GET, "/readyz", None, None).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&open, Method::GET, "/metrics", None, None).await,
+        StatusCode::OK
+    );
+
+    let guarded = app_with_tokens(true).await;
+    assert_eq!(
+        call(&guarded, Method::GET, "/healthz", None, None).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&guarded, Method::GET, "/metrics", None, None).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&guarded, Method::GET, "/metrics", None, Some(READ)).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn a_lease_taken_with_a_write_token_works_end_to_end() {
+    let app = app_with_tokens(false).await;
+    let auth = format!("Bearer {WRITE}");
+    let lease = app
+        .request(
+            Method::POST,
+            "/v1/locks/job",
+            Some(r#"{"owner": "w"}"#),
+            &[("authorization", &auth)],
+        )
+        .await
+        .json();
+    let lease_id = lease["lease_id"].as_str().unwrap();
+    let write = app
+        .request(
+            Method::PUT,
+            "/v1/states/job",
+            Some(r#"{"completed": {"n": 1}}"#),
+            &[("authorization", &auth), ("lease-id", lease_id)],
+        )
+        .await;
+    assert_eq!(write.status, StatusCode::CREATED);
+    let release = app
+        .request(
+            Method::DELETE,
+            &format!("/v1/locks/job/{lease_id}"),
+            None,
+            &[("authorization", &auth)],
+        )
+        .await;
+    assert_eq!(release.status, StatusCode::NO_CONTENT);
+}

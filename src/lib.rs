@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod healthcheck;
 pub mod http;
 mod keyed_mutex;
 pub mod locks;

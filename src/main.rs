@@ -2,10 +2,18 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use statehouse::config::{Cli, Command, Config};
-use statehouse::{App, shutdown_signal, telemetry};
+use statehouse::{App, healthcheck, shutdown_signal, telemetry};
 
 fn main() -> ExitCode {
-    let Command::Serve(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Command::Serve(args) => args,
+        Command::Healthcheck(args) => {
+            return match healthcheck::probe(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(why) => fail(&why),
+            };
+        }
+    };
     let config = match Config::try_from(*args) {
         Ok(config) => config,
         Err(err) => return fail(&err),

@@ -1,0 +1,118 @@
+//! The container image and compose file, checked without a Docker engine:
+//! `docker-compose config` validates the compose file, the Dockerfile is read
+//! for the properties the image must have, and the health check the image
+//! runs is run here against a real gateway.
+
+use std::process::Command;
+
+use crate::helpers::{free_port, spawn_app};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn compose_config(password: Option<&str>) -> std::process::Output {
+    let mut command = Command::new("docker-compose");
+    command
+        .args(["--file", &format!("{ROOT}/docker-compose.yml"), "config"])
+        .env_remove("CLICKHOUSE_PASSWORD");
+    if let Some(password) = password {
+        command.env("CLICKHOUSE_PASSWORD", password);
+    }
+    command
+        .output()
+        .expect("docker-compose is installed (scripts/test installs it)")
+}
+
+#[test]
+fn compose_file_is_valid_and_wires_the_gateway_to_a_healthy_clickhouse() {
+    let output = compose_config(Some("s3cret"));
+    let rendered = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let config: serde_yaml::Value = serde_yaml::from_str(&rendered).unwrap();
+    let services = &config["services"];
+    let image = services["clickhouse"]["image"].as_str().unwrap();
+    let tag = image
+        .strip_prefix("clickhouse/clickhouse-server:")
+        .expect("the official image");
+    assert!(
+        tag.chars().next().unwrap().is_ascii_digit(),
+        "pinned to a version, not {tag}"
+    );
+    assert!(
+        services["clickhouse"]["volumes"][0]
+            .as_str()
+            .unwrap()
+            .contains("/var/lib/clickhouse")
+    );
+    let gateway = &services["statehouse"];
+    assert_eq!(
+        gateway["depends_on"]["clickhouse"]["condition"],
+        "service_healthy"
+    );
+    let env = &gateway["environment"];
+    assert_eq!(
+        env["STATEHOUSE_CLICKHOUSE_URL"],
+        "clickhouse://statehouse:s3cret@clickhouse:8123/default"
+    );
+    assert_eq!(env["STATEHOUSE_LISTEN"], "0.0.0.0:8080");
+    assert!(
+        env["STATEHOUSE_TOKENS_FILE"].as_str().is_some(),
+        "exposed, so it authenticates"
+    );
+    assert!(rendered.contains("8080"), "the API port is published");
+}
+
+#[test]
+fn compose_refuses_to_run_without_a_clickhouse_password() {
+    let output = compose_config(None);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("CLICKHOUSE_PASSWORD"));
+}
+
+#[test]
+fn dockerfile_builds_locked_and_runs_small_non_root_and_checks_its_own_health() {
+    let dockerfile = std::fs::read_to_string(format!("{ROOT}/Dockerfile")).unwrap();
+    let from: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(from.len(), 2, "multi-stage: {from:?}");
+    assert!(from[0].ends_with(" AS build"));
+    assert!(from[1].contains("distroless"), "small runtime: {}", from[1]);
+    assert!(dockerfile.contains("cargo build --release --locked"));
+    assert!(dockerfile.contains("COPY --from=build"));
+    assert!(dockerfile.lines().any(|l| l == "USER nonroot"));
+    assert!(
+        dockerfile.contains(r#"ENTRYPOINT ["/usr/local/bin/statehouse"]"#),
+        "exec form"
+    );
+    assert!(dockerfile.contains(r#"CMD ["/usr/local/bin/statehouse", "healthcheck"]"#));
+}
+
+#[tokio::test]
+async fn the_images_health_check_passes_on_a_ready_gateway_and_fails_without_one() {
+    let app = spawn_app().await;
+    let listen = app.base.trim_start_matches("http://").to_owned();
+    let healthcheck = |listen: String| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_statehouse"))
+                .args(["healthcheck", "--listen", &listen])
+                .output()
+                .unwrap()
+        })
+    };
+    let healthy = healthcheck(listen).await.unwrap();
+    assert!(
+        healthy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&healthy.stderr)
+    );
+    let nobody = healthcheck(format!("127.0.0.1:{}", free_port()))
+        .await
+        .unwrap();
+    assert_eq!(nobody.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("cannot connect"));
+}

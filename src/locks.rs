@@ -555,13 +555,22 @@ impl LockManager {
     }
 
     /// Recording a release is not needed for safety (the row's version orders
-    /// it before any later grant), so the caller does not wait for it.
+    /// it before any later grant), so the caller does not wait for it. It is
+    /// retried through a ClickHouse outage, so that `GET /v1/locks` stops
+    /// showing the lease once ClickHouse is back; after the lease's own expiry
+    /// the row shows nothing anyway.
     fn persist_release(&self, lease: Lease, version: u64) {
         let leases = self.leases.clone();
         let row = row_of(&lease, (version & !RELEASED_SEQ) | RELEASED_SEQ, true);
         tokio::spawn(async move {
-            if let Err(err) = leases.write_lease(&row).await {
-                tracing::warn!(state_id = %row.state_id, error = %err, "could not record a lease release; it shows until it expires");
+            let mut pause = Duration::from_millis(200);
+            while let Err(err) = leases.write_lease(&row).await {
+                if system_ms(SystemTime::now()) >= row.expires_ms {
+                    return;
+                }
+                tracing::warn!(state_id = %row.state_id, error = %err, retry_in = ?pause, "could not record a lease release yet");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
             }
         });
     }
@@ -571,11 +580,13 @@ impl LockManager {
         if let Some(slot) = self.existing_slot(id) {
             let mut st = slot.state.lock().await;
             st.expire(Instant::now(), &self.metrics);
-            if let Some(local) = st.lease.take() {
+            if let Some(local) = &st.lease {
+                // Recorded first: a force-unlock that fails leaves the lease as it was.
                 let row = row_of(&local.lease, local.version | RELEASED_SEQ, true);
+                self.leases.write_lease(&row).await?;
+                st.lease = None;
                 drop(st);
                 slot.changed.notify_waiters();
-                self.leases.write_lease(&row).await?;
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 return Ok(true);
             }

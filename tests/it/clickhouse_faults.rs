@@ -92,3 +92,134 @@ async fn a_stalled_clickhouse_gives_503_at_the_query_timeout() {
     proxy.set_delay(Duration::ZERO);
     assert_eq!(app.get_state("slow").await.status, StatusCode::OK);
 }
+
+/// One writer's record: the last value acknowledged with a 2xx and the last
+/// value it tried; a write refused with 503 may still have landed.
+struct WriterLog {
+    id: String,
+    acknowledged: u64,
+    attempted: u64,
+    refused: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outage_under_traffic_loses_no_acknowledged_write_and_locks_stay_truthful() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let (app, proxy) = app_behind_proxy(Duration::from_secs(2)).await;
+    let (held, _) = app.lease("held", "through-the-outage", 120, 0.0).await;
+    let (released, _) = app.lease("released", "lets-go-during-it", 120, 0.0).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (api, stop) = (app.api.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut log = WriterLog {
+                    id: format!("writer-{w}"),
+                    acknowledged: 0,
+                    attempted: 0,
+                    refused: 0,
+                };
+                while !stop.load(Ordering::SeqCst) {
+                    let n = log.attempted + 1;
+                    log.attempted = n;
+                    let reply = api
+                        .put_state(&log.id, &json!({"completed": {"n": n}}))
+                        .await;
+                    if reply.status.is_success() {
+                        log.acknowledged = n;
+                    } else {
+                        assert_eq!(
+                            reply.status,
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "{}",
+                            reply.text
+                        );
+                        assert_eq!(reply.problem_type(), "clickhouse-unavailable");
+                        log.refused += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                log
+            })
+        })
+        .collect();
+    let reader = {
+        let (api, stop) = (app.api.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let status = api.get_state("writer-0").await.status;
+                assert!([200, 404, 503].contains(&status.as_u16()), "{status}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    proxy.set_down(true);
+    assert_eq!(
+        app.get("/readyz").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        app.release("released", &released).await.status,
+        StatusCode::NO_CONTENT
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxy.set_down(false);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::SeqCst);
+    reader.await.unwrap();
+
+    assert_eq!(
+        app.get("/readyz").await.status,
+        StatusCode::OK,
+        "recovered by itself"
+    );
+    let mut refused = 0;
+    for writer in writers {
+        let log = writer.await.unwrap();
+        refused += log.refused;
+        let stored = app.get_state(&log.id).await.json()["completed"]["n"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            stored >= log.acknowledged && stored <= log.attempted,
+            "{}: stored {stored}, acknowledged {}, attempted {}",
+            log.id,
+            log.acknowledged,
+            log.attempted
+        );
+    }
+    assert!(refused > 0, "the outage was felt");
+
+    // The lease held through the outage is still held, and still works.
+    let view = app.get("/v1/locks/held").await;
+    assert_eq!(view.status, StatusCode::OK);
+    assert_eq!(view.json()["owner"], "through-the-outage");
+    let write = app
+        .put_state_with_lease("held", &json!({"completed": {"ok": true}}), &held)
+        .await;
+    assert!(write.status.is_success(), "{}", write.text);
+    // The one released during the outage is not reported once ClickHouse is back.
+    assert_eq!(
+        app.get("/v1/locks/released").await.status,
+        StatusCode::NOT_FOUND
+    );
+    for _ in 0..100 {
+        let listed = app.get("/v1/locks").await.json();
+        let ids: Vec<&str> = listed["locks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["state_id"].as_str().unwrap())
+            .collect();
+        if ids == ["held"] {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("GET /v1/locks still lists the lease released during the outage");
+}

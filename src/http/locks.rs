@@ -23,14 +23,14 @@ pub const MAX_OWNER_BYTES: usize = 256;
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
     owner: Option<String>,
-    ttl_seconds: Option<u64>,
+    ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RenewRequest {
-    ttl_seconds: Option<u64>,
+    ttl_seconds: Option<f64>,
 }
 
 /// A lease as its holder sees it: with the `lease_id` that proves holding it.
@@ -80,13 +80,15 @@ fn lease_body(lease: &Lease) -> LeaseBody<'_> {
     }
 }
 
-fn ttl(raw: Option<u64>) -> Result<Duration, ApiError> {
-    match raw.unwrap_or(DEFAULT_TTL_SECONDS) {
-        n @ 1..=MAX_TTL_SECONDS => Ok(Duration::from_secs(n)),
-        n => Err(ApiError::InvalidBody(format!(
-            "ttl_seconds must be between 1 and {MAX_TTL_SECONDS}, got {n}"
-        ))),
+/// A whole number of seconds, 1 to 3600; JSON's `30.0` is the integer 30.
+fn ttl(raw: Option<f64>) -> Result<Duration, ApiError> {
+    let seconds = raw.unwrap_or(DEFAULT_TTL_SECONDS as f64);
+    if seconds.fract() != 0.0 || !(1.0..=MAX_TTL_SECONDS as f64).contains(&seconds) {
+        return Err(ApiError::InvalidBody(format!(
+            "ttl_seconds must be a whole number between 1 and {MAX_TTL_SECONDS}, got {seconds}"
+        )));
     }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 pub async fn acquire(

@@ -1,0 +1,244 @@
+//! Soak: mixed GET / PUT / lock-cycle traffic from many clients against a
+//! gateway process for a fixed time (60 s by default, SOAK_SECONDS), on
+//! loopback only. Prints throughput and latency per kind, errors, and the
+//! gateway's resident memory over the run; exits non-zero on any unexpected
+//! answer or if memory keeps growing.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const CLIENTS: usize = 32;
+const STATE_IDS: usize = 50;
+const LOCK_IDS: usize = 10;
+
+#[derive(Default)]
+struct Tally {
+    latencies: HashMap<&'static str, Vec<Duration>>,
+    expected_refusals: HashMap<&'static str, usize>,
+    unexpected: Vec<String>,
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn start_gateway(url: &str, port: u16) -> Child {
+    let binary =
+        std::env::var("STATEHOUSE_BIN").unwrap_or_else(|_| "target/release/statehouse".into());
+    let schema = format!("soak_{}", uuid::Uuid::new_v4().simple());
+    Command::new(binary)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--schema",
+            &schema,
+        ])
+        .env("STATEHOUSE_CLICKHOUSE_URL", url)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the release binary exists (bench/run builds it)")
+}
+
+async fn client(
+    http: reqwest::Client,
+    base: String,
+    n: usize,
+    until: Instant,
+    tally: Arc<Mutex<Tally>>,
+) {
+    let mut i = n;
+    while Instant::now() < until {
+        i += CLIENTS;
+        let started = Instant::now();
+        let (kind, outcome) = match i % 10 {
+            0..=4 => {
+                let r = http
+                    .get(format!("{base}/v1/states/s{}", i % STATE_IDS))
+                    .send()
+                    .await;
+                (
+                    "GET state",
+                    r.map(|r| {
+                        (
+                            r.status().as_u16(),
+                            matches!(r.status().as_u16(), 200 | 404),
+                        )
+                    }),
+                )
+            }
+            5..=7 => {
+                let r = http
+                    .put(format!("{base}/v1/states/s{}", (i / 10) % STATE_IDS))
+                    .json(&json!({"completed": {"singer_state": {"n": i}}}))
+                    .send()
+                    .await;
+                (
+                    "PUT state",
+                    r.map(|r| {
+                        (
+                            r.status().as_u16(),
+                            matches!(r.status().as_u16(), 200 | 201),
+                        )
+                    }),
+                )
+            }
+            _ => (
+                "lock cycle",
+                lock_cycle(&http, &base, i % LOCK_IDS, i).await,
+            ),
+        };
+        let elapsed = started.elapsed();
+        let mut tally = tally.lock().unwrap();
+        match outcome {
+            Ok((_, true)) => tally.latencies.entry(kind).or_default().push(elapsed),
+            // An acquire that waited its 5 s out behind other clients: expected under contention.
+            Ok((409, false)) if kind == "lock cycle" => {
+                *tally.expected_refusals.entry(kind).or_default() += 1
+            }
+            Ok((status, false)) => tally.unexpected.push(format!("{kind}: {status}")),
+            Err(err) => tally.unexpected.push(format!("{kind}: {err}")),
+        }
+    }
+}
+
+/// Acquire, write with the lease, release; answers the first status that is not a success.
+async fn lock_cycle(
+    http: &reqwest::Client,
+    base: &str,
+    lock: usize,
+    i: usize,
+) -> Result<(u16, bool), reqwest::Error> {
+    let id = format!("locked-{lock}");
+    let acquired = http
+        .post(format!("{base}/v1/locks/{id}"))
+        .json(&json!({"owner": format!("client-{i}"), "ttl_seconds": 30, "wait_seconds": 5}))
+        .send()
+        .await?;
+    if acquired.status() != 201 {
+        return Ok((acquired.status().as_u16(), false));
+    }
+    let lease: Value = acquired.json().await?;
+    let lease_id = lease["lease_id"].as_str().unwrap_or_default().to_owned();
+    let wrote = http
+        .put(format!("{base}/v1/states/{id}"))
+        .header("lease-id", &lease_id)
+        .json(&json!({"completed": {"n": i}}))
+        .send()
+        .await?;
+    let released = http
+        .delete(format!("{base}/v1/locks/{id}/{lease_id}"))
+        .send()
+        .await?;
+    match (wrote.status().as_u16(), released.status().as_u16()) {
+        (200 | 201, 204) => Ok((204, true)),
+        (200 | 201, other) | (other, _) => Ok((other, false)),
+    }
+}
+
+fn percentile_ms(samples: &mut [Duration], p: f64) -> f64 {
+    samples.sort();
+    let rank = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples.get(rank).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main]
+async fn main() {
+    let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
+        .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
+    let seconds: u64 = std::env::var("SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut gateway = start_gateway(&url, port);
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let ready_by = Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < ready_by, "gateway not ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = gateway.id();
+
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| tokio::spawn(client(http.clone(), base.clone(), n, until, tally.clone())))
+        .collect();
+    let mut rss = vec![rss_kib(pid)];
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(5).min(until - Instant::now())).await;
+        rss.push(rss_kib(pid));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+
+    let mut tally = tally.lock().unwrap();
+    println!(
+        "statehouse soak: {CLIENTS} clients, {seconds} s, {STATE_IDS} state ids, {LOCK_IDS} lock ids"
+    );
+    println!(
+        "{:<12} {:>8} {:>9} {:>9} {:>9}",
+        "kind", "ok", "per s", "p50 ms", "p99 ms"
+    );
+    let mut kinds: Vec<_> = tally.latencies.keys().copied().collect();
+    kinds.sort();
+    for kind in kinds {
+        let samples = tally.latencies.get_mut(kind).unwrap();
+        let (count, p50, p99) = (
+            samples.len(),
+            percentile_ms(samples, 0.5),
+            percentile_ms(samples, 0.99),
+        );
+        println!(
+            "{kind:<12} {count:>8} {:>9.1} {p50:>9.2} {p99:>9.2}",
+            count as f64 / elapsed
+        );
+    }
+    for (kind, n) in &tally.expected_refusals {
+        println!("{kind}: {n} acquires waited their 5 s out (409, expected under contention)");
+    }
+    let (first, peak, last) = (rss[0], *rss.iter().max().unwrap(), *rss.last().unwrap());
+    println!("gateway RSS KiB: start {first}, peak {peak}, end {last}; samples {rss:?}");
+    println!("unexpected answers: {}", tally.unexpected.len());
+    for line in tally.unexpected.iter().take(10) {
+        println!("  {line}");
+    }
+    // Bounded: the second half of the run must not keep climbing past its first half's peak by much.
+    let half = rss.len() / 2;
+    let first_half_peak = *rss[..half.max(1)].iter().max().unwrap();
+    let bounded = peak <= first_half_peak + first_half_peak / 4 + 8 * 1024;
+    println!("RSS bounded: {bounded}");
+    if !tally.unexpected.is_empty() || !bounded {
+        std::process::exit(1);
+    }
+}

@@ -27,6 +27,7 @@ import re
 import signal
 import socket
 import socketserver
+import ssl
 import struct
 import sys
 import threading
@@ -288,19 +289,37 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--data", default=os.path.join(os.getcwd(), ".localch-data"), help="data directory")
     parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument("--tls-port", type=int, help="also serve HTTPS on this port")
+    parser.add_argument("--tls-cert", help="PEM certificate (chain) for --tls-port")
+    parser.add_argument("--tls-key", help="PEM private key for --tls-port")
     args = parser.parse_args()
 
     os.makedirs(args.data, exist_ok=True)
     Handler.engine = Engine(args.data)
     Handler.verbose = args.verbose
-    server = Server((args.host, args.port), Handler)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    print(f"localch: ClickHouse HTTP interface on http://{args.host}:{server.server_address[1]} (data {args.data})", flush=True)
+    servers = [Server((args.host, args.port), Handler)]
+    print(f"localch: ClickHouse HTTP interface on http://{args.host}:{servers[0].server_address[1]} (data {args.data})", flush=True)
+    if args.tls_port is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        tls = Server((args.host, args.tls_port), Handler)
+        # The handshake happens on the first read, in the request's own thread.
+        tls.socket = context.wrap_socket(tls.socket, server_side=True, do_handshake_on_connect=False)
+        servers.append(tls)
+        threading.Thread(target=tls.serve_forever, daemon=True).start()
+        print(f"localch: and HTTPS on https://{args.host}:{tls.server_address[1]}", flush=True)
+
+    def stop(*_):
+        for server in servers:
+            threading.Thread(target=server.shutdown).start()
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        server.serve_forever()
+        servers[0].serve_forever()
     except KeyboardInterrupt:
         pass
-    server.server_close()
+    for server in servers:
+        server.server_close()
     return 0
 
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use percent_encoding::percent_decode_str;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use url::Url;
 use uuid::Uuid;
 
@@ -78,6 +80,11 @@ pub struct ServeArgs {
     /// Overrides the password of the ClickHouse URI.
     #[arg(long, env = "STATEHOUSE_CLICKHOUSE_PASSWORD", hide_env_values = true)]
     pub clickhouse_password: Option<String>,
+
+    /// PEM file of extra certificate authorities to trust for TLS to ClickHouse
+    /// (on top of the system's), e.g. a private CA.
+    #[arg(long, env = "STATEHOUSE_CLICKHOUSE_CA_FILE")]
+    pub clickhouse_ca_file: Option<std::path::PathBuf>,
 
     /// Use TLS to ClickHouse (the same as a clickhouses:// URI).
     #[arg(long, env = "STATEHOUSE_CLICKHOUSE_SECURE", num_args = 0..=1, default_missing_value = "true")]
@@ -165,6 +172,8 @@ pub struct ClickHouseTarget {
     pub database: String,
     pub user: String,
     pub password: String,
+    /// Extra trusted roots for TLS, beyond the system's.
+    pub extra_roots: Vec<CertificateDer<'static>>,
 }
 
 impl std::fmt::Debug for ClickHouseTarget {
@@ -247,6 +256,8 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("--claim-ttl must be at least 300ms")]
     ClaimTtl,
+    #[error("cannot use the CA file {path}: {reason}")]
+    CaFile { path: String, reason: String },
     #[error("cannot read the tokens file {path}: {source}")]
     TokensFile {
         path: String,
@@ -285,6 +296,9 @@ impl TryFrom<ServeArgs> for Config {
         }
         if let Some(password) = args.clickhouse_password {
             target.password = password;
+        }
+        if let Some(path) = &args.clickhouse_ca_file {
+            target.extra_roots = read_ca_file(path)?;
         }
         if args.query_timeout.is_zero() {
             return Err(ConfigError::Zero("--query-timeout"));
@@ -345,6 +359,21 @@ impl Config {
     }
 }
 
+fn read_ca_file(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let fail = |reason: String| ConfigError::CaFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| fail(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(fail("no PEM certificate in it".into()));
+    }
+    Ok(certs)
+}
+
 fn default_port(secure: bool) -> u16 {
     if secure { 8443 } else { 8123 }
 }
@@ -391,6 +420,7 @@ pub fn parse_clickhouse_url(raw: &str) -> Result<ClickHouseTarget, ConfigError> 
         database,
         user,
         password,
+        extra_roots: Vec::new(),
     })
 }
 
@@ -418,6 +448,7 @@ mod tests {
                 database: "analytics".into(),
                 user: "us:er".into(),
                 password: "p@ss/w".into(),
+                extra_roots: Vec::new(),
             }
         );
     }

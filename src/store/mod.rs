@@ -1,6 +1,7 @@
 //! ClickHouse: one client, every round trip under the query timeout and
 //! measured, every value a bound parameter. One module per table.
 
+mod http_client;
 mod lease_table;
 mod state_table;
 
@@ -21,7 +22,7 @@ use crate::metrics::Metrics;
 pub enum StoreError {
     #[error("ClickHouse did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("ClickHouse request failed: {0}")]
+    #[error("ClickHouse request failed: {}", with_causes(.0))]
     ClickHouse(#[from] clickhouse::error::Error),
     #[error("state {id:?} in ClickHouse cannot be read: {source}")]
     Corrupt { id: String, source: CorruptState },
@@ -40,7 +41,8 @@ impl ClickHouse {
         // would acknowledge a write before it is readable and let lock
         // candidates settle out of order; every query here is synchronous.
         // max_execution_time stops server-side work we gave up on.
-        let client = Client::default()
+        let http = http_client::builder().build(http_client::connector(target));
+        let client = Client::with_http_client(http)
             .with_url(target.endpoint())
             .with_user(&target.user)
             .with_password(&target.password)
@@ -110,6 +112,22 @@ impl Store {
         self.states.ensure_table().await?;
         self.leases.ensure_table().await
     }
+}
+
+/// An error and its causes on one line: "client error (connect)" alone does
+/// not say that the certificate was not trusted.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(inner) = cause {
+        let inner_text = inner.to_string();
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        cause = inner.source();
+    }
+    text
 }
 
 fn now_ms() -> i64 {

@@ -40,6 +40,7 @@ fn help_documents_every_setting_with_its_env_var() {
         ("--clickhouse-user", "STATEHOUSE_CLICKHOUSE_USER"),
         ("--clickhouse-password", "STATEHOUSE_CLICKHOUSE_PASSWORD"),
         ("--clickhouse-secure", "STATEHOUSE_CLICKHOUSE_SECURE"),
+        ("--clickhouse-ca-file", "STATEHOUSE_CLICKHOUSE_CA_FILE"),
         ("--schema", "STATEHOUSE_SCHEMA"),
         ("--table", "STATEHOUSE_TABLE"),
         ("--query-timeout", "STATEHOUSE_QUERY_TIMEOUT"),

@@ -13,3 +13,4 @@ mod packaging;
 mod proxy;
 mod seed_compat;
 mod states_api;
+mod tls;

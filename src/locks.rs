@@ -180,10 +180,6 @@ impl LockManager {
         }
     }
 
-    pub fn gateway_id(&self) -> Uuid {
-        self.settings.gateway_id
-    }
-
     fn slot(&self, id: &StateId) -> Arc<Slot> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.entry(id.clone()).or_default().clone()

@@ -22,7 +22,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
-pub use error::{ApiError, PROBLEM_JSON, ProblemType, problem};
+use error::{PROBLEM_JSON, ProblemType, problem};
 
 use self::auth::Access;
 use crate::AppContext;

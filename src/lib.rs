@@ -116,7 +116,8 @@ impl App {
             tracing::info!("shutting down: draining in-flight requests");
             let _ = begin_drain.send(());
         };
-        let maintenance = tokio::spawn(self.ctx.locks.clone().maintain());
+        let locks = self.ctx.locks.clone();
+        let maintenance = tokio::spawn(locks.clone().maintain());
         let server =
             axum::serve(self.listener, http::router(self.ctx)).with_graceful_shutdown(signal);
         let deadline = async move {
@@ -134,6 +135,12 @@ impl App {
             }
         };
         maintenance.abort();
+        // Hand the claims back so other gateways need not wait for them to lapse;
+        // leases stay recorded and the next claim holder adopts them.
+        let withdrawn = tokio::time::timeout(self.shutdown_timeout, locks.withdraw_all_claims()).await;
+        if withdrawn.is_err() {
+            tracing::warn!("claims not all withdrawn at shutdown; the rest lapse by themselves");
+        }
         result
     }
 }

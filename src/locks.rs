@@ -644,6 +644,26 @@ impl LockManager {
         }
     }
 
+    /// The slots as they are now, to visit without holding the map's lock.
+    fn snapshot(&self) -> Vec<(StateId, Arc<Slot>)> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect()
+    }
+
+    /// Withdraws every claim this gateway holds (at shutdown).
+    pub async fn withdraw_all_claims(&self) {
+        for (id, slot) in self.snapshot() {
+            let claim = slot.state.lock().await.claim.take();
+            if let Some(claim) = claim {
+                self.withdraw(&id, &claim.candidate).await;
+            }
+        }
+    }
+
     /// Keeps claims alive, hands them over, drops idle ones, and notices
     /// leases force-unlocked through another gateway. Runs until dropped.
     pub async fn maintain(self: Arc<Self>) {
@@ -652,14 +672,7 @@ impl LockManager {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let slots: Vec<(StateId, Arc<Slot>)> = self
-                .slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .map(|(id, slot)| (id.clone(), slot.clone()))
-                .collect();
-            for (id, slot) in slots {
+            for (id, slot) in self.snapshot() {
                 self.maintain_slot(&id, &slot).await;
             }
         }

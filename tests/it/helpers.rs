@@ -62,6 +62,7 @@ pub struct TestApp {
     pub api: Api,
     pub schema: String,
     stop: Option<oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl std::ops::Deref for TestApp {
@@ -141,13 +142,14 @@ pub async fn spawn_configured(config: Config) -> TestApp {
         .expect("gateway starts against the test ClickHouse");
     let base = format!("http://{}", app.local_addr());
     let (stop, stopped) = oneshot::channel();
-    tokio::spawn(app.serve(async move {
+    let served = tokio::spawn(app.serve(async move {
         let _ = stopped.await;
     }));
     TestApp {
         api: Api::new(base),
         schema: config.schema.as_str().to_owned(),
         stop: Some(stop),
+        served: Some(served),
     }
 }
 
@@ -285,6 +287,16 @@ impl Api {
 }
 
 impl TestApp {
+    /// Stops the gateway as SIGTERM would, and waits until it has finished.
+    pub async fn shut_down(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(served) = self.served.take() {
+            served.await.unwrap().expect("a clean shutdown");
+        }
+    }
+
     /// Every state id with its content, straight from ClickHouse (FINAL).
     pub async fn table_snapshot(&self) -> Vec<(String, Option<String>, Option<String>)> {
         let rows = raw_sql(&format!(

@@ -368,3 +368,19 @@ async fn an_idle_claim_is_released_and_locks_show_through_every_gateway() {
     let reply = b.acquire("shared", &json!({"owner": "on-b"})).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
 }
+
+#[tokio::test]
+async fn a_gateway_that_shuts_down_hands_its_claims_back() {
+    let schema = unique_schema();
+    let first = spawn_configured(test_config(&schema)).await;
+    let (lease, _) = first.lease("handed-back", "w", 60, 0.0).await;
+    first.release("handed-back", &lease).await;
+    first.shut_down().await;
+    // Its claim would stay live for --claim-ttl (10 s) had it not been withdrawn,
+    // and a single try (no wait) would lose to it.
+    let second = spawn_configured(test_config(&schema)).await;
+    let reply = second
+        .acquire("handed-back", &json!({"owner": "next"}))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+}

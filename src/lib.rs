@@ -137,7 +137,8 @@ impl App {
         maintenance.abort();
         // Hand the claims back so other gateways need not wait for them to lapse;
         // leases stay recorded and the next claim holder adopts them.
-        let withdrawn = tokio::time::timeout(self.shutdown_timeout, locks.withdraw_all_claims()).await;
+        let withdrawn =
+            tokio::time::timeout(self.shutdown_timeout, locks.withdraw_all_claims()).await;
         if withdrawn.is_err() {
             tracing::warn!("claims not all withdrawn at shutdown; the rest lapse by themselves");
         }

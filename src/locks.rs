@@ -12,14 +12,14 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex as AsyncMutex, Notify};
 use uuid::Uuid;
 
 use crate::domain::StateId;
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{Candidate, LeaseRow, LeaseStore, StoreError};
+use crate::store::{Candidate, LeaseRow, LeaseStore, StoreError, now_ms};
 
 /// Bits of a lease row's version below the fencing token: room for renewals.
 const VERSION_SEQ_BITS: u32 = 20;
@@ -159,11 +159,6 @@ struct WonClaim {
     claim: HeldClaim,
     next_token: u64,
     adopted: Option<LocalLease>,
-}
-
-fn system_ms(at: SystemTime) -> i64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn ms(duration: Duration) -> i64 {
@@ -333,15 +328,15 @@ impl LockManager {
         let token = st.next_token;
         // Burn the token even if persisting fails: the row may have landed.
         st.next_token += 1;
-        let now = SystemTime::now();
+        let now = now_ms();
         let lease = Lease {
             state_id: id.clone(),
             lease_id: Uuid::new_v4(),
             owner: owner.to_owned(),
             fencing_token: token,
             gateway_id: self.settings.gateway_id,
-            acquired_ms: system_ms(now),
-            expires_ms: system_ms(now) + ms(ttl),
+            acquired_ms: now,
+            expires_ms: now + ms(ttl),
         };
         let version = token << VERSION_SEQ_BITS;
         self.leases
@@ -446,8 +441,7 @@ impl LockManager {
         // A lease granted through a gateway that went away is still the
         // current one until it ends: adopt it rather than break it.
         let adopted = latest.filter(|(_, live)| *live).map(|(row, _)| {
-            let remaining =
-                u64::try_from(row.expires_ms - system_ms(SystemTime::now())).unwrap_or(0);
+            let remaining = u64::try_from(row.expires_ms - now_ms()).unwrap_or(0);
             LocalLease {
                 version: row.version,
                 deadline: Instant::now() + Duration::from_millis(remaining),
@@ -491,7 +485,7 @@ impl LockManager {
             st.expire(Instant::now(), &self.metrics);
             if let Some(local) = st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id) {
                 let mut renewed = local.lease.clone();
-                renewed.expires_ms = system_ms(SystemTime::now()) + ms(ttl);
+                renewed.expires_ms = now_ms() + ms(ttl);
                 let version = local.version + 1;
                 self.leases
                     .write_lease(&row_of(&renewed, version, false))
@@ -561,7 +555,7 @@ impl LockManager {
         tokio::spawn(async move {
             let mut pause = Duration::from_millis(200);
             while let Err(err) = leases.write_lease(&row).await {
-                if system_ms(SystemTime::now()) >= row.expires_ms {
+                if now_ms() >= row.expires_ms {
                     return;
                 }
                 tracing::warn!(state_id = %row.state_id, error = %err, retry_in = ?pause, "could not record a lease release yet");

@@ -130,7 +130,8 @@ fn with_causes(err: &dyn std::error::Error) -> String {
     text
 }
 
-fn now_ms() -> i64 {
+/// This machine's clock in milliseconds since the epoch, as versions and lease times are kept.
+pub(crate) fn now_ms() -> i64 {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);

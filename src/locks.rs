@@ -136,6 +136,35 @@ impl SlotState {
     }
 }
 
+/// A waiter's place in a slot's queue, given up on drop.
+struct InLine {
+    slot: Arc<Slot>,
+    ticket: u64,
+}
+
+impl Drop for InLine {
+    fn drop(&mut self) {
+        let (slot, ticket) = (self.slot.clone(), self.ticket);
+        tokio::spawn(async move {
+            slot.state.lock().await.queue.retain(|t| *t != ticket);
+            slot.changed.notify_waiters();
+        });
+    }
+}
+
+/// Clears `claiming` if a claim attempt is abandoned midway (its future
+/// dropped); a finished attempt clears it itself and forgets this guard.
+struct Claiming<'a>(&'a Slot);
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.0.state.try_lock() {
+            st.claiming = false;
+        }
+        self.0.changed.notify_waiters();
+    }
+}
+
 #[derive(Default)]
 struct Slot {
     state: AsyncMutex<SlotState>,
@@ -207,14 +236,16 @@ impl LockManager {
             st.queue.push_back(ticket);
             ticket
         };
+        // Leaves the queue however this ends: also when the client goes away
+        // and the server drops this future mid-wait, which would otherwise
+        // leave a dead ticket at the front that nobody behind it gets past.
+        let _in_line = InLine {
+            slot: slot.clone(),
+            ticket,
+        };
         let result = self
             .wait_for_grant(id, &slot, ticket, owner, ttl, deadline)
             .await;
-        {
-            let mut st = slot.state.lock().await;
-            st.queue.retain(|t| *t != ticket);
-        }
-        slot.changed.notify_waiters();
         match &result {
             Ok(_) => self.metrics.lock_event(LockEvent::Grant),
             Err(LockError::Held { .. }) => self.metrics.lock_event(LockEvent::Timeout),
@@ -258,7 +289,9 @@ impl LockManager {
                     None => {
                         st.claiming = true;
                         drop(st);
+                        let claiming = Claiming(slot);
                         let outcome = self.try_claim(id, deadline).await;
+                        std::mem::forget(claiming);
                         attempted_claim = true;
                         let mut st = slot.state.lock().await;
                         st.claiming = false;

@@ -11,7 +11,6 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::auth::{TokenError, Tokens};
-use crate::locks::LockSettings;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -220,6 +219,18 @@ impl Identifier {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// How this gateway takes part in the lock protocol (see `locks`).
+#[derive(Clone, Debug)]
+pub struct LockSettings {
+    pub gateway_id: Uuid,
+    /// How long a claim candidate waits before checking whether it is the earliest.
+    pub settle: Duration,
+    /// How long a claim lives without renewal; renewed every third of it.
+    pub claim_ttl: Duration,
+    /// A claim with no lease and no waiter for this long is released.
+    pub claim_idle: Duration,
 }
 
 /// Everything `serve` needs, validated.

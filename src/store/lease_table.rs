@@ -9,7 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{ClickHouse, StoreError};
-use crate::domain::StateId;
+use crate::domain::{Lease, StateId};
 
 const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -22,18 +22,46 @@ pub struct Candidate {
     pub created_ms: i64,
 }
 
-/// The latest lease of a state_id.
+/// A lease row's version. ReplacingMergeTree keeps the row with the highest
+/// version, so the order of a lease's rows is encoded here, in one place: the
+/// fencing token in the high bits (a later lease beats an earlier one), a
+/// renewal count below it, and all ones there once the lease is released (a
+/// release beats every renewal of its lease, whatever order they land in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LeaseVersion(u64);
+
+impl LeaseVersion {
+    const SEQ_BITS: u32 = 20;
+    const RELEASED_SEQ: u64 = (1 << Self::SEQ_BITS) - 1;
+
+    pub fn granted(fencing_token: u64) -> Self {
+        Self(fencing_token << Self::SEQ_BITS)
+    }
+
+    /// The next renewal; past 2^20 - 2 renewals the count stays put, which
+    /// only costs the tie-break between two renewals of one lease.
+    pub fn renewed(self) -> Self {
+        let seq = self.0 & Self::RELEASED_SEQ;
+        if seq + 1 >= Self::RELEASED_SEQ {
+            self
+        } else {
+            Self(self.0 + 1)
+        }
+    }
+
+    pub fn released(self) -> Self {
+        Self(self.0 | Self::RELEASED_SEQ)
+    }
+}
+
+/// A lease row as ClickHouse holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseRow {
-    pub state_id: StateId,
-    pub lease_id: Uuid,
-    pub gateway_id: Uuid,
-    pub owner: String,
-    pub fencing_token: u64,
-    pub acquired_ms: i64,
-    pub expires_ms: i64,
+pub struct StoredLease {
+    pub lease: Lease,
+    pub version: LeaseVersion,
     pub released: bool,
-    pub version: u64,
+    /// Not released and not expired, by ClickHouse's clock.
+    pub live: bool,
 }
 
 #[derive(clickhouse::Row, Deserialize)]
@@ -74,23 +102,25 @@ fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
 }
 
 impl LeaseRowIn {
-    /// The row and whether ClickHouse deems it live (not released, not expired by its clock).
-    fn into_row(self) -> Result<Option<(LeaseRow, bool)>, StoreError> {
+    /// None for a row whose state_id this version cannot serve.
+    fn into_stored(self) -> Result<Option<StoredLease>, StoreError> {
         let Ok(state_id) = StateId::parse(self.state_id) else {
             return Ok(None);
         };
-        let row = LeaseRow {
-            state_id,
-            lease_id: parse_uuid(&self.lease_id)?,
-            gateway_id: parse_uuid(&self.gateway_id)?,
-            owner: self.owner,
-            fencing_token: self.fencing_token,
-            acquired_ms: self.acquired_ms,
-            expires_ms: self.expires_ms,
+        Ok(Some(StoredLease {
+            lease: Lease {
+                state_id,
+                lease_id: parse_uuid(&self.lease_id)?,
+                gateway_id: parse_uuid(&self.gateway_id)?,
+                owner: self.owner,
+                fencing_token: self.fencing_token,
+                acquired_ms: self.acquired_ms,
+                expires_ms: self.expires_ms,
+            },
+            version: LeaseVersion(self.version),
             released: self.released != 0,
-            version: self.version,
-        };
-        Ok(Some((row, self.live != 0)))
+            live: self.live != 0,
+        }))
     }
 }
 
@@ -143,24 +173,102 @@ impl LeaseStore {
             .await
     }
 
-    /// Extends a claim this gateway holds; `created_ms` keeps its place in line.
-    pub async fn renew_claim(
+    /// Extends every live claim of `gateway` among `claims` in one round trip,
+    /// each keeping its place in line; the new expiry is by ClickHouse's clock.
+    /// A claim that has already lapsed stays lapsed.
+    pub async fn renew_claims(
         &self,
-        id: &StateId,
-        claim: &Candidate,
+        gateway_id: Uuid,
+        claims: &[Uuid],
         ttl: Duration,
-        version: u64,
     ) -> Result<(), StoreError> {
-        self.write_claim(
-            id,
-            claim.claim_id,
-            claim.gateway_id,
-            Some(claim.created_ms),
-            ttl,
-            version,
-            false,
-        )
-        .await
+        for chunk in claims.chunks(CLAIMS_PER_QUERY) {
+            let sql = format!(
+                "INSERT INTO {table} {INSERT_COLUMNS}
+                 SELECT state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at,
+                        now64(3) + toIntervalMillisecond({{ttl:UInt64}}), released, version + 1
+                 FROM {table} FINAL
+                 WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
+                   AND expires_at > now64(3) AND has({{claims:Array(String)}}, toString(claim_id))",
+                table = self.table
+            );
+            let query = self
+                .ch
+                .client
+                .query(&sql)
+                .param("ttl", u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+                .param("gateway", gateway_id.to_string())
+                .param("claims", uuid_texts(chunk));
+            self.ch.timed("claim_renew", query.execute()).await?;
+        }
+        Ok(())
+    }
+
+    /// Of the state_ids this gateway holds claims on, those where another
+    /// gateway's candidate waits in line (it wants the claim handed over).
+    pub async fn contested(
+        &self,
+        gateway_id: Uuid,
+        ids: &[StateId],
+    ) -> Result<Vec<StateId>, StoreError> {
+        let mut contested = Vec::new();
+        for chunk in ids.chunks(CLAIMS_PER_QUERY) {
+            let sql = format!(
+                "SELECT DISTINCT state_id FROM {} FINAL
+                 WHERE kind = 'claim' AND released = 0 AND expires_at > now64(3)
+                   AND gateway_id != {{gateway:UUID}} AND has({{ids:Array(String)}}, state_id)",
+                self.table
+            );
+            let query = self
+                .ch
+                .client
+                .query(&sql)
+                .param("gateway", gateway_id.to_string())
+                .param("ids", chunk.iter().map(StateId::as_str).collect::<Vec<_>>());
+            let rows = self
+                .ch
+                .timed("claim_contested", query.fetch_all::<String>())
+                .await?;
+            contested.extend(rows.into_iter().filter_map(|id| StateId::parse(id).ok()));
+        }
+        Ok(contested)
+    }
+
+    /// Leases among `leases` that ClickHouse records as released: force-unlocked
+    /// through a gateway that could not reach their holder's.
+    pub async fn released_among(&self, leases: &[&Lease]) -> Result<Vec<Uuid>, StoreError> {
+        let mut released = Vec::new();
+        for chunk in leases.chunks(CLAIMS_PER_QUERY) {
+            let sql = format!(
+                "SELECT toString(lease_id) FROM {} FINAL
+                 WHERE kind = 'lease' AND released = 1 AND has({{ids:Array(String)}}, state_id)
+                   AND has({{leases:Array(String)}}, toString(lease_id))",
+                self.table
+            );
+            let query = self
+                .ch
+                .client
+                .query(&sql)
+                .param(
+                    "ids",
+                    chunk
+                        .iter()
+                        .map(|l| l.state_id.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .param(
+                    "leases",
+                    uuid_texts(&chunk.iter().map(|l| l.lease_id).collect::<Vec<_>>()),
+                );
+            let rows = self
+                .ch
+                .timed("lease_released", query.fetch_all::<String>())
+                .await?;
+            for row in rows {
+                released.push(parse_uuid(&row)?);
+            }
+        }
+        Ok(released)
     }
 
     /// Withdraws a claim for good (the highest version, released).
@@ -175,6 +283,34 @@ impl LeaseStore {
             true,
         )
         .await
+    }
+
+    /// Withdraws every claim of `gateway` among `claims` in one round trip.
+    pub async fn withdraw_claims(
+        &self,
+        gateway_id: Uuid,
+        claims: &[Uuid],
+    ) -> Result<(), StoreError> {
+        for chunk in claims.chunks(CLAIMS_PER_QUERY) {
+            let sql = format!(
+                "INSERT INTO {table} {INSERT_COLUMNS}
+                 SELECT state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at,
+                        now64(3), 1, {{version:UInt64}}
+                 FROM {table} FINAL
+                 WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
+                   AND has({{claims:Array(String)}}, toString(claim_id))",
+                table = self.table
+            );
+            let query = self
+                .ch
+                .client
+                .query(&sql)
+                .param("version", u64::MAX)
+                .param("gateway", gateway_id.to_string())
+                .param("claims", uuid_texts(chunk));
+            self.ch.timed("claim_withdraw", query.execute()).await?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -241,8 +377,8 @@ impl LeaseStore {
             .collect()
     }
 
-    /// The latest lease row of a state_id and whether ClickHouse deems it live.
-    pub async fn latest_lease(&self, id: &StateId) -> Result<Option<(LeaseRow, bool)>, StoreError> {
+    /// The latest lease row of a state_id.
+    pub async fn latest_lease(&self, id: &StateId) -> Result<Option<StoredLease>, StoreError> {
         let sql = format!(
             "SELECT {LEASE_COLUMNS} FROM {} FINAL WHERE state_id = {{id:String}} AND kind = 'lease' LIMIT 1",
             self.table
@@ -253,13 +389,13 @@ impl LeaseStore {
             .timed("lease_read", query.fetch_optional::<LeaseRowIn>())
             .await?
         {
-            Some(row) => row.into_row(),
+            Some(row) => row.into_stored(),
             None => Ok(None),
         }
     }
 
     /// Every live lease, through any gateway, in state_id order.
-    pub async fn live_leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+    pub async fn live_leases(&self) -> Result<Vec<Lease>, StoreError> {
         let sql = format!(
             "SELECT {LEASE_COLUMNS} FROM {} FINAL
              WHERE kind = 'lease' AND released = 0 AND expires_at > now64(3)
@@ -275,15 +411,20 @@ impl LeaseStore {
             .await?;
         let mut leases = Vec::with_capacity(rows.len());
         for row in rows {
-            if let Some((lease, _)) = row.into_row()? {
-                leases.push(lease);
+            if let Some(stored) = row.into_stored()? {
+                leases.push(stored.lease);
             }
         }
         Ok(leases)
     }
 
     /// Records a state_id's lease (a grant, renewal or release).
-    pub async fn write_lease(&self, row: &LeaseRow) -> Result<(), StoreError> {
+    pub async fn write_lease(
+        &self,
+        lease: &Lease,
+        version: LeaseVersion,
+        released: bool,
+    ) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO {} {INSERT_COLUMNS}
              SELECT {{id:String}}, 'lease', toUUID('{NIL_UUID}'), {{lease:UUID}}, {{gateway:UUID}}, {{owner:String}},
@@ -295,15 +436,22 @@ impl LeaseStore {
             .ch
             .client
             .query(&sql)
-            .param("id", row.state_id.as_str())
-            .param("lease", row.lease_id.to_string())
-            .param("gateway", row.gateway_id.to_string())
-            .param("owner", row.owner.as_str())
-            .param("token", row.fencing_token)
-            .param("acquired", row.acquired_ms)
-            .param("expires", row.expires_ms)
-            .param("released", u8::from(row.released))
-            .param("version", row.version);
+            .param("id", lease.state_id.as_str())
+            .param("lease", lease.lease_id.to_string())
+            .param("gateway", lease.gateway_id.to_string())
+            .param("owner", lease.owner.as_str())
+            .param("token", lease.fencing_token)
+            .param("acquired", lease.acquired_ms)
+            .param("expires", lease.expires_ms)
+            .param("released", u8::from(released))
+            .param("version", version.0);
         self.ch.timed("lease_write", query.execute()).await
     }
+}
+
+/// How many claims one batched statement names: keeps each statement small.
+const CLAIMS_PER_QUERY: usize = 500;
+
+fn uuid_texts(ids: &[Uuid]) -> Vec<String> {
+    ids.iter().map(Uuid::to_string).collect()
 }

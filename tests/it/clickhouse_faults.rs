@@ -5,20 +5,13 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{TestApp, clickhouse_target, spawn_app_with};
+use crate::helpers::{TestApp, spawn_app_with};
 use crate::proxy::Proxy;
 
 async fn app_behind_proxy(query_timeout: Duration) -> (TestApp, Proxy) {
-    let target = clickhouse_target();
-    let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::to_clickhouse().await;
     let app = spawn_app_with(|config| {
-        config.clickhouse.host = proxy.addr.ip().to_string();
-        config.clickhouse.port = proxy.addr.port();
+        proxy.route(config);
         config.query_timeout = query_timeout;
     })
     .await;

@@ -7,6 +7,7 @@ mod cli;
 mod clickhouse_faults;
 mod contract;
 mod helpers;
+mod lock_cancellation;
 mod lock_concurrency;
 mod locks_api;
 mod packaging;

@@ -24,6 +24,23 @@ struct Shared {
 }
 
 impl Proxy {
+    /// A proxy in front of the test ClickHouse.
+    pub async fn to_clickhouse() -> Self {
+        let target = crate::helpers::clickhouse_target();
+        let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
+            .await
+            .unwrap()
+            .next()
+            .unwrap();
+        Self::start(upstream).await
+    }
+
+    /// Points a gateway's configuration at this proxy.
+    pub fn route(&self, config: &mut statehouse::config::Config) {
+        config.clickhouse.host = self.addr.ip().to_string();
+        config.clickhouse.port = self.addr.port();
+    }
+
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

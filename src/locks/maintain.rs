@@ -1,0 +1,163 @@
+//! The background side of claims: renewing them, handing them over, letting
+//! idle ones go, and noticing leases force-unlocked through another gateway.
+//! Each tick takes a few batched ClickHouse round trips for all slots, and no
+//! slot's lock is held across any of them.
+
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::LockManager;
+use crate::domain::{Lease, StateId};
+
+impl LockManager {
+    /// Runs until dropped.
+    pub async fn maintain(self: std::sync::Arc<Self>) {
+        let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.maintain_once().await;
+        }
+    }
+
+    async fn maintain_once(&self) {
+        let now = Instant::now();
+        let mut withdrawn = Vec::new();
+        let mut held: Vec<(StateId, Uuid)> = Vec::new();
+        let mut leases: Vec<Lease> = Vec::new();
+        for (id, slot) in self.snapshot() {
+            let mut st = slot.lock();
+            st.expire(&id, now, &self.metrics);
+            let idle_for = st
+                .last_used
+                .map_or(Duration::MAX, |t| now.duration_since(t));
+            let drop_claim = st.claim.as_ref().is_some_and(|claim| {
+                st.lease.is_none()
+                    && (claim.handover
+                        || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
+            });
+            if drop_claim {
+                let claim = st.claim.take().expect("checked above");
+                withdrawn.push(claim.candidate.claim_id);
+                drop(st);
+                slot.changed.notify_waiters();
+                continue;
+            }
+            if let Some(claim) = &st.claim {
+                held.push((id, claim.candidate.claim_id));
+                if let Some(local) = &st.lease {
+                    leases.push(local.lease.clone());
+                }
+            }
+        }
+        let gateway_id = self.settings.gateway_id;
+        if !withdrawn.is_empty()
+            && let Err(err) = self.leases.withdraw_claims(gateway_id, &withdrawn).await
+        {
+            // They expire by themselves; until then they only delay other gateways.
+            tracing::warn!(error = %err, claims = withdrawn.len(), "could not withdraw idle claims");
+        }
+        if !held.is_empty() {
+            self.renew_held(&held).await;
+            self.notice_contested(&held).await;
+            self.notice_force_unlocks(&leases).await;
+        }
+        self.forget_idle_slots();
+    }
+
+    async fn renew_held(&self, held: &[(StateId, Uuid)]) {
+        let started = Instant::now();
+        let claims: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
+        if let Err(err) = self
+            .leases
+            .renew_claims(self.settings.gateway_id, &claims, self.settings.claim_ttl)
+            .await
+        {
+            tracing::warn!(error = %err, claims = claims.len(), "could not renew claims; they lapse if this goes on");
+            return;
+        }
+        let valid_until = started + self.claim_margin();
+        for (id, claim_id) in held {
+            if let Some(slot) = self.existing_slot(id)
+                && let Some(claim) = slot
+                    .lock()
+                    .claim
+                    .as_mut()
+                    .filter(|c| c.candidate.claim_id == *claim_id)
+            {
+                claim.valid_until = claim.valid_until.max(valid_until);
+            }
+        }
+    }
+
+    /// Marks the claims another gateway waits for, to hand them over.
+    async fn notice_contested(&self, held: &[(StateId, Uuid)]) {
+        let ids: Vec<StateId> = held.iter().map(|(id, _)| id.clone()).collect();
+        let Ok(contested) = self.leases.contested(self.settings.gateway_id, &ids).await else {
+            return;
+        };
+        for (id, claim_id) in held {
+            if let Some(slot) = self.existing_slot(id)
+                && let Some(claim) = slot
+                    .lock()
+                    .claim
+                    .as_mut()
+                    .filter(|c| c.candidate.claim_id == *claim_id)
+            {
+                claim.handover = contested.contains(id);
+            }
+        }
+    }
+
+    async fn notice_force_unlocks(&self, leases: &[Lease]) {
+        if leases.is_empty() {
+            return;
+        }
+        let refs: Vec<&Lease> = leases.iter().collect();
+        let Ok(released) = self.leases.released_among(&refs).await else {
+            return;
+        };
+        for lease in leases.iter().filter(|l| released.contains(&l.lease_id)) {
+            if let Some(slot) = self.existing_slot(&lease.state_id) {
+                let mut st = slot.lock();
+                if st
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.lease.lease_id == lease.lease_id)
+                {
+                    st.lease = None;
+                    drop(st);
+                    slot.changed.notify_waiters();
+                }
+            }
+        }
+    }
+
+    /// A slot nobody refers to and that holds nothing goes; the map's lock
+    /// is what every acquire takes to find its slot, so none can be joining.
+    fn forget_idle_slots(&self) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.retain(|_, slot| std::sync::Arc::strong_count(slot) > 1 || !slot.lock().is_idle());
+    }
+
+    /// Withdraws every claim this gateway holds (at shutdown).
+    pub async fn withdraw_all_claims(&self) {
+        let mut claims = Vec::new();
+        for (_, slot) in self.snapshot() {
+            if let Some(claim) = slot.lock().claim.take() {
+                claims.push(claim.candidate.claim_id);
+            }
+        }
+        if claims.is_empty() {
+            return;
+        }
+        if let Err(err) = self
+            .leases
+            .withdraw_claims(self.settings.gateway_id, &claims)
+            .await
+        {
+            tracing::warn!(error = %err, claims = claims.len(), "could not withdraw claims; they lapse by themselves");
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! An acquire abandoned at any await point (the client hung up, so the server
+//! dropped its future) never leaves a state_id unlockable, and a lease won
+//! late under a slow ClickHouse still lives its TTL.
+//!
+//! The slot's state sits behind a std mutex that no await point holds, so
+//! "waiting to re-lock the slot" is not an await point any more; the points
+//! left are the claim attempt (proposal, settle, reads, win), the grant's
+//! recording and the wait in line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use statehouse::domain::StateId;
+use statehouse::locks::LockManager;
+use statehouse::metrics::Metrics;
+use statehouse::store::{ClickHouse, Store};
+use tokio::io::AsyncWriteExt;
+
+use crate::helpers::{spawn_app_with, test_config, unique_schema};
+use crate::proxy::Proxy;
+
+/// A lock manager of its own on a fresh database, reaching ClickHouse through
+/// a proxy the test can slow down, with its maintenance running.
+async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
+    let mut config = test_config(&unique_schema());
+    proxy.route(&mut config);
+    config.locks.settle = settle;
+    let metrics = Arc::new(Metrics::default());
+    let ch = ClickHouse::new(&config.clickhouse, Duration::from_secs(10), metrics.clone());
+    let store = Store::new(ch, config.schema.clone(), &config.table);
+    store.ensure_schema().await.expect("tables");
+    let locks = Arc::new(LockManager::new(
+        config.locks.clone(),
+        store.leases,
+        metrics,
+    ));
+    tokio::spawn(locks.clone().maintain());
+    locks
+}
+
+fn id(text: &str) -> StateId {
+    StateId::parse(text.to_owned()).unwrap()
+}
+
+/// Polls `acquire` for `after`, then drops it wherever it is.
+async fn abandon(locks: &LockManager, state_id: &StateId, wait: Duration, after: Duration) {
+    let acquire = locks.acquire(state_id, "abandoned", Duration::from_secs(30), wait);
+    if let Ok(result) = tokio::time::timeout(after, acquire).await {
+        // Finished before the drop: let it go the ordinary way.
+        let lease = result.expect("acquire");
+        locks.release(state_id, lease.lease_id).await.unwrap();
+    }
+}
+
+/// A fresh acquire gets the lease within a wait far shorter than a claim's
+/// TTL (10 s): nothing abandoned is left in its way.
+async fn fresh_acquire_succeeds(locks: &LockManager, state_id: &StateId) {
+    let lease = locks
+        .acquire(
+            state_id,
+            "fresh",
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("a fresh acquire after an abandoned one");
+    locks.release(state_id, lease.lease_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_in_the_settle_leaves_no_candidate_in_the_way() {
+    let proxy = Proxy::to_clickhouse().await;
+    let locks = manager(&proxy, Duration::from_secs(1)).await;
+    let state_id = id("dropped-in-settle");
+    abandon(
+        &locks,
+        &state_id,
+        Duration::ZERO,
+        Duration::from_millis(400),
+    )
+    .await;
+    fresh_acquire_succeeds(&locks, &state_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
+    let proxy = Proxy::to_clickhouse().await;
+    let locks = manager(&proxy, Duration::from_millis(200)).await;
+    let state_id = id("dropped-in-line");
+    let held = locks
+        .acquire(&state_id, "holder", Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    // One waiter is dropped in line while another waits behind it.
+    let behind = {
+        let locks = locks.clone();
+        let state_id = state_id.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            locks
+                .acquire(
+                    &state_id,
+                    "behind",
+                    Duration::from_secs(30),
+                    Duration::from_secs(30),
+                )
+                .await
+        })
+    };
+    abandon(
+        &locks,
+        &state_id,
+        Duration::from_secs(30),
+        Duration::from_millis(300),
+    )
+    .await;
+    locks.release(&state_id, held.lease_id).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(20), behind)
+        .await
+        .expect("the waiter behind is served")
+        .unwrap()
+        .expect("lease");
+    assert_eq!(next.owner, "behind");
+    assert!(next.fencing_token > held.fencing_token);
+    locks.release(&state_id, next.lease_id).await.unwrap();
+    fresh_acquire_succeeds(&locks, &state_id).await;
+}
+
+/// Every ClickHouse round trip takes at least 300 ms here, so an acquire
+/// passes through its proposal, settle, candidate read, win and grant record
+/// over about two seconds; it is dropped at steps across that span while
+/// other acquires wait on the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_dropped_anywhere_in_a_claim_attempt_leave_the_id_lockable() {
+    let proxy = Proxy::to_clickhouse().await;
+    let locks = manager(&proxy, Duration::from_millis(200)).await;
+    for (round, after_ms) in [50u64, 250, 450, 700, 950, 1250, 1550, 1900]
+        .into_iter()
+        .enumerate()
+    {
+        let state_id = id(&format!("dropped-at-{round}"));
+        proxy.set_delay(Duration::from_millis(300));
+        let waiter = {
+            let locks = locks.clone();
+            let state_id = state_id.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                locks
+                    .acquire(
+                        &state_id,
+                        "waiter",
+                        Duration::from_secs(30),
+                        Duration::from_secs(60),
+                    )
+                    .await
+            })
+        };
+        abandon(
+            &locks,
+            &state_id,
+            Duration::from_secs(60),
+            Duration::from_millis(after_ms),
+        )
+        .await;
+        proxy.set_delay(Duration::ZERO);
+        let lease = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter is served"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        locks.release(&state_id, lease.lease_id).await.unwrap();
+        fresh_acquire_succeeds(&locks, &state_id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
+    let app = spawn_app_with(|_| {}).await;
+    let (held, _) = app.lease("hung-up", "holder", 60, 0.0).await;
+
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let body = r#"{"owner": "gone", "ttl_seconds": 60, "wait_seconds": 120}"#;
+    let request = format!(
+        "POST /v1/locks/hung-up HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(socket);
+
+    let next = {
+        let api = app.api.clone();
+        tokio::spawn(async move { api.lease("hung-up", "next", 60, 60.0).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        app.release("hung-up", &held).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let (lease, _) = tokio::time::timeout(Duration::from_secs(30), next)
+        .await
+        .expect("the next waiter gets the lease once the holder releases")
+        .unwrap();
+    let shown = app.get("/v1/locks/hung-up").await;
+    assert_eq!(shown.json()["owner"], "next");
+    assert_eq!(
+        app.release("hung-up", &lease).await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
+/// 100 first acquires at once, each on its own id, through a ClickHouse that
+/// takes 100 ms and more per round trip (the local one also queues them):
+/// claims are won seconds after their candidates were written, a good part of
+/// the claim TTL. Every lease must still live its TTL: renewed after 2 s and
+/// released, both accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
+    let proxy = Proxy::to_clickhouse().await;
+    let app = spawn_app_with(|config| {
+        proxy.route(config);
+        // Slow is the point here, not unavailable.
+        config.query_timeout = Duration::from_secs(30);
+    })
+    .await;
+    proxy.set_delay(Duration::from_millis(100));
+    let workers: Vec<_> = (0..100)
+        .map(|n| {
+            let api = app.api.clone();
+            tokio::spawn(async move {
+                let id = format!("late-{n}");
+                let (lease, _) = api.lease(&id, "worker", 30, 120.0).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let renewed = api
+                    .request(
+                        reqwest::Method::PUT,
+                        &format!("/v1/locks/{id}/{lease}"),
+                        Some(r#"{"ttl_seconds": 30}"#),
+                        &[],
+                    )
+                    .await;
+                assert_eq!(
+                    renewed.status,
+                    StatusCode::OK,
+                    "{id} renew: {}",
+                    renewed.text
+                );
+                let released = api.release(&id, &lease).await;
+                assert_eq!(
+                    released.status,
+                    StatusCode::NO_CONTENT,
+                    "{id} release: {}",
+                    released.text
+                );
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+}

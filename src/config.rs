@@ -133,6 +133,14 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_CLAIM_IDLE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub claim_idle: Duration,
 
+    /// How peer gateways reach this one, e.g. http://10.0.0.5:8080: stored
+    /// with its claims, so any gateway can forward a state_id's lock
+    /// operations to the one holding its claim. Without it this gateway
+    /// cannot be forwarded to, and locks through several gateways behind a
+    /// load balancer are slow.
+    #[arg(long, env = "STATEHOUSE_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+
     /// File of bearer tokens, one `<role> <token>` per line (role: read, write
     /// or admin; `<role> sha256:<hex>` keeps the token itself off disk).
     #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
@@ -231,6 +239,9 @@ pub struct LockSettings {
     pub claim_ttl: Duration,
     /// A claim with no lease and no waiter for this long is released.
     pub claim_idle: Duration,
+    /// How peer gateways reach this one (`http://host:port`), stored with
+    /// its claims so they can forward to it.
+    pub advertise_url: Option<String>,
 }
 
 /// Everything `serve` needs, validated.
@@ -259,6 +270,8 @@ pub enum ConfigError {
     MissingUrl,
     #[error("invalid ClickHouse URL: {0}")]
     InvalidUrl(String),
+    #[error("invalid --advertise-url / STATEHOUSE_ADVERTISE_URL {0}")]
+    AdvertiseUrl(String),
     #[error(
         "invalid {what} {value:?}: use letters, digits and underscores, starting with a letter or underscore"
     )]
@@ -346,6 +359,11 @@ impl TryFrom<ServeArgs> for Config {
                 settle: args.claim_settle,
                 claim_ttl: args.claim_ttl,
                 claim_idle: args.claim_idle,
+                advertise_url: args
+                    .advertise_url
+                    .as_deref()
+                    .map(parse_advertise_url)
+                    .transpose()?,
             },
             tokens,
             protect_metrics: args.protect_metrics,
@@ -383,6 +401,25 @@ fn read_ca_file(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, 
         return Err(fail("no PEM certificate in it".into()));
     }
     Ok(certs)
+}
+
+/// An `http://host:port` base URL peers can reach; no path, query or credentials.
+fn parse_advertise_url(raw: &str) -> Result<String, ConfigError> {
+    let bad = |why: &str| ConfigError::AdvertiseUrl(format!("{raw:?}: {why}"));
+    let url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
+    if url.scheme() != "http" {
+        return Err(bad("peers speak plain HTTP to each other: use http://"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("it needs a host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("it must not carry credentials"));
+    }
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("it must be a base URL, without a path or query"));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_owned())
 }
 
 fn default_port(secure: bool) -> u16 {

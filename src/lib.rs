@@ -135,12 +135,11 @@ impl App {
             }
         };
         maintenance.abort();
-        // Hand the claims back so other gateways need not wait for them to lapse;
-        // leases stay recorded and the next claim holder adopts them.
-        let withdrawn =
-            tokio::time::timeout(self.shutdown_timeout, locks.withdraw_all_claims()).await;
-        if withdrawn.is_err() {
-            tracing::warn!("claims not all withdrawn at shutdown; the rest lapse by themselves");
+        // Hand the claims back so other gateways need not wait for them to
+        // lapse; the next claim holder adopts the leases.
+        let handed_back = tokio::time::timeout(self.shutdown_timeout, locks.hand_back()).await;
+        if handed_back.is_err() {
+            tracing::warn!("claims not all handed back at shutdown; the rest lapse by themselves");
         }
         result
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::locks::LockView;
 use crate::domain::{DocumentError, StateIdError};
-use crate::locks::LockError;
+use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
 
@@ -41,6 +41,8 @@ pub enum ApiError {
     LockNotFound(String),
     #[error(transparent)]
     Lock(LockError),
+    #[error("the gateway holding this state_id's claim cannot be reached: {0}")]
+    AuthorityUnreachable(ForwardError),
 }
 
 /// The problem types; their slugs are part of the API and never change.
@@ -64,6 +66,8 @@ pub enum ProblemType {
     LeaseNotCurrent,
     LeaseHeldElsewhere,
     StateLocked,
+    Misdirected,
+    AuthorityUnreachable,
     Unauthorized,
     Forbidden,
     Internal,
@@ -91,6 +95,8 @@ impl ProblemType {
             Self::LeaseNotCurrent => "lease-not-current",
             Self::LeaseHeldElsewhere => "lease-held-elsewhere",
             Self::StateLocked => "state-locked",
+            Self::Misdirected => "misdirected",
+            Self::AuthorityUnreachable => "authority-unreachable",
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::Internal => "internal",
@@ -118,6 +124,8 @@ impl ProblemType {
             Self::LeaseNotCurrent => "Lease is not current",
             Self::LeaseHeldElsewhere => "Lease is held through another gateway",
             Self::StateLocked => "State is locked",
+            Self::Misdirected => "Another gateway is the authority",
+            Self::AuthorityUnreachable => "Authority unreachable",
             Self::Unauthorized => "Unauthorized",
             Self::Forbidden => "Forbidden",
             Self::Internal => "Internal error",
@@ -211,9 +219,16 @@ impl ApiError {
             Self::Lock(LockError::Locked { .. }) => {
                 (StatusCode::CONFLICT, ProblemType::StateLocked)
             }
+            Self::Lock(LockError::Elsewhere(_)) => {
+                (StatusCode::MISDIRECTED_REQUEST, ProblemType::Misdirected)
+            }
             Self::Lock(LockError::Store(_)) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 ProblemType::ClickHouseUnavailable,
+            ),
+            Self::AuthorityUnreachable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                ProblemType::AuthorityUnreachable,
             ),
         }
     }
@@ -234,9 +249,18 @@ impl IntoResponse for ApiError {
             }
             _ => None,
         };
-        problem_with_holder(status, kind, &self.to_string(), holder)
+        let mut response = problem_with_holder(status, kind, &self.to_string(), holder);
+        if let Self::Lock(LockError::Elsewhere(peer)) = self {
+            // For the forwarding layer, which sends the request on to `peer`.
+            response.extensions_mut().insert(Misrouted(peer));
+        }
+        response
     }
 }
+
+/// Marks a response whose request belongs to another gateway.
+#[derive(Clone, Debug)]
+pub struct Misrouted(pub Peer);
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {

@@ -54,11 +54,16 @@ impl FromRequest<AppContext> for StateBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, ctx: &AppContext) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(request, ctx)
-            .await
-            .map_err(|rejection| body_rejection(rejection, ctx.body_limit))?;
+        let bytes = read_body(request, ctx).await?;
         Ok(Self(StateDocument::from_request(&bytes)?))
     }
+}
+
+/// The whole request body, within the body limit: every body is read here.
+pub async fn read_body(request: Request, ctx: &AppContext) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, ctx)
+        .await
+        .map_err(|rejection| body_rejection(rejection, ctx.body_limit))
 }
 
 fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
@@ -129,9 +134,7 @@ impl<T: DeserializeOwned + Default> FromRequest<AppContext> for OptionalJson<T> 
     type Rejection = ApiError;
 
     async fn from_request(request: Request, ctx: &AppContext) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(request, ctx)
-            .await
-            .map_err(|rejection| body_rejection(rejection, ctx.body_limit))?;
+        let bytes = read_body(request, ctx).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }

@@ -3,6 +3,7 @@
 mod auth;
 mod error;
 mod extract;
+mod forward;
 mod health;
 mod locks;
 mod states;
@@ -30,13 +31,14 @@ use crate::auth::Role;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// One operation per entry: `op!(METHOD path => handler, access)`.
+/// One operation per entry: `op!(METHOD path => handler, access, served)`.
 macro_rules! op {
-    ($method:ident $path:literal => $handler:expr, $access:expr) => {
+    ($method:ident $path:literal => $handler:expr, $access:expr, $served:expr) => {
         Operation {
             path: $path,
             method: Method::$method,
             access: $access,
+            served: $served,
             handler: on(MethodFilter::$method, $handler),
         }
     };
@@ -46,7 +48,18 @@ struct Operation {
     path: &'static str,
     method: Method,
     access: Access,
+    served: Served,
     handler: MethodRouter<AppContext>,
+}
+
+/// Which gateway serves an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    /// Whichever gateway the request reached.
+    Anywhere,
+    /// The authority for the path's state_id: lock operations and the
+    /// writes that lock rules apply to.
+    ByAuthority,
 }
 
 /// Every operation of the API with who may call it. The router is built from
@@ -54,22 +67,23 @@ struct Operation {
 fn operations() -> Vec<Operation> {
     use Access::{Metrics, Needs, Open};
     use Role::{Admin, Read, Write};
+    use Served::{Anywhere, ByAuthority};
     vec![
-        op!(GET "/v1/states" => states::list, Needs(Read)),
-        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin)),
-        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read)),
-        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write)),
-        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write)),
-        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write)),
-        op!(GET "/v1/locks" => locks::list, Needs(Read)),
-        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write)),
-        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read)),
-        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin)),
-        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write)),
-        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write)),
-        op!(GET "/healthz" => health::healthz, Open),
-        op!(GET "/readyz" => health::readyz, Open),
-        op!(GET "/metrics" => health::metrics, Metrics),
+        op!(GET "/v1/states" => states::list, Needs(Read), Anywhere),
+        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Anywhere),
+        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Anywhere),
+        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), ByAuthority),
+        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), ByAuthority),
+        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), ByAuthority),
+        op!(GET "/v1/locks" => locks::list, Needs(Read), Anywhere),
+        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), ByAuthority),
+        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), ByAuthority),
+        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), ByAuthority),
+        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), ByAuthority),
+        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), ByAuthority),
+        op!(GET "/healthz" => health::healthz, Open, Anywhere),
+        op!(GET "/readyz" => health::readyz, Open, Anywhere),
+        op!(GET "/metrics" => health::metrics, Metrics, Anywhere),
     ]
 }
 
@@ -84,8 +98,16 @@ pub fn operation_list() -> Vec<(&'static str, Method)> {
 pub fn router(ctx: AppContext) -> Router {
     let body_limit = ctx.body_limit;
     let api = operations().into_iter().fold(Router::new(), |router, op| {
+        let mut handler = op.handler;
+        if op.served == Served::ByAuthority {
+            handler = handler.route_layer(middleware::from_fn_with_state(
+                ctx.clone(),
+                forward::to_authority,
+            ));
+        }
+        // Outermost: a request is authorized before it is forwarded.
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
-        router.route(op.path, op.handler.route_layer(guard))
+        router.route(op.path, handler.route_layer(guard))
     });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.

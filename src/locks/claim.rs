@@ -7,10 +7,15 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::LockManager;
-use super::slot::{HeldClaim, LocalLease};
-use crate::domain::StateId;
+use super::forward::Peer;
+use super::slot::{HeldClaim, LocalLease, TokenBlock};
+use crate::domain::{Lease, StateId};
 use crate::metrics::LockEvent;
-use crate::store::{Candidate, StoreError, now_ms};
+use crate::store::{Candidate, LeaseState, StoreError, now_ms};
+
+/// Fencing tokens reserved per ClickHouse write: a claim holder hands out
+/// this many before it writes again.
+const TOKENS_PER_BLOCK: u64 = 1024;
 
 /// How often a candidate waiting in line looks whether its turn has come.
 const CLAIM_POLL: Duration = Duration::from_millis(100);
@@ -18,13 +23,15 @@ const CLAIM_POLL: Duration = Duration::from_millis(100);
 /// What one claim attempt came to.
 pub(super) enum ClaimOutcome {
     Won(Box<WonClaim>),
+    /// A gateway peers can reach holds the claim: the request belongs there.
+    Elsewhere(Peer),
     Lost,
 }
 
 pub(super) struct WonClaim {
     pub claim: HeldClaim,
-    pub next_token: u64,
-    /// A lease granted through a gateway that held the claim before, still running.
+    pub tokens: TokenBlock,
+    /// A lease handed on by a gateway that shut down, still running.
     pub adopted: Option<LocalLease>,
 }
 
@@ -55,10 +62,12 @@ impl Drop for Proposed<'_> {
 }
 
 impl LockManager {
-    /// Claims `id`: proposes a candidate, lets it settle, then keeps it in
-    /// line (renewed) until it is the earliest live candidate or `deadline`
-    /// passes. Staying in line is what makes gateways take turns: the holder
-    /// sees the waiting candidate and hands over, and the waiter wins by its
+    /// Claims `id`: proposes a candidate, lets it settle, and wins if it is
+    /// the earliest live candidate. When a gateway with an advertised URL is
+    /// earlier, the attempt withdraws and the request is forwarded there.
+    /// When the earlier one cannot be forwarded to, the candidate stays in
+    /// line (renewed) until it is the earliest or `deadline` passes: the
+    /// holder sees it waiting and hands over, and the waiter wins by its
     /// place, not by a race against fresh candidates.
     pub(super) async fn try_claim(
         &self,
@@ -76,12 +85,20 @@ impl LockManager {
                 claim_id: Uuid::new_v4(),
                 gateway_id,
                 created_ms: 0,
+                advertise_url: String::new(),
+                expires_ms: 0,
             },
             settled: false,
         };
         let mut written_at = Instant::now();
         self.leases
-            .propose_claim(id, proposed.candidate.claim_id, gateway_id, claim_ttl)
+            .propose_claim(
+                id,
+                proposed.candidate.claim_id,
+                gateway_id,
+                self.settings.advertise_url.as_deref().unwrap_or(""),
+                claim_ttl,
+            )
             .await?;
         tokio::time::sleep(self.settings.settle).await;
         loop {
@@ -97,6 +114,13 @@ impl LockManager {
                 return Ok(ClaimOutcome::Lost);
             };
             proposed.candidate = mine;
+            if let Some(first) = candidates
+                .first()
+                .filter(|c| c.gateway_id != gateway_id && !c.advertise_url.is_empty())
+            {
+                // Dropping `proposed` withdraws our candidate.
+                return Ok(ClaimOutcome::Elsewhere(Peer::of(first)));
+            }
             let others_waiting = candidates.len() > 1;
             if candidates.first().map(|c| c.claim_id) == Some(proposed.candidate.claim_id) {
                 let mut won = self
@@ -134,8 +158,8 @@ impl LockManager {
         }
     }
 
-    /// Takes over a claim just won: the next fencing token, and any lease
-    /// still running from a gateway that held the claim before.
+    /// Takes over a claim just won: a block of fencing tokens above every
+    /// token before, and a lease handed on by a gateway that shut down.
     async fn won(
         &self,
         id: &StateId,
@@ -143,28 +167,46 @@ impl LockManager {
         written_at: Instant,
         others_waiting: bool,
     ) -> Result<WonClaim, StoreError> {
+        let tokens = self.reserve_tokens(id, 0).await?;
         let latest = self.leases.latest_lease(id).await?;
         self.metrics.lock_event(LockEvent::ClaimWin);
-        let next_token = latest.as_ref().map_or(1, |s| s.lease.fencing_token + 1);
-        // A lease granted through a gateway that went away is still the
-        // current one until it ends: adopt it rather than break it.
-        let adopted = latest.filter(|s| s.live).map(|stored| {
-            let remaining = u64::try_from(stored.lease.expires_ms - now_ms()).unwrap_or(0);
-            LocalLease {
-                version: stored.version,
-                deadline: Instant::now() + Duration::from_millis(remaining),
-                lease: stored.lease,
-            }
-        });
+        let adopted = latest
+            .filter(|s| s.live && s.record.state == LeaseState::HandedOver)
+            .map(|stored| {
+                let record = stored.record;
+                let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
+                LocalLease {
+                    deadline: Instant::now() + Duration::from_millis(remaining),
+                    version: record.version.renewed(),
+                    lease: Lease {
+                        gateway_id: self.settings.gateway_id,
+                        ..record.lease
+                    },
+                }
+            });
         Ok(WonClaim {
             claim: HeldClaim {
                 candidate,
                 valid_until: written_at + self.claim_margin(),
                 handover: others_waiting,
             },
-            next_token,
+            tokens,
             adopted,
         })
+    }
+
+    /// Reserves the next block of fencing tokens for `id`, above every token
+    /// reserved or recorded so far (and at least `first`); the reservation is
+    /// written before any of them is handed out.
+    pub(super) async fn reserve_tokens(
+        &self,
+        id: &StateId,
+        first: u64,
+    ) -> Result<TokenBlock, StoreError> {
+        let next = (self.leases.last_token(id).await? + 1).max(first);
+        let last = next + TOKENS_PER_BLOCK - 1;
+        self.leases.reserve_tokens(id, last).await?;
+        Ok(TokenBlock { next, last })
     }
 
     /// How long a claim written at some instant is surely still live: its TTL

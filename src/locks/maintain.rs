@@ -1,7 +1,8 @@
-//! The background side of claims: renewing them, handing them over, letting
-//! idle ones go, and noticing leases force-unlocked through another gateway.
-//! Each tick takes a few batched ClickHouse round trips for all slots, and no
-//! slot's lock is held across any of them.
+//! The background side of locks: recording lease rows, renewing claims,
+//! handing them over, letting idle ones go, noticing leases force-unlocked
+//! through a gateway that could not forward to this one, and handing
+//! everything back at shutdown. Each tick takes a few batched ClickHouse
+//! round trips for all slots, and no slot's lock is held across any of them.
 
 use std::time::{Duration, Instant};
 
@@ -9,16 +10,20 @@ use uuid::Uuid;
 
 use super::LockManager;
 use crate::domain::{Lease, StateId};
+use crate::store::{LeaseRecord, LeaseState};
 
 impl LockManager {
     /// Runs until dropped.
     pub async fn maintain(self: std::sync::Arc<Self>) {
-        let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            self.maintain_once().await;
-        }
+        let claims = async {
+            let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                self.maintain_once().await;
+            }
+        };
+        tokio::join!(claims, self.recorder.run());
     }
 
     async fn maintain_once(&self) {
@@ -141,13 +146,30 @@ impl LockManager {
         slots.retain(|_, slot| std::sync::Arc::strong_count(slot) > 1 || !slot.lock().is_idle());
     }
 
-    /// Withdraws every claim this gateway holds (at shutdown).
-    pub async fn withdraw_all_claims(&self) {
+    /// Hands everything back at shutdown: each current lease is recorded as
+    /// handed over (the next authority adopts it), every pending row is
+    /// written, and only then are the claims withdrawn, so that no other
+    /// gateway waits for them to lapse. The caller bounds how long this takes.
+    pub async fn hand_back(&self) {
         let mut claims = Vec::new();
         for (_, slot) in self.snapshot() {
-            if let Some(claim) = slot.lock().claim.take() {
+            let mut st = slot.lock();
+            if let Some(claim) = st.claim.take() {
                 claims.push(claim.candidate.claim_id);
+                if let Some(local) = st.lease.take() {
+                    self.recorder.record(LeaseRecord {
+                        lease: local.lease,
+                        version: local.version.renewed(),
+                        state: LeaseState::HandedOver,
+                    });
+                }
             }
+        }
+        let mut pause = Duration::from_millis(100);
+        while let Err(err) = self.recorder.flush().await {
+            tracing::warn!(error = %err, retry_in = ?pause, "could not record leases before handing them back");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
         if claims.is_empty() {
             return;

@@ -3,13 +3,14 @@
 //! 1. The gateway claim, in ClickHouse ([`claim`]): before this gateway
 //!    grants the first lease on a state_id it proposes a candidate row, waits
 //!    the settle time, and holds the claim only if its candidate is the
-//!    earliest live one. Held claims are renewed in the background
-//!    ([`maintain`]), handed over when another gateway waits for them, and
-//!    dropped when idle; a crashed gateway's claims lapse.
-//! 2. Worker leases, in memory ([`slot`]): while the claim is held, leases are
-//!    granted first come, first served without touching the settle time. Each
-//!    grant is recorded before it is answered (it carries the fencing token,
-//!    and feeds `GET /v1/locks` on every gateway).
+//!    earliest live one. The claim holder is the id's authority: other
+//!    gateways forward the id's lock operations and lock-checked writes to it
+//!    ([`forward`]). Held claims are renewed in the background
+//!    ([`maintain`]), dropped when idle, and handed back at shutdown; a
+//!    crashed gateway's claims lapse.
+//! 2. Worker leases, in memory ([`slot`]): the authority grants, renews and
+//!    releases leases first come, first served with no ClickHouse round trip;
+//!    their rows, for other gateways' views, are written behind ([`record`]).
 //!
 //! Invariants, for checking the code against:
 //! - One authority per state_id: a gateway grants, renews and releases leases
@@ -19,17 +20,22 @@
 //!   withdrawn.
 //! - No lease dead on arrival: a grant needs at least half the claim TTL of
 //!   validity left; a claim with less is renewed first.
-//! - Fencing tokens strictly increase per state_id: a new claim holder starts
-//!   above the last recorded token, and every token is recorded (with its
-//!   lease) before it is handed out; a token whose recording failed is burnt.
-//! - A lapse drops the claim and the lease under it at once; a later claim
-//!   holder adopts a lease still live in ClickHouse.
+//! - Fencing tokens strictly increase per state_id: a new authority reserves
+//!   a block of tokens above every token reserved or recorded before, and the
+//!   reservation is written before any token from it is handed out.
+//! - A lease lives as long as its authority's claim: a lapse (a crash, or
+//!   ClickHouse out of reach for most of the claim TTL) ends it, and the next
+//!   authority does not adopt it. A gateway that shuts down hands its leases
+//!   on (their rows marked handed over, written before its claims are
+//!   withdrawn) and the next authority adopts them.
 //! - An acquire abandoned at any await point (its client hung up) leaves the
-//!   line, clears its claim attempt, withdraws its candidate and records the
-//!   release of a grant it never answered: guards in [`slot`] and [`claim`].
+//!   line, clears its claim attempt and withdraws its candidate: guards in
+//!   [`slot`] and [`claim`].
 
 mod claim;
+mod forward;
 mod maintain;
+mod record;
 mod slot;
 
 use std::collections::HashMap;
@@ -39,12 +45,15 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use self::claim::ClaimOutcome;
+use self::forward::{Authorities, PeerClient};
+pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route};
+use self::record::Recorder;
 use self::slot::{ClaimAttempt, InLine, Slot, SlotState, millis};
 pub use crate::config::LockSettings;
 pub use crate::domain::Lease;
 use crate::domain::StateId;
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{LeaseStore, LeaseVersion, StoreError, now_ms};
+use crate::store::{LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -64,6 +73,9 @@ pub enum LockError {
         state_id: StateId,
         holder: Box<Lease>,
     },
+    /// Another gateway won the claim: the request belongs there.
+    #[error("gateway {} is the authority for this state_id", .0.gateway_id)]
+    Elsewhere(Peer),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -76,18 +88,21 @@ pub struct LockManager {
     /// One slot per state_id this gateway has business with; the map's lock
     /// is held only to find or drop a slot, never across an `.await`.
     slots: Mutex<HashMap<StateId, Arc<Slot>>>,
+    /// Lease rows on their way to ClickHouse.
+    recorder: Recorder,
+    /// Who the authority for an id is, as looked up lately.
+    authorities: Authorities,
+    peers: PeerClient,
 }
 
 /// What a waiter does next, decided under the slot's lock and done outside it.
 enum Step {
-    /// Record this grant, then answer it.
-    Grant {
-        lease: Lease,
-        version: LeaseVersion,
-        claim_id: Uuid,
-    },
+    /// Granted: the lease is installed and its row is on its way.
+    Granted(Lease),
     /// The claim has too little validity left to grant under: renew it first.
     RenewClaim(Uuid),
+    /// The token block is spent: reserve the next one.
+    ReserveTokens { claim_id: Uuid, first: u64 },
     /// Run a claim attempt.
     Claim,
     /// Give up: the wait ran out.
@@ -96,36 +111,16 @@ enum Step {
     Wait(Instant),
 }
 
-/// A grant whose row may be landing in ClickHouse; if its acquire is dropped
-/// before the lease is answered, its release is recorded so that no view
-/// shows a lease nobody holds.
-struct UnansweredGrant<'a> {
-    manager: &'a LockManager,
-    lease: Option<(Lease, LeaseVersion)>,
-}
-
-impl UnansweredGrant<'_> {
-    fn answered(mut self) -> Lease {
-        let (lease, _) = self.lease.take().expect("answered once");
-        lease
-    }
-}
-
-impl Drop for UnansweredGrant<'_> {
-    fn drop(&mut self) {
-        if let Some((lease, version)) = self.lease.take() {
-            self.manager.record_release(lease, version);
-        }
-    }
-}
-
 impl LockManager {
     pub fn new(settings: LockSettings, leases: LeaseStore, metrics: Arc<Metrics>) -> Self {
         Self {
             settings,
+            recorder: Recorder::new(leases.clone()),
             leases,
             metrics,
             slots: Mutex::new(HashMap::new()),
+            authorities: Authorities::default(),
+            peers: PeerClient::default(),
         }
     }
 
@@ -150,6 +145,14 @@ impl LockManager {
             .iter()
             .map(|(id, slot)| (id.clone(), slot.clone()))
             .collect()
+    }
+
+    fn holds_claim(&self, id: &StateId) -> bool {
+        self.existing_slot(id).is_some_and(|slot| {
+            let mut st = slot.lock();
+            st.expire(id, Instant::now(), &self.metrics);
+            st.claim.is_some()
+        })
     }
 
     /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
@@ -209,18 +212,7 @@ impl LockManager {
                 step
             };
             match step {
-                Step::Grant {
-                    lease,
-                    version,
-                    claim_id,
-                } => {
-                    if let Some(lease) = self
-                        .record_grant(slot, lease, version, claim_id, ttl)
-                        .await?
-                    {
-                        return Ok(lease);
-                    }
-                }
+                Step::Granted(lease) => return Ok(lease),
                 Step::RenewClaim(claim_id) => {
                     let started = Instant::now();
                     self.leases
@@ -230,14 +222,18 @@ impl LockManager {
                             self.settings.claim_ttl,
                         )
                         .await?;
-                    let mut st = slot.lock();
-                    if let Some(claim) = st
+                    if let Some(claim) = slot
+                        .lock()
                         .claim
                         .as_mut()
                         .filter(|c| c.candidate.claim_id == claim_id)
                     {
                         claim.valid_until = started + self.claim_margin();
                     }
+                }
+                Step::ReserveTokens { claim_id, first } => {
+                    let block = self.reserve_tokens(id, first).await?;
+                    slot.lock().add_tokens(claim_id, block);
                 }
                 Step::Claim => {
                     let outcome = self.try_claim(id, deadline).await;
@@ -246,43 +242,32 @@ impl LockManager {
                     attempted_claim = true;
                     match outcome? {
                         ClaimOutcome::Won(won) => {
-                            let grant = {
-                                let mut st = slot.lock();
-                                st.claim = Some(won.claim);
-                                st.next_token = st.next_token.max(won.next_token);
-                                st.lease = won.adopted;
-                                slot.changed.notify_waiters();
-                                // The winner gets a lease before any hand-over,
-                                // unless a lease from before is still running.
-                                st.lease.is_none().then(|| {
-                                    let claim_id = st
-                                        .claim
-                                        .as_ref()
-                                        .map(|c| c.candidate.claim_id)
-                                        .expect("just installed");
-                                    let (lease, version) = st.next_grant(
-                                        id,
-                                        owner,
-                                        ttl,
-                                        self.settings.gateway_id,
-                                        now_ms(),
-                                    );
-                                    (lease, version, claim_id)
-                                })
-                            };
-                            if let Some((lease, version, claim_id)) = grant
-                                && let Some(lease) = self
-                                    .record_grant(slot, lease, version, claim_id, ttl)
-                                    .await?
+                            let mut st = slot.lock();
+                            st.claim = Some(won.claim);
+                            st.tokens = won.tokens;
+                            if let Some(adopted) = won.adopted {
+                                self.recorder.record(LeaseRecord {
+                                    lease: adopted.lease.clone(),
+                                    version: adopted.version,
+                                    state: LeaseState::Held,
+                                });
+                                st.lease = Some(adopted);
+                            }
+                            slot.changed.notify_waiters();
+                            // The winner gets a lease before any hand-over,
+                            // unless a lease from before is still running.
+                            if st.lease.is_none()
+                                && let Some(lease) = self.grant(id, &mut st, owner, ttl)
                             {
                                 return Ok(lease);
                             }
                         }
+                        ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
                         ClaimOutcome::Lost if Instant::now() >= deadline => {
                             let holder = self.leases.latest_lease(id).await?;
                             return Err(LockError::Held {
                                 state_id: id.clone(),
-                                holder: holder.filter(|s| s.live).map(|s| Box::new(s.lease)),
+                                holder: holder.filter(|s| s.live).map(|s| Box::new(s.record.lease)),
                             });
                         }
                         // Our candidate lapsed in line: stand in line again.
@@ -338,12 +323,12 @@ impl LockManager {
                 }
                 Some(claim) => {
                     let claim_id = claim.candidate.claim_id;
-                    let (lease, version) =
-                        st.next_grant(id, owner, ttl, self.settings.gateway_id, now_ms());
-                    return Step::Grant {
-                        lease,
-                        version,
-                        claim_id,
+                    return match self.grant(id, st, owner, ttl) {
+                        Some(lease) => Step::Granted(lease),
+                        None => Step::ReserveTokens {
+                            claim_id,
+                            first: st.tokens.next,
+                        },
                     };
                 }
                 None if attempted_claim && now >= deadline => {}
@@ -360,25 +345,22 @@ impl LockManager {
         )
     }
 
-    /// Records a grant, then installs it if its claim still stands; answers
-    /// None when the claim went meanwhile (the waiter goes on waiting).
-    async fn record_grant(
-        &self,
-        slot: &Slot,
-        lease: Lease,
-        version: LeaseVersion,
-        claim_id: Uuid,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, LockError> {
-        let pending = UnansweredGrant {
-            manager: self,
-            lease: Some((lease.clone(), version)),
-        };
-        self.leases.write_lease(&lease, version, false).await?;
-        let installed = slot
-            .lock()
-            .install(&lease, version, claim_id, ttl, Instant::now());
-        Ok(installed.then(|| pending.answered()))
+    /// Grants under the held claim, in memory; None when the token block is spent.
+    fn grant(&self, id: &StateId, st: &mut SlotState, owner: &str, ttl: Duration) -> Option<Lease> {
+        let (lease, version) = st.grant(
+            id,
+            owner,
+            ttl,
+            self.settings.gateway_id,
+            now_ms(),
+            Instant::now(),
+        )?;
+        self.recorder.record(LeaseRecord {
+            lease: lease.clone(),
+            version,
+            state: LeaseState::Held,
+        });
+        Some(lease)
     }
 
     /// Extends the current lease by `ttl` from now.
@@ -389,31 +371,23 @@ impl LockManager {
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         if let Some(slot) = self.existing_slot(id) {
-            let current = {
-                let mut st = slot.lock();
-                st.expire(id, Instant::now(), &self.metrics);
-                st.lease
-                    .as_ref()
-                    .filter(|l| l.lease.lease_id == lease_id)
-                    .map(|l| (l.lease.clone(), l.version))
-            };
-            if let Some((mut renewed, version)) = current {
-                renewed.expires_ms = now_ms().saturating_add(millis(ttl));
-                let version = version.renewed();
-                self.leases.write_lease(&renewed, version, false).await?;
-                let mut st = slot.lock();
-                if let Some(local) = st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id) {
-                    local.lease = renewed.clone();
-                    local.version = version;
-                    local.deadline = Instant::now() + ttl;
-                    st.last_used = Some(Instant::now());
-                    self.metrics.lock_event(LockEvent::Renewal);
-                    return Ok(renewed);
-                }
-                // Released or expired while the renewal was being recorded.
-                drop(st);
-                self.record_release(renewed, version);
-                return Err(LockError::NotCurrent(lease_id));
+            let mut st = slot.lock();
+            st.expire(id, Instant::now(), &self.metrics);
+            if st.claim.is_some()
+                && let Some(local) = st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id)
+            {
+                local.lease.expires_ms = now_ms().saturating_add(millis(ttl));
+                local.version = local.version.renewed();
+                local.deadline = Instant::now() + ttl;
+                let renewed = local.lease.clone();
+                self.recorder.record(LeaseRecord {
+                    lease: renewed.clone(),
+                    version: local.version,
+                    state: LeaseState::Held,
+                });
+                st.last_used = Some(Instant::now());
+                self.metrics.lock_event(LockEvent::Renewal);
+                return Ok(renewed);
             }
         }
         Err(self.not_here(id, lease_id).await)
@@ -425,10 +399,11 @@ impl LockManager {
             let released = {
                 let mut st = slot.lock();
                 st.expire(id, Instant::now(), &self.metrics);
-                if st
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.lease.lease_id == lease_id)
+                if st.claim.is_some()
+                    && st
+                        .lease
+                        .as_ref()
+                        .is_some_and(|l| l.lease.lease_id == lease_id)
                 {
                     let local = st.lease.take().expect("checked above");
                     st.last_used = Some(Instant::now());
@@ -443,7 +418,7 @@ impl LockManager {
             if let Some((local, claim)) = released {
                 slot.changed.notify_waiters();
                 self.metrics.lock_event(LockEvent::Release);
-                self.record_release(local.lease, local.version);
+                self.record_released(local.lease, local.version);
                 if let Some(claim) = claim {
                     self.withdraw_in_background(id.clone(), claim.candidate);
                 }
@@ -453,17 +428,25 @@ impl LockManager {
         Err(self.not_here(id, lease_id).await)
     }
 
+    fn record_released(&self, lease: Lease, version: LeaseVersion) {
+        self.recorder.record(LeaseRecord {
+            lease,
+            version: version.released(),
+            state: LeaseState::Released,
+        });
+    }
+
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
         match self.leases.latest_lease(id).await {
             Ok(Some(stored))
                 if stored.live
-                    && stored.lease.lease_id == lease_id
-                    && stored.lease.gateway_id != self.settings.gateway_id =>
+                    && stored.record.lease.lease_id == lease_id
+                    && stored.record.lease.gateway_id != self.settings.gateway_id =>
             {
                 LockError::HeldElsewhere {
                     lease_id,
-                    gateway_id: stored.lease.gateway_id,
+                    gateway_id: stored.record.lease.gateway_id,
                 }
             }
             Ok(_) => LockError::NotCurrent(lease_id),
@@ -471,63 +454,40 @@ impl LockManager {
         }
     }
 
-    /// Recording a release is not needed for safety (the row's version orders
-    /// it before any later grant), so the caller does not wait for it. It is
-    /// retried through a ClickHouse outage, so that `GET /v1/locks` stops
-    /// showing the lease once ClickHouse is back; after the lease's own expiry
-    /// the row shows nothing anyway.
-    fn record_release(&self, lease: Lease, version: LeaseVersion) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let leases = self.leases.clone();
-        runtime.spawn(async move {
-            let mut pause = Duration::from_millis(200);
-            let version = version.released();
-            while let Err(err) = leases.write_lease(&lease, version, true).await {
-                if now_ms() >= lease.expires_ms {
-                    return;
-                }
-                tracing::warn!(state_id = %lease.state_id, error = %err, retry_in = ?pause, "could not record a lease release yet");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-        });
-    }
-
-    /// Ends whatever lease `id` has, through any gateway. Answers whether there was one.
+    /// Ends whatever lease `id` has. Answers whether there was one.
     pub async fn force_unlock(&self, id: &StateId) -> Result<bool, LockError> {
         if let Some(slot) = self.existing_slot(id) {
-            let current = {
+            let ended = {
                 let mut st = slot.lock();
                 st.expire(id, Instant::now(), &self.metrics);
-                st.lease.as_ref().map(|l| (l.lease.clone(), l.version))
-            };
-            if let Some((lease, version)) = current {
-                // Recorded first: a force-unlock that fails leaves the lease as it was.
-                self.leases
-                    .write_lease(&lease, version.released(), true)
-                    .await?;
-                let mut st = slot.lock();
-                if st
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.lease.lease_id == lease.lease_id)
-                {
-                    st.lease = None;
+                if st.claim.is_some() {
+                    Some(st.lease.take())
+                } else {
+                    None
                 }
-                drop(st);
-                slot.changed.notify_waiters();
-                self.metrics.lock_event(LockEvent::ForcedRelease);
-                return Ok(true);
+            };
+            if let Some(ended) = ended {
+                let had_lease = ended.is_some();
+                if let Some(local) = ended {
+                    slot.changed.notify_waiters();
+                    self.metrics.lock_event(LockEvent::ForcedRelease);
+                    self.record_released(local.lease, local.version);
+                }
+                return Ok(had_lease);
             }
         }
-        // Held through another gateway: mark it released; that gateway sees it
-        // at its next maintenance tick and stops honouring the lease.
+        // No claim here: a lease handed on at a shutdown, or one held through
+        // a gateway that cannot be forwarded to, which sees the mark at its
+        // next maintenance tick and stops honouring the lease.
         match self.leases.latest_lease(id).await? {
             Some(stored) if stored.live => {
+                let record = stored.record;
                 self.leases
-                    .write_lease(&stored.lease, stored.version.released(), true)
+                    .write_leases(&[LeaseRecord {
+                        version: record.version.released(),
+                        state: LeaseState::Released,
+                        lease: record.lease,
+                    }])
                     .await?;
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 Ok(true)
@@ -536,7 +496,8 @@ impl LockManager {
         }
     }
 
-    /// The current lease of `id`, through any gateway.
+    /// The current lease of `id`: this gateway's own when it is the
+    /// authority, else what ClickHouse records.
     pub async fn current(&self, id: &StateId) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.existing_slot(id) {
             let mut st = slot.lock();
@@ -546,12 +507,36 @@ impl LockManager {
             }
         }
         let latest = self.leases.latest_lease(id).await?;
-        Ok(latest.filter(|s| s.live).map(|s| s.lease))
+        Ok(latest.filter(|s| s.live).map(|s| s.record.lease))
     }
 
-    /// Every current lease, through any gateway.
+    /// Every current lease: ClickHouse's record, with this gateway's own
+    /// leases as they are now (their rows may still be on their way).
     pub async fn all(&self) -> Result<Vec<Lease>, LockError> {
-        Ok(self.leases.live_leases().await?)
+        let mut by_id: std::collections::BTreeMap<String, Lease> = self
+            .leases
+            .live_leases()
+            .await?
+            .into_iter()
+            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
+            .collect();
+        let now = Instant::now();
+        for (id, slot) in self.snapshot() {
+            let mut st = slot.lock();
+            st.expire(&id, now, &self.metrics);
+            if st.claim.is_none() {
+                continue;
+            }
+            match &st.lease {
+                Some(local) => {
+                    by_id.insert(id.as_str().to_owned(), local.lease.clone());
+                }
+                None => {
+                    by_id.remove(id.as_str());
+                }
+            }
+        }
+        Ok(by_id.into_values().collect())
     }
 
     /// Whether a write to `id` carrying `lease_id` (or none) may go ahead now.

@@ -43,8 +43,8 @@ pub(super) struct SlotState {
     /// Tickets of waiting acquires, first come first served.
     pub queue: VecDeque<u64>,
     pub next_ticket: u64,
-    /// The next fencing token to hand out; known once the claim is won.
-    pub next_token: u64,
+    /// Fencing tokens reserved for this gateway's grants.
+    pub tokens: TokenBlock,
     /// When a lease last began, was renewed or ended: idle claims go.
     pub last_used: Option<Instant>,
 }
@@ -56,6 +56,14 @@ pub(super) struct HeldClaim {
     pub valid_until: Instant,
     /// Another gateway waits: hand the claim over when the current lease ends.
     pub handover: bool,
+}
+
+/// Fencing tokens reserved in ClickHouse for this gateway to hand out:
+/// `next..=last`, empty once `next` passes `last`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct TokenBlock {
+    pub next: u64,
+    pub last: u64,
 }
 
 pub(super) struct LocalLease {
@@ -85,19 +93,22 @@ impl SlotState {
         self.claim.is_none() && !self.claiming && self.lease.is_none() && self.queue.is_empty()
     }
 
-    /// Takes the next fencing token for a lease that is not installed until
-    /// its row is recorded ([`SlotState::install`]); the token is burnt
-    /// whatever happens next, since the row may land.
-    pub fn next_grant(
+    /// Grants a lease under the held claim: the next reserved token, the
+    /// lease installed as current. None when the token block is spent.
+    pub fn grant(
         &mut self,
         id: &StateId,
         owner: &str,
         ttl: Duration,
         gateway_id: Uuid,
         now_ms: i64,
-    ) -> (Lease, LeaseVersion) {
-        let token = self.next_token;
-        self.next_token += 1;
+        now: Instant,
+    ) -> Option<(Lease, LeaseVersion)> {
+        if self.tokens.next == 0 || self.tokens.next > self.tokens.last {
+            return None;
+        }
+        let token = self.tokens.next;
+        self.tokens.next += 1;
         let lease = Lease {
             state_id: id.clone(),
             lease_id: Uuid::new_v4(),
@@ -107,33 +118,25 @@ impl SlotState {
             acquired_ms: now_ms,
             expires_ms: now_ms.saturating_add(millis(ttl)),
         };
-        (lease, LeaseVersion::granted(token))
-    }
-
-    /// Makes a recorded grant the current lease, if the claim it was granted
-    /// under still stands.
-    pub fn install(
-        &mut self,
-        lease: &Lease,
-        version: LeaseVersion,
-        claim_id: Uuid,
-        ttl: Duration,
-        now: Instant,
-    ) -> bool {
-        let claim_stands = self
-            .claim
-            .as_ref()
-            .is_some_and(|c| c.candidate.claim_id == claim_id && now < c.valid_until);
-        if !claim_stands || self.lease.is_some() {
-            return false;
-        }
+        let version = LeaseVersion::granted(token);
         self.lease = Some(LocalLease {
             lease: lease.clone(),
             version,
             deadline: now + ttl,
         });
         self.last_used = Some(now);
-        true
+        Some((lease, version))
+    }
+
+    /// Takes a newly reserved block, if the claim it was reserved under still stands.
+    pub fn add_tokens(&mut self, claim_id: Uuid, block: TokenBlock) {
+        let claim_stands = self
+            .claim
+            .as_ref()
+            .is_some_and(|c| c.candidate.claim_id == claim_id);
+        if claim_stands && block.next > self.tokens.last {
+            self.tokens = block;
+        }
     }
 }
 

@@ -1,11 +1,12 @@
 //! The lease table, `<table>_lease`: gateway claims (one candidate row per
-//! attempt, ordered by server time) and, per state_id, one row holding its
-//! latest lease. ReplacingMergeTree keeps each row's highest `version`, so
-//! writes that land out of order still resolve to the newest.
+//! attempt, ordered by server time, with the claimant's advertised URL), per
+//! state_id one row holding its latest lease, and one row holding the highest
+//! fencing token reserved for it. ReplacingMergeTree keeps each row's highest
+//! `version`, so writes that land out of order still resolve to the newest.
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{ClickHouse, StoreError};
@@ -20,6 +21,10 @@ pub struct Candidate {
     pub gateway_id: Uuid,
     /// Server time of the insert, in ms: the claim's place in line.
     pub created_ms: i64,
+    /// Where peers reach the claimant's gateway; empty when it said nothing.
+    pub advertise_url: String,
+    /// Server time at which the candidate lapses unless renewed, in ms.
+    pub expires_ms: i64,
 }
 
 /// A lease row's version. ReplacingMergeTree keeps the row with the highest
@@ -54,13 +59,40 @@ impl LeaseVersion {
     }
 }
 
+/// What a lease row says of its lease (the `released` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Granted, and in force while its gateway holds the claim.
+    Held = 0,
+    Released = 1,
+    /// Its gateway shut down and handed it on: the next claim holder adopts it.
+    HandedOver = 2,
+}
+
+impl LeaseState {
+    fn from_column(value: u8) -> Self {
+        match value {
+            0 => Self::Held,
+            2 => Self::HandedOver,
+            _ => Self::Released,
+        }
+    }
+}
+
+/// A lease row, as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub lease: Lease,
+    pub version: LeaseVersion,
+    pub state: LeaseState,
+}
+
 /// A lease row as ClickHouse holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredLease {
-    pub lease: Lease,
-    pub version: LeaseVersion,
-    pub released: bool,
-    /// Not released and not expired, by ClickHouse's clock.
+    pub record: LeaseRecord,
+    /// In force by ClickHouse's clock: not expired, and either handed over
+    /// or held by a gateway whose claim on the id is live.
     pub live: bool,
 }
 
@@ -69,7 +101,31 @@ struct CandidateRow {
     claim_id: String,
     gateway_id: String,
     created_ms: i64,
+    advertise_url: String,
+    expires_ms: i64,
 }
+
+/// Every column, for batched lease writes.
+#[derive(clickhouse::Row, Serialize)]
+struct LeaseRowOut {
+    state_id: String,
+    kind: i8,
+    #[serde(with = "clickhouse::serde::uuid")]
+    claim_id: Uuid,
+    #[serde(with = "clickhouse::serde::uuid")]
+    lease_id: Uuid,
+    #[serde(with = "clickhouse::serde::uuid")]
+    gateway_id: Uuid,
+    owner: String,
+    fencing_token: u64,
+    created_at: i64,
+    expires_at: i64,
+    released: u8,
+    version: u64,
+    advertise_url: String,
+}
+
+const KIND_LEASE: i8 = 2;
 
 #[derive(clickhouse::Row, Deserialize)]
 struct LeaseRowIn {
@@ -85,13 +141,9 @@ struct LeaseRowIn {
     live: u8,
 }
 
-const LEASE_COLUMNS: &str =
-    "state_id, toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
-    fencing_token, toUnixTimestamp64Milli(created_at) AS acquired_ms,
-    toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
-    released = 0 AND expires_at > now64(3) AS live";
+const KIND_TYPE: &str = "Enum8('claim' = 1, 'lease' = 2, 'tokens' = 3)";
 
-const INSERT_COLUMNS: &str = "(state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at, expires_at, released, version)";
+const INSERT_COLUMNS: &str = "(state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at, expires_at, released, version, advertise_url)";
 
 fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
     Uuid::parse_str(raw).map_err(|e| {
@@ -108,17 +160,19 @@ impl LeaseRowIn {
             return Ok(None);
         };
         Ok(Some(StoredLease {
-            lease: Lease {
-                state_id,
-                lease_id: parse_uuid(&self.lease_id)?,
-                gateway_id: parse_uuid(&self.gateway_id)?,
-                owner: self.owner,
-                fencing_token: self.fencing_token,
-                acquired_ms: self.acquired_ms,
-                expires_ms: self.expires_ms,
+            record: LeaseRecord {
+                lease: Lease {
+                    state_id,
+                    lease_id: parse_uuid(&self.lease_id)?,
+                    gateway_id: parse_uuid(&self.gateway_id)?,
+                    owner: self.owner,
+                    fencing_token: self.fencing_token,
+                    acquired_ms: self.acquired_ms,
+                    expires_ms: self.expires_ms,
+                },
+                version: LeaseVersion(self.version),
+                state: LeaseState::from_column(self.released),
             },
-            version: LeaseVersion(self.version),
-            released: self.released != 0,
             live: self.live != 0,
         }))
     }
@@ -135,13 +189,14 @@ impl LeaseStore {
         Self { ch, table }
     }
 
-    /// Claims are only needed while they can matter; leases rows stay, since
-    /// they carry the last fencing token of their state_id.
+    /// Claims are only needed while they can matter; lease and token rows
+    /// stay, since they carry the last fencing token of their state_id. A
+    /// table made by an earlier version gains the token kind and the URL column.
     pub async fn ensure_table(&self) -> Result<(), StoreError> {
-        let sql = format!(
+        let create = format!(
             "CREATE TABLE IF NOT EXISTS {} (
                 state_id String,
-                kind Enum8('claim' = 1, 'lease' = 2),
+                kind {KIND_TYPE},
                 claim_id UUID,
                 lease_id UUID,
                 gateway_id UUID,
@@ -150,27 +205,52 @@ impl LeaseStore {
                 created_at DateTime64(3),
                 expires_at DateTime64(3),
                 released UInt8,
-                version UInt64
+                version UInt64,
+                advertise_url String DEFAULT ''
             ) ENGINE = ReplacingMergeTree(version)
             ORDER BY (state_id, kind, claim_id)
             TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
             self.table
         );
-        self.ch
-            .timed("ensure_schema", self.ch.client.query(&sql).execute())
-            .await
+        let upgrade = format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS advertise_url String DEFAULT '',
+             MODIFY COLUMN kind {KIND_TYPE}",
+            self.table
+        );
+        for sql in [create, upgrade] {
+            self.ch
+                .timed("ensure_schema", self.ch.client.query(&sql).execute())
+                .await?;
+        }
+        Ok(())
     }
 
-    /// Inserts a claim candidate stamped with the server's clock.
+    /// Inserts a claim candidate stamped with the server's clock, with the
+    /// URL peers reach this gateway at.
     pub async fn propose_claim(
         &self,
         id: &StateId,
         claim_id: Uuid,
         gateway_id: Uuid,
+        advertise_url: &str,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.write_claim(id, claim_id, gateway_id, None, ttl, 1, false)
-            .await
+        let sql = format!(
+            "INSERT INTO {} {INSERT_COLUMNS}
+             SELECT {{id:String}}, 'claim', {{claim:UUID}}, toUUID('{NIL_UUID}'), {{gateway:UUID}}, '', 0,
+                    now64(3), now64(3) + toIntervalMillisecond({{ttl:UInt64}}), 0, 1, {{url:String}}",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("id", id.as_str())
+            .param("claim", claim_id.to_string())
+            .param("gateway", gateway_id.to_string())
+            .param("ttl", u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .param("url", advertise_url);
+        self.ch.timed("claim", query.execute()).await
     }
 
     /// Extends every live claim of `gateway` among `claims` in one round trip,
@@ -186,7 +266,7 @@ impl LeaseStore {
             let sql = format!(
                 "INSERT INTO {table} {INSERT_COLUMNS}
                  SELECT state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at,
-                        now64(3) + toIntervalMillisecond({{ttl:UInt64}}), released, version + 1
+                        now64(3) + toIntervalMillisecond({{ttl:UInt64}}), released, version + 1, advertise_url
                  FROM {table} FINAL
                  WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
                    AND expires_at > now64(3) AND has({{claims:Array(String)}}, toString(claim_id))",
@@ -271,18 +351,25 @@ impl LeaseStore {
         Ok(released)
     }
 
-    /// Withdraws a claim for good (the highest version, released).
+    /// Withdraws a claim for good: the highest version, released. Written
+    /// blind, so it also covers a proposal whose landing is unknown.
     pub async fn withdraw_claim(&self, id: &StateId, claim: &Candidate) -> Result<(), StoreError> {
-        self.write_claim(
-            id,
-            claim.claim_id,
-            claim.gateway_id,
-            Some(claim.created_ms),
-            Duration::ZERO,
-            u64::MAX,
-            true,
-        )
-        .await
+        let sql = format!(
+            "INSERT INTO {} {INSERT_COLUMNS}
+             SELECT {{id:String}}, 'claim', {{claim:UUID}}, toUUID('{NIL_UUID}'), {{gateway:UUID}}, '', 0,
+                    fromUnixTimestamp64Milli({{created:Int64}}), now64(3), 1, {{version:UInt64}}, ''",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("id", id.as_str())
+            .param("claim", claim.claim_id.to_string())
+            .param("gateway", claim.gateway_id.to_string())
+            .param("created", claim.created_ms)
+            .param("version", u64::MAX);
+        self.ch.timed("claim", query.execute()).await
     }
 
     /// Withdraws every claim of `gateway` among `claims` in one round trip.
@@ -295,7 +382,7 @@ impl LeaseStore {
             let sql = format!(
                 "INSERT INTO {table} {INSERT_COLUMNS}
                  SELECT state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at,
-                        now64(3), 1, {{version:UInt64}}
+                        now64(3), 1, {{version:UInt64}}, advertise_url
                  FROM {table} FINAL
                  WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
                    AND has({{claims:Array(String)}}, toString(claim_id))",
@@ -313,49 +400,13 @@ impl LeaseStore {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn write_claim(
-        &self,
-        id: &StateId,
-        claim_id: Uuid,
-        gateway_id: Uuid,
-        created_ms: Option<i64>,
-        ttl: Duration,
-        version: u64,
-        released: bool,
-    ) -> Result<(), StoreError> {
-        let created = if created_ms.is_some() {
-            "fromUnixTimestamp64Milli({created:Int64})"
-        } else {
-            "now64(3)"
-        };
-        let sql = format!(
-            "INSERT INTO {} {INSERT_COLUMNS}
-             SELECT {{id:String}}, 'claim', {{claim:UUID}}, toUUID('{NIL_UUID}'), {{gateway:UUID}}, '', 0,
-                    {created}, now64(3) + toIntervalMillisecond({{ttl:UInt64}}), {{released:UInt8}}, {{version:UInt64}}",
-            self.table
-        );
-        let mut query = self
-            .ch
-            .client
-            .query(&sql)
-            .param("id", id.as_str())
-            .param("claim", claim_id.to_string())
-            .param("gateway", gateway_id.to_string())
-            .param("ttl", u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
-            .param("released", u8::from(released))
-            .param("version", version);
-        if let Some(ms) = created_ms {
-            query = query.param("created", ms);
-        }
-        self.ch.timed("claim", query.execute()).await
-    }
-
-    /// Live claim candidates of a state_id, earliest (server time, then id) first.
+    /// Live claim candidates of a state_id, earliest (server time, then id)
+    /// first: the first is the claim holder, or about to be.
     pub async fn candidates(&self, id: &StateId) -> Result<Vec<Candidate>, StoreError> {
         let sql = format!(
             "SELECT toString(claim_id) AS claim_id, toString(gateway_id) AS gateway_id,
-                    toUnixTimestamp64Milli(created_at) AS created_ms
+                    toUnixTimestamp64Milli(created_at) AS created_ms, advertise_url,
+                    toUnixTimestamp64Milli(expires_at) AS expires_ms
              FROM {} FINAL
              WHERE state_id = {{id:String}} AND kind = 'claim' AND released = 0 AND expires_at > now64(3)
              ORDER BY created_at, claim_id",
@@ -372,15 +423,31 @@ impl LeaseStore {
                     claim_id: parse_uuid(&row.claim_id)?,
                     gateway_id: parse_uuid(&row.gateway_id)?,
                     created_ms: row.created_ms,
+                    advertise_url: row.advertise_url,
+                    expires_ms: row.expires_ms,
                 })
             })
             .collect()
     }
 
+    /// The lease columns, and whether the lease is in force (see [`StoredLease`]).
+    fn lease_columns(&self) -> String {
+        format!(
+            "state_id, toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+             fencing_token, toUnixTimestamp64Milli(created_at) AS acquired_ms,
+             toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
+             expires_at > now64(3) AND (released = 2 OR (released = 0 AND (state_id, gateway_id) IN (
+                 SELECT state_id, gateway_id FROM {} FINAL
+                 WHERE kind = 'claim' AND released = 0 AND expires_at > now64(3)))) AS live",
+            self.table
+        )
+    }
+
     /// The latest lease row of a state_id.
     pub async fn latest_lease(&self, id: &StateId) -> Result<Option<StoredLease>, StoreError> {
         let sql = format!(
-            "SELECT {LEASE_COLUMNS} FROM {} FINAL WHERE state_id = {{id:String}} AND kind = 'lease' LIMIT 1",
+            "SELECT {} FROM {} FINAL WHERE state_id = {{id:String}} AND kind = 'lease' LIMIT 1",
+            self.lease_columns(),
             self.table
         );
         let query = self.ch.client.query(&sql).param("id", id.as_str());
@@ -394,12 +461,11 @@ impl LeaseStore {
         }
     }
 
-    /// Every live lease, through any gateway, in state_id order.
+    /// Every lease in force, through any gateway, in state_id order.
     pub async fn live_leases(&self) -> Result<Vec<Lease>, StoreError> {
         let sql = format!(
-            "SELECT {LEASE_COLUMNS} FROM {} FINAL
-             WHERE kind = 'lease' AND released = 0 AND expires_at > now64(3)
-             ORDER BY state_id",
+            "SELECT * FROM (SELECT {} FROM {} FINAL WHERE kind = 'lease') WHERE live ORDER BY state_id",
+            self.lease_columns(),
             self.table
         );
         let rows = self
@@ -412,40 +478,71 @@ impl LeaseStore {
         let mut leases = Vec::with_capacity(rows.len());
         for row in rows {
             if let Some(stored) = row.into_stored()? {
-                leases.push(stored.lease);
+                leases.push(stored.record.lease);
             }
         }
         Ok(leases)
     }
 
-    /// Records a state_id's lease (a grant, renewal or release).
-    pub async fn write_lease(
-        &self,
-        lease: &Lease,
-        version: LeaseVersion,
-        released: bool,
-    ) -> Result<(), StoreError> {
+    /// Records lease rows (grants, renewals, releases, hand-overs), all in one INSERT.
+    pub async fn write_leases(&self, records: &[LeaseRecord]) -> Result<(), StoreError> {
+        self.ch
+            .timed("lease_write", async {
+                let mut insert = self
+                    .ch
+                    .client
+                    .insert_unescaped::<LeaseRowOut>(&self.table)
+                    .await?;
+                for record in records {
+                    let lease = &record.lease;
+                    insert
+                        .write(&LeaseRowOut {
+                            state_id: lease.state_id.as_str().to_owned(),
+                            kind: KIND_LEASE,
+                            claim_id: Uuid::nil(),
+                            lease_id: lease.lease_id,
+                            gateway_id: lease.gateway_id,
+                            owner: lease.owner.clone(),
+                            fencing_token: lease.fencing_token,
+                            created_at: lease.acquired_ms,
+                            expires_at: lease.expires_ms,
+                            released: record.state as u8,
+                            version: record.version.0,
+                            advertise_url: String::new(),
+                        })
+                        .await?;
+                }
+                insert.end().await
+            })
+            .await
+    }
+
+    /// The highest fencing token of `id` handed out or reserved so far (0 for none).
+    pub async fn last_token(&self, id: &StateId) -> Result<u64, StoreError> {
+        let sql = format!(
+            "SELECT max(fencing_token) FROM {} WHERE state_id = {{id:String}} AND kind IN ('lease', 'tokens')",
+            self.table
+        );
+        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        self.ch.timed("token_read", query.fetch_one::<u64>()).await
+    }
+
+    /// Reserves fencing tokens of `id` up to `last`: no later claim holder
+    /// hands out any of them.
+    pub async fn reserve_tokens(&self, id: &StateId, last: u64) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO {} {INSERT_COLUMNS}
-             SELECT {{id:String}}, 'lease', toUUID('{NIL_UUID}'), {{lease:UUID}}, {{gateway:UUID}}, {{owner:String}},
-                    {{token:UInt64}}, fromUnixTimestamp64Milli({{acquired:Int64}}),
-                    fromUnixTimestamp64Milli({{expires:Int64}}), {{released:UInt8}}, {{version:UInt64}}",
+             SELECT {{id:String}}, 'tokens', toUUID('{NIL_UUID}'), toUUID('{NIL_UUID}'), toUUID('{NIL_UUID}'), '',
+                    {{last:UInt64}}, now64(3), now64(3), 0, {{last:UInt64}}, ''",
             self.table
         );
         let query = self
             .ch
             .client
             .query(&sql)
-            .param("id", lease.state_id.as_str())
-            .param("lease", lease.lease_id.to_string())
-            .param("gateway", lease.gateway_id.to_string())
-            .param("owner", lease.owner.as_str())
-            .param("token", lease.fencing_token)
-            .param("acquired", lease.acquired_ms)
-            .param("expires", lease.expires_ms)
-            .param("released", u8::from(released))
-            .param("version", version.0);
-        self.ch.timed("lease_write", query.execute()).await
+            .param("id", id.as_str())
+            .param("last", last);
+        self.ch.timed("token_reserve", query.execute()).await
     }
 }
 

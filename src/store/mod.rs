@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clickhouse::Client;
 
-pub use lease_table::{Candidate, LeaseStore, LeaseVersion, StoredLease};
+pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
 pub use state_table::{StateStore, StateSummary, StoredRow, StoredState};
 
 use crate::config::{ClickHouseTarget, Identifier};

@@ -50,6 +50,15 @@ pub fn test_config(schema: &str) -> Config {
     config
 }
 
+/// A test gateway on a port of its own that it advertises to its peers.
+pub fn peer_config(schema: &str) -> Config {
+    let mut config = test_config(schema);
+    let port = free_port();
+    config.listen = ([127, 0, 0, 1], port).into();
+    config.locks.advertise_url = Some(format!("http://127.0.0.1:{port}"));
+    config
+}
+
 /// An HTTP client for one gateway; every answer is checked against openapi.yaml.
 #[derive(Clone)]
 pub struct Api {

@@ -1,0 +1,106 @@
+//! Sends a state_id's lock operations and lock-checked writes to the gateway
+//! that is the id's authority (see `locks::forward`), so that a client never
+//! needs to know which gateway granted its lease.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::{ApiError, Misrouted};
+use super::extract::read_body;
+use super::locks::MAX_WAIT_SECONDS;
+use crate::AppContext;
+use crate::domain::StateId;
+use crate::locks::{FORWARDED_BY, LockError, Peer, Route};
+
+/// How long a forwarded request may take, beyond an acquire's own wait.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Serves the request here when this gateway is the id's authority (or
+/// nobody is), else forwards it to the authority; an acquire that finds the
+/// authority only by losing the claim to it is forwarded then. A request
+/// that was itself forwarded is never forwarded again.
+pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let Some(id) = state_id_of(&mut parts).await else {
+        // A malformed id: the handler answers why.
+        return next.run(Request::from_parts(parts, body)).await;
+    };
+    let forwarded = parts.headers.contains_key(FORWARDED_BY);
+    // Kept whole: the request may be sent on after it was looked at.
+    let body = match read_body(Request::from_parts(parts.clone(), body), &ctx).await {
+        Ok(body) => body,
+        Err(err) => return err.into_response(),
+    };
+    let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
+    let deadline = if parts.method == Method::POST {
+        Duration::from_secs_f64(MAX_WAIT_SECONDS) + FORWARD_DEADLINE
+    } else {
+        FORWARD_DEADLINE
+    };
+    let peer = match ctx.locks.route(&id).await {
+        Err(err) => return ApiError::from(err).into_response(),
+        Ok(Route::Peer(peer)) if forwarded => return misdirected(&peer),
+        Ok(Route::Peer(peer)) => peer,
+        Ok(Route::Here) => {
+            let response = next.clone().run(rebuild()).await;
+            let Some(Misrouted(peer)) = response.extensions().get::<Misrouted>().cloned() else {
+                return response;
+            };
+            if forwarded {
+                return response;
+            }
+            peer
+        }
+    };
+    let response = send(&ctx, &peer, rebuild(), deadline).await;
+    if response.status() != StatusCode::MISDIRECTED_REQUEST {
+        return response;
+    }
+    // The peer is not the authority any more: look it up once more.
+    ctx.locks.forget_authority(&id);
+    match ctx.locks.route(&id).await {
+        Err(err) => ApiError::from(err).into_response(),
+        Ok(Route::Here) => next.run(rebuild()).await,
+        Ok(Route::Peer(peer)) => send(&ctx, &peer, rebuild(), deadline).await,
+    }
+}
+
+async fn send(ctx: &AppContext, peer: &Peer, request: Request, deadline: Duration) -> Response {
+    match ctx.locks.forward(peer, request, deadline).await {
+        Ok(response) => response,
+        Err(err) => {
+            let mut response = ApiError::AuthorityUnreachable(err).into_response();
+            retry_after(&mut response, peer.lapses_in());
+            response
+        }
+    }
+}
+
+/// The loop guard's answer: the forwarding gateway looks the authority up afresh.
+fn misdirected(peer: &Peer) -> Response {
+    let mut response = ApiError::Lock(LockError::Elsewhere(peer.clone())).into_response();
+    response.extensions_mut().remove::<Misrouted>();
+    response
+}
+
+fn retry_after(response: &mut Response, wait: Duration) {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+}
+
+/// The request's `{state_id}`, if it is a valid one.
+async fn state_id_of(parts: &mut Parts) -> Option<StateId> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, &())
+        .await
+        .ok()?;
+    StateId::parse(params.get("state_id")?.clone()).ok()
+}

@@ -1,0 +1,217 @@
+//! Forwarding to peers: every state_id with a live claim has one authority,
+//! the gateway holding the claim, and any other gateway passes that id's
+//! lock operations and lock-checked writes to it, one hop, under a deadline
+//! of its own. A forwarded request carries the forwarding gateway's id in
+//! `x-statehouse-forwarded-by`, and is never forwarded again: a gateway that
+//! gets one for an id another gateway holds answers 421, and the forwarding
+//! gateway looks the authority up afresh.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, Request, Response, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use uuid::Uuid;
+
+use super::{LockError, LockManager};
+use crate::domain::StateId;
+use crate::store::{Candidate, now_ms};
+
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
+
+/// The gateway that is the authority for a state_id, as peers reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub gateway_id: Uuid,
+    pub url: String,
+    /// When its claim lapses unless renewed (ms since the epoch, ClickHouse's
+    /// clock): until then nobody else can become the authority.
+    pub lapses_at_ms: i64,
+}
+
+impl Peer {
+    pub(super) fn of(candidate: &Candidate) -> Self {
+        Self {
+            gateway_id: candidate.gateway_id,
+            url: candidate.advertise_url.trim_end_matches('/').to_owned(),
+            lapses_at_ms: candidate.expires_ms,
+        }
+    }
+
+    /// How long until another gateway may take the id over, for `Retry-After`.
+    pub fn lapses_in(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.lapses_at_ms - now_ms()).unwrap_or(0))
+    }
+}
+
+/// Where a request about a state_id is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    Here,
+    Peer(Peer),
+}
+
+/// Authorities looked up lately, so that a non-authority forwards without a
+/// ClickHouse read per request. An entry is kept for a third of the claim
+/// TTL at most, and dropped when the peer turns out not to be the authority.
+#[derive(Default)]
+pub(super) struct Authorities {
+    known: Mutex<HashMap<StateId, (Peer, Instant)>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("gateway {gateway_id} at {url} did not answer: {reason}")]
+    Unreachable {
+        gateway_id: Uuid,
+        url: String,
+        reason: String,
+    },
+}
+
+/// The HTTP client to peers.
+pub(super) struct PeerClient {
+    client: Client<HttpConnector, Body>,
+}
+
+impl Default for PeerClient {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+}
+
+/// A peer that does not take the connection within this is taken for gone.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Headers that belong to one connection, not to the request.
+const HOP_BY_HOP: [HeaderName; 5] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+impl LockManager {
+    /// Where requests about `id` go: here, when this gateway holds its claim
+    /// or nobody does; else to the live authority, if it advertised a URL.
+    pub async fn route(&self, id: &StateId) -> Result<Route, LockError> {
+        if self.holds_claim(id) {
+            return Ok(Route::Here);
+        }
+        if let Some(peer) = self.authorities.cached(id) {
+            return Ok(Route::Peer(peer));
+        }
+        let candidates = self.leases.candidates(id).await?;
+        let Some(first) = candidates.first() else {
+            return Ok(Route::Here);
+        };
+        if first.gateway_id == self.settings.gateway_id {
+            return Ok(Route::Here);
+        }
+        if first.advertise_url.is_empty() {
+            tracing::info!(
+                state_id = %id,
+                gateway_id = %first.gateway_id,
+                "the gateway holding this claim advertises no URL (--advertise-url), so requests cannot be forwarded to it; serving here"
+            );
+            return Ok(Route::Here);
+        }
+        let peer = Peer::of(first);
+        self.authorities
+            .remember(id, &peer, self.settings.claim_ttl / 3);
+        Ok(Route::Peer(peer))
+    }
+
+    /// The peer looked up for `id` turned out not to be its authority.
+    pub fn forget_authority(&self, id: &StateId) {
+        self.authorities.forget(id);
+    }
+
+    /// Sends `request` to `peer` and answers its response, or fails within `deadline`.
+    pub async fn forward(
+        &self,
+        peer: &Peer,
+        request: Request<Body>,
+        deadline: Duration,
+    ) -> Result<Response<Body>, ForwardError> {
+        let unreachable = |reason: String| ForwardError::Unreachable {
+            gateway_id: peer.gateway_id,
+            url: peer.url.clone(),
+            reason,
+        };
+        let (mut parts, body) = request.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        parts.uri = format!("{}{path}", peer.url)
+            .parse::<Uri>()
+            .map_err(|e| unreachable(format!("bad advertised URL: {e}")))?;
+        for name in HOP_BY_HOP.iter().chain([&header::HOST]) {
+            parts.headers.remove(name);
+        }
+        let me = HeaderValue::from_str(&self.settings.gateway_id.to_string())
+            .expect("a UUID is a valid header value");
+        parts.headers.insert(FORWARDED_BY, me);
+        let sent = self.peers.client.request(Request::from_parts(parts, body));
+        let response = match tokio::time::timeout(deadline, sent).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => {
+                self.authorities.forget_peer(peer.gateway_id);
+                return Err(unreachable(err.to_string()));
+            }
+            Err(_) => return Err(unreachable(format!("no answer within {deadline:?}"))),
+        };
+        let (mut parts, body) = response.into_parts();
+        for name in &HOP_BY_HOP {
+            parts.headers.remove(name);
+        }
+        Ok(Response::from_parts(parts, Body::new(body)))
+    }
+}
+
+impl Authorities {
+    fn cached(&self, id: &StateId) -> Option<Peer> {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .get(id)
+            .filter(|(_, until)| Instant::now() < *until)
+            .map(|(peer, _)| peer.clone())
+    }
+
+    fn remember(&self, id: &StateId, peer: &Peer, for_at_most: Duration) {
+        let until = Instant::now() + for_at_most.min(peer.lapses_in());
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        // Expired entries go with each insert; the map never outgrows the ids
+        // forwarded within one entry lifetime.
+        let now = Instant::now();
+        known.retain(|_, (_, until)| now < *until);
+        known.insert(id.clone(), (peer.clone(), until));
+    }
+
+    fn forget(&self, id: &StateId) {
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// A peer that cannot be reached is looked up afresh for every id.
+    fn forget_peer(&self, gateway_id: Uuid) {
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, (peer, _)| peer.gateway_id != gateway_id);
+    }
+}

@@ -1,0 +1,88 @@
+//! Lease rows are written behind the lock hot path: grants, renewals and
+//! releases are decided in memory by the id's authority, and their rows
+//! (which let other gateways and dashboards see locks, and carry handed-over
+//! leases to the next authority) are coalesced per state_id and written in
+//! one INSERT per flush, retried through a ClickHouse outage.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::domain::StateId;
+use crate::store::{LeaseRecord, LeaseStore, StoreError, now_ms};
+
+/// How long a flush waits for more rows to join it once one is pending.
+const GATHER: Duration = Duration::from_millis(10);
+
+pub(super) struct Recorder {
+    store: LeaseStore,
+    /// The newest unwritten row per state_id: a row only ever replaces an
+    /// older version of its state_id's lease row, so older ones need no write.
+    pending: Mutex<HashMap<StateId, LeaseRecord>>,
+    wake: Notify,
+}
+
+impl Recorder {
+    pub fn new(store: LeaseStore) -> Self {
+        Self {
+            store,
+            pending: Mutex::new(HashMap::new()),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn record(&self, record: LeaseRecord) {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            keep_newest(&mut pending, record);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Writes what is pending now; on failure it stays pending.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        let batch: Vec<LeaseRecord> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.drain().map(|(_, record)| record).collect()
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let written = self.store.write_leases(&batch).await;
+        if written.is_err() {
+            let now = now_ms();
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            // A row about a lease that has run out by now says nothing any view needs.
+            for record in batch.into_iter().filter(|r| r.lease.expires_ms > now) {
+                keep_newest(&mut pending, record);
+            }
+        }
+        written
+    }
+
+    /// Flushes whenever rows are pending; runs until dropped.
+    pub async fn run(&self) {
+        let mut pause = Duration::from_millis(200);
+        loop {
+            self.wake.notified().await;
+            tokio::time::sleep(GATHER).await;
+            while let Err(err) = self.flush().await {
+                tracing::warn!(error = %err, retry_in = ?pause, "could not record lease rows yet");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            pause = Duration::from_millis(200);
+        }
+    }
+}
+
+fn keep_newest(pending: &mut HashMap<StateId, LeaseRecord>, record: LeaseRecord) {
+    match pending.get(&record.lease.state_id) {
+        Some(existing) if existing.version >= record.version => {}
+        _ => {
+            pending.insert(record.lease.state_id.clone(), record);
+        }
+    }
+}

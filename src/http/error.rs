@@ -43,6 +43,8 @@ pub enum ApiError {
     Lock(LockError),
     #[error("the gateway holding this state_id's claim cannot be reached: {0}")]
     AuthorityUnreachable(ForwardError),
+    #[error("the claim on this state_id is moving between gateways; retry shortly")]
+    AuthorityMoving,
 }
 
 /// The problem types; their slugs are part of the API and never change.
@@ -226,7 +228,7 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 ProblemType::ClickHouseUnavailable,
             ),
-            Self::AuthorityUnreachable(_) => (
+            Self::AuthorityUnreachable(_) | Self::AuthorityMoving => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 ProblemType::AuthorityUnreachable,
             ),

@@ -22,6 +22,10 @@ use crate::locks::{FORWARDED_BY, LockError, Peer, Route};
 /// How long a forwarded request may take, beyond an acquire's own wait.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How many gateways a request is tried at before its client is told to
+/// retry: the authority can move while a request looks for it.
+const ATTEMPTS: usize = 3;
+
 /// Serves the request here when this gateway is the id's authority (or
 /// nobody is), else forwards it to the authority; an acquire that finds the
 /// authority only by losing the claim to it is forwarded then. A request
@@ -44,32 +48,49 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     } else {
         FORWARD_DEADLINE
     };
-    let peer = match ctx.locks.route(&id).await {
-        Err(err) => return ApiError::from(err).into_response(),
-        Ok(Route::Peer(peer)) if forwarded => return misdirected(&peer),
-        Ok(Route::Peer(peer)) => peer,
-        Ok(Route::Here) => {
-            let response = next.clone().run(rebuild()).await;
-            let Some(Misrouted(peer)) = response.extensions().get::<Misrouted>().cloned() else {
-                return response;
-            };
-            if forwarded {
-                return response;
+    // The loop guard's side trusts no remembered authority: it answers 421
+    // only when ClickHouse names another gateway.
+    let mut route = ctx.locks.route(&id, !forwarded).await;
+    for attempt in 1..=ATTEMPTS {
+        let peer = match route {
+            Err(err) => return ApiError::from(err).into_response(),
+            Ok(Route::Peer(peer)) if forwarded => return misdirected(&peer),
+            Ok(Route::Peer(peer)) => peer,
+            Ok(Route::Here) => {
+                let mut response = next.clone().run(rebuild()).await;
+                let Some(Misrouted(peer)) = response.extensions_mut().remove::<Misrouted>() else {
+                    return response;
+                };
+                if forwarded || attempt == ATTEMPTS {
+                    return moving(response, forwarded);
+                }
+                route = Ok(Route::Peer(peer));
+                continue;
             }
-            peer
+        };
+        let response = send(&ctx, &peer, rebuild(), deadline).await;
+        if response.status() != StatusCode::MISDIRECTED_REQUEST {
+            return response;
         }
-    };
-    let response = send(&ctx, &peer, rebuild(), deadline).await;
-    if response.status() != StatusCode::MISDIRECTED_REQUEST {
+        // The peer is not the authority (any more): look it up afresh.
+        ctx.locks.forget_authority(&id);
+        if attempt == ATTEMPTS {
+            return moving(response, false);
+        }
+        route = ctx.locks.route(&id, false).await;
+    }
+    unreachable!("every attempt returns or continues")
+}
+
+/// A 421 goes back to the gateway that forwarded the request; a client gets
+/// a 503 to retry shortly instead, since the authority is moving.
+fn moving(response: Response, forwarded: bool) -> Response {
+    if forwarded {
         return response;
     }
-    // The peer is not the authority any more: look it up once more.
-    ctx.locks.forget_authority(&id);
-    match ctx.locks.route(&id).await {
-        Err(err) => ApiError::from(err).into_response(),
-        Ok(Route::Here) => next.run(rebuild()).await,
-        Ok(Route::Peer(peer)) => send(&ctx, &peer, rebuild(), deadline).await,
-    }
+    let mut response = ApiError::AuthorityMoving.into_response();
+    retry_after(&mut response, Duration::from_secs(1));
+    response
 }
 
 async fn send(ctx: &AppContext, peer: &Peer, request: Request, deadline: Duration) -> Response {

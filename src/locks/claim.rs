@@ -121,7 +121,10 @@ impl LockManager {
                 // Dropping `proposed` withdraws our candidate.
                 return Ok(ClaimOutcome::Elsewhere(Peer::of(first)));
             }
-            let others_waiting = candidates.len() > 1;
+            // Gateways peers can reach forward to the winner instead of waiting.
+            let others_waiting = candidates
+                .iter()
+                .any(|c| c.claim_id != proposed.candidate.claim_id && c.advertise_url.is_empty());
             if candidates.first().map(|c| c.claim_id) == Some(proposed.candidate.claim_id) {
                 let mut won = self
                     .won(id, proposed.candidate.clone(), written_at, others_waiting)

@@ -104,11 +104,13 @@ const HOP_BY_HOP: [HeaderName; 5] = [
 impl LockManager {
     /// Where requests about `id` go: here, when this gateway holds its claim
     /// or nobody does; else to the live authority, if it advertised a URL.
-    pub async fn route(&self, id: &StateId) -> Result<Route, LockError> {
+    /// `remembered` allows an authority looked up lately instead of asking
+    /// ClickHouse.
+    pub async fn route(&self, id: &StateId, remembered: bool) -> Result<Route, LockError> {
         if self.holds_claim(id) {
             return Ok(Route::Here);
         }
-        if let Some(peer) = self.authorities.cached(id) {
+        if remembered && let Some(peer) = self.authorities.cached(id) {
             return Ok(Route::Peer(peer));
         }
         let candidates = self.leases.candidates(id).await?;

@@ -285,7 +285,8 @@ impl LeaseStore {
     }
 
     /// Of the state_ids this gateway holds claims on, those where another
-    /// gateway's candidate waits in line (it wants the claim handed over).
+    /// gateway's candidate waits in line (it wants the claim handed over);
+    /// only gateways that cannot be forwarded to wait in line.
     pub async fn contested(
         &self,
         gateway_id: Uuid,
@@ -296,7 +297,8 @@ impl LeaseStore {
             let sql = format!(
                 "SELECT DISTINCT state_id FROM {} FINAL
                  WHERE kind = 'claim' AND released = 0 AND expires_at > now64(3)
-                   AND gateway_id != {{gateway:UUID}} AND has({{ids:Array(String)}}, state_id)",
+                   AND gateway_id != {{gateway:UUID}} AND advertise_url = ''
+                   AND has({{ids:Array(String)}}, state_id)",
                 self.table
             );
             let query = self

@@ -364,10 +364,26 @@ pub fn free_port() -> u16 {
 /// Starts the binary against `clickhouse_url` and waits for its ready line;
 /// `extra` adds flags (the schema, claim timings, ...). Logs as JSON.
 pub async fn spawn_gateway_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
+    spawn_gateway_process_on(free_port(), clickhouse_url, extra).await
+}
+
+/// A gateway process that advertises its address to its peers.
+pub async fn spawn_peer_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
+    let port = free_port();
+    let advertise = format!("http://127.0.0.1:{port}");
+    let mut args = vec!["--advertise-url", advertise.as_str()];
+    args.extend_from_slice(extra);
+    spawn_gateway_process_on(port, clickhouse_url, &args).await
+}
+
+async fn spawn_gateway_process_on(
+    port: u16,
+    clickhouse_url: &str,
+    extra: &[&str],
+) -> GatewayProcess {
     use std::process::Stdio;
     use tokio::io::{AsyncBufReadExt, BufReader};
 
-    let port = free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
         .args([
             "serve",

@@ -3,9 +3,11 @@
 
 mod auth;
 mod bad_input;
+mod balancer;
 mod cli;
 mod clickhouse_faults;
 mod contract;
+mod gateways;
 mod helpers;
 mod lock_cancellation;
 mod lock_concurrency;

@@ -1,3 +1,7 @@
+use std::fmt;
+
+use crate::telemetry::ClientText;
+
 /// Longest glob accepted: room for a 900-byte id with wildcards around it.
 pub const MAX_PATTERN_BYTES: usize = 4096;
 
@@ -49,6 +53,13 @@ impl StatePattern {
     pub fn literal_prefix(&self) -> &str {
         let end = self.0.find(['*', '?']).unwrap_or(self.0.len());
         &self.0[..end]
+    }
+}
+
+/// The log form, as for [`crate::domain::StateId`]: the glob is the client's text.
+impl fmt::Display for StatePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        ClientText(&self.0).fmt(f)
     }
 }
 

@@ -120,6 +120,7 @@ pub async fn delete_many(
     };
     let pattern = parse_pattern(Some(raw))?;
     let deleted = ctx.states.delete_matching(&pattern).await?;
+    tracing::warn!(%pattern, deleted, "deleted states by pattern");
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }
 
@@ -132,7 +133,7 @@ pub async fn get(
         .states
         .get(&id)
         .await?
-        .ok_or_else(|| ApiError::StateNotFound(id.to_string()))?;
+        .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
     let etag = &state.etag;
     let unchanged = headers
         .get(header::IF_NONE_MATCH)

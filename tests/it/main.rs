@@ -9,6 +9,7 @@ mod contract;
 mod helpers;
 mod lock_concurrency;
 mod locks_api;
+mod logs;
 mod packaging;
 mod proxy;
 mod seed_compat;

@@ -7,5 +7,5 @@ mod state_id;
 
 pub use document::{CorruptState, DocumentError, StateDocument};
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
-pub use pattern::{PatternTooLong, StatePattern};
+pub use pattern::{PatternError, StatePattern};
 pub use state_id::{StateId, StateIdError};

@@ -83,14 +83,16 @@ pub async fn list(
     let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
     let cursor = params
         .cursor
-        .map(|raw| PageCursor::decode(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string())))
+        .map(|raw| {
+            PageCursor::decode(&raw, &pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
+        })
         .transpose()?;
     let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
     let next_cursor = has_more
         .then(|| {
             summaries
                 .last()
-                .map(|last| PageCursor::after(last.id.clone()).encode())
+                .map(|last| PageCursor::after(last.id.clone()).encode(&pattern))
         })
         .flatten();
     let listing = StateListing {

@@ -3,7 +3,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{encode_id, raw_sql, spawn_app};
+use crate::helpers::{encode_id, raw_sql, spawn_app, spawn_configured, test_config, unique_schema};
 
 #[tokio::test]
 async fn put_creates_then_replaces_and_get_returns_it_with_its_etag() {
@@ -404,6 +404,53 @@ async fn pagination_neither_skips_nor_repeats() {
         100,
         "default limit is 100"
     );
+}
+
+#[tokio::test]
+async fn a_cursor_resumes_its_own_pattern_through_any_gateway_and_no_other() {
+    let schema = unique_schema();
+    let a = spawn_configured(test_config(&schema)).await;
+    let b = spawn_configured(test_config(&schema)).await;
+    let mut ids: Vec<String> = (0..25).map(|n| format!("dev:{n:02}")).collect();
+    ids.extend((0..5).map(|n| format!("prod:{n}")));
+    for id in &ids {
+        a.put_state(id, &json!({})).await;
+    }
+    // Pages alternate between the gateways: a cursor holds no per-process secret.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for turn in 0.. {
+        let gateway = if turn % 2 == 0 { &a } else { &b };
+        let path = match &cursor {
+            Some(c) => format!("/v1/states?pattern=dev:*&limit=4&cursor={c}"),
+            None => "/v1/states?pattern=dev:*&limit=4".to_owned(),
+        };
+        let page = gateway.get(&path).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        let page = page.json();
+        seen.extend(
+            page["states"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["state_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => {
+                // Used with another pattern, or none (`*`), it is refused.
+                for other in ["&pattern=*", "", "&pattern=dev:", "&pattern=prod:*"] {
+                    let misused = gateway
+                        .get(&format!("/v1/states?limit=4&cursor={next}{other}"))
+                        .await;
+                    assert_eq!(misused.status, StatusCode::BAD_REQUEST, "{other}");
+                    assert_eq!(misused.problem_type(), "invalid-query");
+                }
+                cursor = Some(next.to_owned());
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids[..25], "every dev: id once, in byte order");
 }
 
 #[tokio::test]

@@ -5,13 +5,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{PageCursor, PageLimit, StateId, StateIdError, StatePattern};
+use crate::domain::{JsonObject, PageCursor, PageLimit, StateId, StateIdError, StatePattern};
 use crate::states::{Change, WriteConditions};
 use crate::store::StoredState;
 
@@ -44,8 +44,8 @@ struct ListedState {
 #[derive(Serialize)]
 struct StateRepresentation<'a> {
     state_id: &'a str,
-    completed: &'a Map<String, Value>,
-    partial: &'a Map<String, Value>,
+    completed: &'a JsonObject,
+    partial: &'a JsonObject,
     updated_at: String,
 }
 

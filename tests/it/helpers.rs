@@ -407,10 +407,9 @@ pub async fn spawn_gateway_process_logging(
             if line.last() == Some(&b'\n') {
                 line.pop();
             }
-            if String::from_utf8_lossy(&line).contains("statehouse ready") {
-                if let Some(tx) = ready_tx.take() {
-                    let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
-                }
+            let text = String::from_utf8_lossy(&line);
+            if let Some(tx) = ready_tx.take_if(|_| text.contains("statehouse ready")) {
+                let _ = tx.send(text.into_owned());
             }
             // Keep draining so that it never blocks on a full pipe.
             lines.push(line);

@@ -32,12 +32,12 @@ impl StateDocument {
     /// given twice in any object, where one of the two would silently be lost.
     pub fn from_request(body: &[u8]) -> Result<Self, DocumentError> {
         let value = Json::parse(body).map_err(|err| match err {
-            JsonError::Syntax(_) | JsonError::NotUtf8(_) | JsonError::TooDeep => {
-                DocumentError::InvalidJson(err)
-            }
-            JsonError::DuplicateKey { .. } | JsonError::LoneSurrogate { .. } => {
-                DocumentError::NotAState(err.to_string())
-            }
+            // Valid JSON, but not a document whose meaning is clear.
+            JsonError::DuplicateKey { .. } => DocumentError::NotAState(err.to_string()),
+            JsonError::Syntax(_)
+            | JsonError::NotUtf8(_)
+            | JsonError::TooDeep
+            | JsonError::LoneSurrogate { .. } => DocumentError::InvalidJson(err),
         })?;
         let Json::Object(fields) = value else {
             return Err(DocumentError::NotAState(format!(

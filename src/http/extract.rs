@@ -54,8 +54,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 fn refuse_invalid_utf8(query: &str) -> Result<(), ApiError> {
     for pair in query.split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let decoded_name = percent_decode_str(name).decode_utf8();
-        let Ok(decoded_name) = decoded_name else {
+        let Ok(decoded_name) = percent_decode_str(name).decode_utf8() else {
             return Err(ApiError::InvalidQuery(
                 "a query parameter name is not UTF-8 once percent-decoded".into(),
             ));

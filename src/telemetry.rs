@@ -1,5 +1,8 @@
 //! Logging: human-readable text by default, one JSON object per line on request.
 
+use std::fmt;
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -7,8 +10,13 @@ use crate::config::LogFormat;
 /// `RUST_LOG` refines the level (default `info`).
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal: in a file or a log collector
+    // their escape codes are noise, and hide whatever else a line holds.
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),
@@ -20,4 +28,75 @@ pub fn init(format: LogFormat) {
     };
     // Already initialized (tests build several apps in one process): keep the first.
     drop(result);
+}
+
+/// Text a client chose (a state_id, an owner, a header, a glob), fit for a log
+/// field: `tracing`'s text format writes `%` fields raw, so a CR, LF, NUL or
+/// ANSI escape in them would forge or garble log lines. Plain text is written
+/// as it is; anything else is quoted with Rust's escapes (`"a\r\nb"`), which
+/// also keeps a space or `=` from passing for another field. Log every value a
+/// client controls as `field = %ClientText(value)`.
+pub struct ClientText<'a>(pub &'a str);
+
+impl fmt::Display for ClientText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if is_plain(self.0) {
+            f.write_str(self.0)
+        } else {
+            write!(f, "{:?}", self.0)
+        }
+    }
+}
+
+/// Reads the same bare as quoted: not empty, and every character printable
+/// (`escape_debug` leaves it alone, so no control, quote or backslash), not
+/// whitespace and not `=`.
+fn is_plain(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| !c.is_whitespace() && c != '=' && c.escape_debug().len() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logged(text: &str) -> String {
+        ClientText(text).to_string()
+    }
+
+    #[test]
+    fn plain_text_stays_bare() {
+        for text in [
+            "dev:tap-github-to-target-jsonl",
+            "a/b.c",
+            "ünï🚀",
+            "100%_done*",
+        ] {
+            assert_eq!(logged(text), text);
+        }
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_log() {
+        assert_eq!(logged("a\r\nb"), r#""a\r\nb""#);
+        assert_eq!(logged("nul\0"), r#""nul\0""#);
+        assert_eq!(logged("\x1b[31mred"), r#""\u{1b}[31mred""#);
+        assert_eq!(logged("del\x7f c1\u{85}"), r#""del\u{7f} c1\u{85}""#);
+        assert_eq!(logged("bidi\u{202e}x"), r#""bidi\u{202e}x""#);
+        assert_eq!(logged("line\u{2028}sep"), r#""line\u{2028}sep""#);
+        for text in ["a\r\nb", "\0", "\x1b[2J", "\u{85}", "\u{2029}"] {
+            assert!(!logged(text).chars().any(char::is_control), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn what_could_pass_for_another_field_is_quoted() {
+        assert_eq!(logged("x released=true"), r#""x released=true""#);
+        assert_eq!(logged("k=v"), r#""k=v""#);
+        assert_eq!(logged(r#"say "hi""#), r#""say \"hi\"""#);
+        assert_eq!(logged(r"back\slash"), r#""back\\slash""#);
+        assert_eq!(logged(""), r#""""#);
+    }
 }

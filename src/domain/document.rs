@@ -1,10 +1,8 @@
-use serde_json::{Map, Value};
-
-pub type JsonObject = Map<String, Value>;
+use super::json::{Json, JsonError, JsonObject};
 
 /// A Meltano state: `{"completed": {...}, "partial": {...}}`, as Meltano's
-/// `MeltanoState.to_dict()` writes it. Numbers keep their exact digits and
-/// objects their key order (serde_json's arbitrary_precision and preserve_order).
+/// `MeltanoState.to_dict()` writes it. Strings and numbers keep the text they
+/// were sent with and objects their key order (see [`Json`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StateDocument {
     pub completed: JsonObject,
@@ -14,7 +12,7 @@ pub struct StateDocument {
 #[derive(Debug, thiserror::Error)]
 pub enum DocumentError {
     #[error("body is not valid JSON: {0}")]
-    InvalidJson(serde_json::Error),
+    InvalidJson(JsonError),
     #[error("body is not a state document: {0}")]
     NotAState(String),
 }
@@ -30,13 +28,21 @@ pub struct CorruptState {
 impl StateDocument {
     /// Parses a request body. Absent or `null` halves are empty (Meltano sends
     /// `null` for a state it never set); anything but those two keys is refused
-    /// so that a typo cannot silently store an empty state.
+    /// so that a typo cannot silently store an empty state, and so is a key
+    /// given twice in any object, where one of the two would silently be lost.
     pub fn from_request(body: &[u8]) -> Result<Self, DocumentError> {
-        let value: Value = serde_json::from_slice(body).map_err(DocumentError::InvalidJson)?;
-        let Value::Object(fields) = value else {
+        let value = Json::parse(body).map_err(|err| match err {
+            // Valid JSON, but not a document whose meaning is clear.
+            JsonError::DuplicateKey { .. } => DocumentError::NotAState(err.to_string()),
+            JsonError::Syntax(_)
+            | JsonError::NotUtf8(_)
+            | JsonError::TooDeep
+            | JsonError::LoneSurrogate { .. } => DocumentError::InvalidJson(err),
+        })?;
+        let Json::Object(fields) = value else {
             return Err(DocumentError::NotAState(format!(
                 "expected a JSON object with \"completed\" and/or \"partial\", got {}",
-                kind_of(&value)
+                value.kind()
             )));
         };
         let mut doc = Self::default();
@@ -51,12 +57,12 @@ impl StateDocument {
                 }
             };
             *half = match value {
-                Value::Null => JsonObject::new(),
-                Value::Object(object) => object,
+                Json::Object(object) => object,
+                null if null.is_null() => JsonObject::default(),
                 other => {
                     return Err(DocumentError::NotAState(format!(
                         "\"{key}\" must be a JSON object or null, got {}",
-                        kind_of(&other)
+                        other.kind()
                     )));
                 }
             };
@@ -95,11 +101,11 @@ impl StateDocument {
     }
 
     pub fn completed_json(&self) -> String {
-        Value::Object(self.completed.clone()).to_string()
+        self.completed.to_json()
     }
 
     pub fn partial_json(&self) -> String {
-        Value::Object(self.partial.clone()).to_string()
+        self.partial.to_json()
     }
 }
 
@@ -110,13 +116,13 @@ impl StateDocument {
 fn deep_merge(src: JsonObject, dest: &mut JsonObject) {
     for (key, value) in src {
         match (value, dest.get_mut(&key)) {
-            (Value::Object(src_child), Some(Value::Object(dest_child))) => {
+            (Json::Object(src_child), Some(Json::Object(dest_child))) => {
                 deep_merge(src_child, dest_child);
             }
-            (Value::Object(src_child), _) => {
-                let mut fresh = JsonObject::new();
+            (Json::Object(src_child), _) => {
+                let mut fresh = JsonObject::default();
                 deep_merge(src_child, &mut fresh);
-                dest.insert(key, Value::Object(fresh));
+                dest.insert(key, Json::Object(fresh));
             }
             (value, _) => {
                 dest.insert(key, value);
@@ -127,16 +133,16 @@ fn deep_merge(src: JsonObject, dest: &mut JsonObject) {
 
 fn stored_object(column: &'static str, text: Option<&str>) -> Result<JsonObject, CorruptState> {
     let text = match text {
-        None => return Ok(JsonObject::new()),
-        Some(t) if t.trim().is_empty() => return Ok(JsonObject::new()),
+        None => return Ok(JsonObject::default()),
+        Some(t) if t.trim().is_empty() => return Ok(JsonObject::default()),
         Some(t) => t,
     };
-    match serde_json::from_str(text) {
-        Ok(Value::Object(object)) => Ok(object),
-        Ok(Value::Null) => Ok(JsonObject::new()),
+    match Json::parse(text.as_bytes()) {
+        Ok(Json::Object(object)) => Ok(object),
+        Ok(null) if null.is_null() => Ok(JsonObject::default()),
         Ok(other) => Err(CorruptState {
             column,
-            reason: format!("found {}", kind_of(&other)),
+            reason: format!("found {}", other.kind()),
         }),
         Err(err) => Err(CorruptState {
             column,
@@ -145,30 +151,24 @@ fn stored_object(column: &'static str, text: Option<&str>) -> Result<JsonObject,
     }
 }
 
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn doc(value: Value) -> StateDocument {
         StateDocument::from_request(value.to_string().as_bytes()).unwrap()
     }
 
+    /// The object as serde_json sees it, to compare with `json!`.
+    fn value(object: &JsonObject) -> Value {
+        serde_json::from_str(&object.to_json()).unwrap()
+    }
+
     #[test]
     fn parses_both_halves_and_treats_null_or_absent_as_empty() {
         let d = doc(json!({"completed": {"a": 1}, "partial": null}));
-        assert_eq!(Value::Object(d.completed), json!({"a": 1}));
+        assert_eq!(value(&d.completed), json!({"a": 1}));
         assert!(d.partial.is_empty());
         assert_eq!(doc(json!({})), StateDocument::default());
     }
@@ -197,13 +197,44 @@ mod tests {
     }
 
     #[test]
-    fn numbers_keep_their_digits_and_keys_their_order() {
-        let body = r#"{"completed":{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e400}}"#;
+    fn numbers_and_strings_keep_their_text_and_keys_their_order() {
+        let body = r#"{"completed":{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e400,"e":1E5,"s":"\u00e9"}}"#;
         let d = StateDocument::from_request(body.as_bytes()).unwrap();
         assert_eq!(
             d.completed_json(),
-            // Digits are never rounded; serde_json only spells the exponent sign out.
-            r#"{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e+400}"#
+            r#"{"z":123456789012345678901234567890,"a":0.1000000000000000055511151231257827,"m":1e400,"e":1E5,"s":"\u00e9"}"#
+        );
+    }
+
+    #[test]
+    fn refuses_a_key_given_twice_at_any_depth() {
+        for body in [
+            r#"{"completed":{"a":1},"completed":{"b":3}}"#,
+            r#"{"completed":{"a":1},"partial":{},"partial":null}"#,
+            r#"{"completed":{"singer_state":{"bookmarks":{"s":1,"s":2}}}}"#,
+            r#"{"partial":{"list":[{"k":1,"k":1}]}}"#,
+        ] {
+            let err = StateDocument::from_request(body.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&err, DocumentError::NotAState(why) if why.contains("appears twice")),
+                "{body}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_merge_keeps_the_text_of_what_it_does_not_touch_and_of_what_it_brings() {
+        let current = StateDocument::from_request(
+            br#"{"completed":{"c":1E5},"partial":{"a":{"x":2.50E+3,"y":1}}}"#,
+        )
+        .unwrap();
+        let incoming =
+            StateDocument::from_request(br#"{"partial":{"a":{"y":7e-1},"b":1E0}}"#).unwrap();
+        let merged = StateDocument::updated_by(Some(current), incoming);
+        assert_eq!(merged.completed_json(), r#"{"c":1E5}"#);
+        assert_eq!(
+            merged.partial_json(),
+            r#"{"a":{"x":2.50E+3,"y":7e-1},"b":1E0}"#
         );
     }
 
@@ -218,11 +249,11 @@ mod tests {
         }));
         let merged = StateDocument::updated_by(Some(current), incoming);
         assert_eq!(
-            Value::Object(merged.completed),
+            value(&merged.completed),
             json!({"singer_state": {"bookmarks": {"a": 1}}})
         );
         assert_eq!(
-            Value::Object(merged.partial),
+            value(&merged.partial),
             json!({"singer_state": {"bookmarks": {"s1": {"ts": 2, "keep": true}, "s2": [9], "s3": {"new": 1}}}})
         );
     }
@@ -246,7 +277,7 @@ mod tests {
         let current = doc(json!({"partial": {"k": "scalar"}}));
         let incoming = doc(json!({"partial": {"k": {"x": 1}}}));
         let merged = StateDocument::updated_by(Some(current), incoming);
-        assert_eq!(Value::Object(merged.partial), json!({"k": {"x": 1}}));
+        assert_eq!(value(&merged.partial), json!({"k": {"x": 1}}));
     }
 
     #[test]
@@ -257,5 +288,8 @@ mod tests {
         assert!(d.completed.is_empty());
         assert!(StateDocument::from_stored(Some("[1]"), None).is_err());
         assert!(StateDocument::from_stored(Some("{oops"), None).is_err());
+        // Another writer's text is read as it is, exponents included.
+        let d = StateDocument::from_stored(Some(r#"{"n":1E5}"#), None).unwrap();
+        assert_eq!(d.completed_json(), r#"{"n":1E5}"#);
     }
 }

@@ -1,13 +1,15 @@
 //! The service's vocabulary, parsed at the edge so the rest never re-checks it.
 
 mod document;
+mod json;
 mod lease;
 mod page;
 mod pattern;
 mod state_id;
 
 pub use document::{CorruptState, DocumentError, StateDocument};
+pub use json::JsonObject;
 pub use lease::Lease;
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
-pub use pattern::{PatternTooLong, StatePattern};
+pub use pattern::{PatternError, StatePattern};
 pub use state_id::{StateId, StateIdError};

@@ -1,3 +1,7 @@
+use std::fmt;
+
+use crate::telemetry::ClientText;
+
 /// Longest glob accepted: room for a 900-byte id with wildcards around it.
 pub const MAX_PATTERN_BYTES: usize = 4096;
 
@@ -8,20 +12,30 @@ pub const MAX_PATTERN_BYTES: usize = 4096;
 pub struct StatePattern(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("pattern is {0} bytes long; at most {MAX_PATTERN_BYTES} bytes are allowed")]
-pub struct PatternTooLong(usize);
+pub enum PatternError {
+    /// It could only match the empty id, which cannot exist: surely a mistake.
+    #[error("pattern must not be empty; `*` matches every state_id")]
+    Empty,
+    #[error("pattern is {0} bytes long; at most {MAX_PATTERN_BYTES} bytes are allowed")]
+    TooLong(usize),
+}
 
 impl StatePattern {
-    pub fn parse(raw: impl Into<String>) -> Result<Self, PatternTooLong> {
+    pub fn parse(raw: impl Into<String>) -> Result<Self, PatternError> {
         let raw = raw.into();
-        if raw.len() > MAX_PATTERN_BYTES {
-            return Err(PatternTooLong(raw.len()));
+        match raw.len() {
+            0 => Err(PatternError::Empty),
+            n if n > MAX_PATTERN_BYTES => Err(PatternError::TooLong(n)),
+            _ => Ok(Self(raw)),
         }
-        Ok(Self(raw))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 
     pub fn matches_everything(&self) -> bool {
-        !self.0.is_empty() && self.0.chars().all(|c| c == '*')
+        self.0.chars().all(|c| c == '*')
     }
 
     /// The same language as an RE2 expression (ClickHouse `match`), anchored at
@@ -49,6 +63,13 @@ impl StatePattern {
     pub fn literal_prefix(&self) -> &str {
         let end = self.0.find(['*', '?']).unwrap_or(self.0.len());
         &self.0[..end]
+    }
+}
+
+/// The log form, as for [`crate::domain::StateId`]: the glob is the client's text.
+impl fmt::Display for StatePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        ClientText(&self.0).fmt(f)
     }
 }
 
@@ -82,16 +103,16 @@ mod tests {
     fn only_stars_match_everything() {
         assert!(pattern("*").matches_everything());
         assert!(pattern("**").matches_everything());
-        assert!(!pattern("").matches_everything());
         assert!(!pattern("*a").matches_everything());
     }
 
     #[test]
-    fn rejects_overlong_patterns() {
+    fn rejects_empty_and_overlong_patterns() {
+        assert_eq!(StatePattern::parse(""), Err(PatternError::Empty));
         assert!(StatePattern::parse("*".repeat(MAX_PATTERN_BYTES)).is_ok());
         assert_eq!(
             StatePattern::parse("*".repeat(MAX_PATTERN_BYTES + 1)),
-            Err(PatternTooLong(MAX_PATTERN_BYTES + 1))
+            Err(PatternError::TooLong(MAX_PATTERN_BYTES + 1))
         );
     }
 }

@@ -1,5 +1,7 @@
 use std::fmt;
 
+use crate::telemetry::ClientText;
+
 /// Meltano's own SQL state backends keep ids in a VARCHAR(900).
 pub const MAX_STATE_ID_BYTES: usize = 900;
 
@@ -7,6 +9,8 @@ pub const MAX_STATE_ID_BYTES: usize = 900;
 ///
 /// Any other content is allowed (Meltano ids hold `:`, `-`, `.`, `/`, spaces),
 /// so every query binds it as a parameter and never splices it into SQL.
+/// For the same reason its `Display` is the log form ([`ClientText`]: quoted
+/// and escaped unless plain); the id itself is [`StateId::as_str`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StateId(String);
 
@@ -35,7 +39,7 @@ impl StateId {
 
 impl fmt::Display for StateId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        ClientText(&self.0).fmt(f)
     }
 }
 
@@ -70,6 +74,17 @@ mod tests {
             StateId::parse("€".repeat(301)),
             Err(StateIdError::TooLong(903))
         );
+    }
+
+    #[test]
+    fn displays_as_a_log_safe_form() {
+        assert_eq!(
+            StateId::parse("dev:tap-a").unwrap().to_string(),
+            "dev:tap-a"
+        );
+        let forged = StateId::parse("a\r\nINFO forged").unwrap();
+        assert_eq!(forged.to_string(), r#""a\r\nINFO forged""#);
+        assert_eq!(forged.as_str(), "a\r\nINFO forged");
     }
 
     #[test]

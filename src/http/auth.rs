@@ -29,7 +29,9 @@ fn unauthorized(detail: &str) -> Response {
 }
 
 /// Lets the request through if it carries a token with the role it needs;
-/// with no tokens configured, everything goes through.
+/// with no tokens configured, everything goes through. Two `Authorization`
+/// headers are refused on every operation that takes a token, configured or
+/// not, so that a client learns of them before it meets a gateway with tokens.
 pub async fn guard(
     State((ctx, access)): State<(AppContext, Access)>,
     request: Request,
@@ -40,19 +42,23 @@ pub async fn guard(
         Access::Metrics => ctx.protect_metrics.then_some(Role::Read),
         Access::Needs(role) => Some(role),
     };
-    let Some(needed) = needed.filter(|_| !ctx.tokens.is_empty()) else {
+    let Some(needed) = needed else {
         return next.run(request).await;
     };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    let Some(presented) = presented else {
+    let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
+    let (first, second) = (values.next(), values.next());
+    if second.is_some() {
+        // Which one counts would be a guess; proxies and servers differ on it.
+        return problem(
+            StatusCode::BAD_REQUEST,
+            ProblemType::InvalidHeader,
+            "send one Authorization header, not several",
+        );
+    }
+    if ctx.tokens.is_empty() {
+        return next.run(request).await;
+    }
+    let Some(presented) = first.and_then(bearer_token) else {
         return unauthorized("send Authorization: Bearer <token>");
     };
     match ctx.tokens.role_of(presented) {
@@ -67,5 +73,54 @@ pub async fn guard(
             ),
         ),
         Some(_) => next.run(request).await,
+    }
+}
+
+/// The token of `Bearer <token>`. RFC 9110 (11.1, 11.4): the scheme is
+/// case-insensitive, and one or more spaces or tabs separate it from the token.
+fn bearer_token(value: &HeaderValue) -> Option<&str> {
+    let value = value.to_str().ok()?;
+    let (scheme, rest) = value.split_once([' ', '\t'])?;
+    let token = rest.trim_matches([' ', '\t']);
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(value: &str) -> Option<String> {
+        bearer_token(&HeaderValue::from_str(value).unwrap()).map(str::to_owned)
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive_and_any_blanks_may_precede_the_token() {
+        for value in [
+            "Bearer tok",
+            "bearer tok",
+            "BEARER tok",
+            "bEaReR tok",
+            "Bearer   tok",
+            "Bearer\ttok",
+            "Bearer \t tok",
+            "Bearer tok ",
+        ] {
+            assert_eq!(token(value).as_deref(), Some("tok"), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_empty_tokens_are_no_token() {
+        for value in [
+            "Basic dG9rOg==",
+            "Bearertok",
+            "Bearer",
+            "Bearer ",
+            "Bear tok",
+            "tok",
+            "",
+        ] {
+            assert_eq!(token(value), None, "{value:?}");
+        }
     }
 }

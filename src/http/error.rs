@@ -10,6 +10,7 @@ use crate::domain::{DocumentError, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
+use crate::telemetry::ClientText;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -240,7 +241,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind) = self.status_and_type();
         if status.is_server_error() {
-            tracing::error!(error = %self, problem = kind.slug(), "request failed");
+            // ClickHouse's own error text may quote what the client sent.
+            let error = self.to_string();
+            tracing::error!(error = %ClientText(&error), problem = kind.slug(), "request failed");
         }
         let holder = match &self {
             Self::Lock(LockError::Held { holder, .. }) => {

@@ -6,6 +6,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, StatusCode, header};
+use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -40,11 +41,31 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        refuse_invalid_utf8(parts.uri.query().unwrap_or_default())?;
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(value)| Self(value))
             .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))
     }
+}
+
+/// `Query` turns bytes that are not UTF-8 (`pattern=%FF`) into U+FFFD without
+/// a word: a glob or cursor changed that way would quietly mean something else.
+fn refuse_invalid_utf8(query: &str) -> Result<(), ApiError> {
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Ok(decoded_name) = percent_decode_str(name).decode_utf8() else {
+            return Err(ApiError::InvalidQuery(
+                "a query parameter name is not UTF-8 once percent-decoded".into(),
+            ));
+        };
+        if percent_decode_str(value).decode_utf8().is_err() {
+            return Err(ApiError::InvalidQuery(format!(
+                "query parameter {decoded_name:?} is not UTF-8 once percent-decoded"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A request body holding a state document, within the body limit.

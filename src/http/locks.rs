@@ -142,7 +142,7 @@ pub async fn get(
 ) -> Result<Json<LockView>, ApiError> {
     match ctx.locks.current(&id).await? {
         Some(lease) => Ok(Json(LockView::from(&lease))),
-        None => Err(ApiError::LockNotFound(id.to_string())),
+        None => Err(ApiError::LockNotFound(id.as_str().to_owned())),
     }
 }
 

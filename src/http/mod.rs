@@ -8,6 +8,7 @@ mod health;
 mod locks;
 mod states;
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::Router;
@@ -28,6 +29,7 @@ use error::{PROBLEM_JSON, ProblemType, problem};
 use self::auth::Access;
 use crate::AppContext;
 use crate::auth::Role;
+use crate::telemetry::ClientText;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -127,14 +129,7 @@ pub fn router(ctx: AppContext) -> Router {
                 .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
                 .layer(
                     TraceLayer::new_for_http()
-                        .make_span_with(|request: &Request<Body>| {
-                            let id = request
-                                .headers()
-                                .get(REQUEST_ID)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("-");
-                            tracing::info_span!("request", method = %request.method(), path = %request.uri().path(), request_id = %id)
-                        })
+                        .make_span_with(request_span)
                         .on_response(DefaultOnResponse::new().level(Level::INFO)),
                 )
                 .layer(PropagateRequestIdLayer::new(REQUEST_ID))
@@ -147,6 +142,25 @@ pub fn router(ctx: AppContext) -> Router {
                     )
                 })),
         )
+}
+
+/// Every field a client sent is logged through [`ClientText`], so no header
+/// can put a line break or a terminal escape into the log.
+fn request_span(request: &Request<Body>) -> tracing::Span {
+    let header_text = |name| {
+        request.headers().get(name).map_or(Cow::Borrowed("-"), |v| {
+            String::from_utf8_lossy(v.as_bytes())
+        })
+    };
+    let request_id = header_text(REQUEST_ID);
+    let user_agent = header_text(header::USER_AGENT);
+    tracing::info_span!(
+        "request",
+        method = %ClientText(request.method().as_str()),
+        path = %ClientText(request.uri().path()),
+        request_id = %ClientText(&request_id),
+        user_agent = %ClientText(&user_agent),
+    )
 }
 
 /// RFC 3339 UTC with milliseconds, the API's one time format.

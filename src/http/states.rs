@@ -5,13 +5,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{PageCursor, PageLimit, StateId, StateIdError, StatePattern};
+use crate::domain::{JsonObject, PageCursor, PageLimit, StateId, StateIdError, StatePattern};
 use crate::states::{Change, WriteConditions};
 use crate::store::StoredState;
 
@@ -44,8 +44,8 @@ struct ListedState {
 #[derive(Serialize)]
 struct StateRepresentation<'a> {
     state_id: &'a str,
-    completed: &'a Map<String, Value>,
-    partial: &'a Map<String, Value>,
+    completed: &'a JsonObject,
+    partial: &'a JsonObject,
     updated_at: String,
 }
 
@@ -83,14 +83,16 @@ pub async fn list(
     let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
     let cursor = params
         .cursor
-        .map(|raw| PageCursor::decode(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string())))
+        .map(|raw| {
+            PageCursor::decode(&raw, &pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
+        })
         .transpose()?;
     let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
     let next_cursor = has_more
         .then(|| {
             summaries
                 .last()
-                .map(|last| PageCursor::after(last.id.clone()).encode())
+                .map(|last| PageCursor::after(last.id.clone()).encode(&pattern))
         })
         .flatten();
     let listing = StateListing {
@@ -120,6 +122,7 @@ pub async fn delete_many(
     };
     let pattern = parse_pattern(Some(raw))?;
     let deleted = ctx.states.delete_matching(&pattern).await?;
+    tracing::warn!(%pattern, deleted, "deleted states by pattern");
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }
 
@@ -132,7 +135,7 @@ pub async fn get(
         .states
         .get(&id)
         .await?
-        .ok_or_else(|| ApiError::StateNotFound(id.to_string()))?;
+        .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
     let etag = &state.etag;
     let unchanged = headers
         .get(header::IF_NONE_MATCH)

@@ -37,7 +37,7 @@ impl StoredRow {
     pub fn parse(self) -> Result<StoredState, StoreError> {
         let doc = StateDocument::from_stored(self.completed.as_deref(), self.partial.as_deref())
             .map_err(|source| StoreError::Corrupt {
-                id: self.id.to_string(),
+                id: self.id.as_str().to_owned(),
                 source,
             })?;
         Ok(StoredState {

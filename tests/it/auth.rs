@@ -193,3 +193,74 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
         .await;
     assert_eq!(release.status, StatusCode::NO_CONTENT);
 }
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_blanks_may_precede_the_token() {
+    let app = app_with_tokens(false).await;
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        for blanks in [" ", "   ", "\t", " \t "] {
+            let value = format!("{scheme}{blanks}{WRITE}");
+            let reply = app
+                .request(
+                    Method::PUT,
+                    "/v1/states/schemes",
+                    Some(r#"{"completed": {"v": 1}}"#),
+                    &[("authorization", &value)],
+                )
+                .await;
+            assert!(reply.status.is_success(), "{value:?}: {}", reply.text);
+        }
+    }
+    for value in [
+        format!("Bearer{WRITE}"),
+        format!("Basic {WRITE}"),
+        format!("Bearer: {WRITE}"),
+        "Bearer ".to_owned(),
+    ] {
+        let reply = app
+            .request(
+                Method::GET,
+                "/v1/states",
+                None,
+                &[("authorization", &value)],
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{value:?}");
+    }
+}
+
+#[tokio::test]
+async fn two_authorization_headers_are_refused_and_write_nothing() {
+    let app = app_with_tokens(false).await;
+    let write = format!("Bearer {WRITE}");
+    let read = format!("Bearer {READ}");
+    let unknown = "Bearer not-a-token-at-all-000".to_owned();
+    for pair in [
+        [&write, &write],
+        [&read, &write],
+        [&write, &unknown],
+        [&unknown, &write],
+    ] {
+        let reply = app
+            .request(
+                Method::PUT,
+                "/v1/states/twice",
+                Some(r#"{"completed": {"v": 1}}"#),
+                &[("authorization", pair[0]), ("authorization", pair[1])],
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{pair:?}");
+        assert_eq!(reply.problem_type(), "invalid-header");
+    }
+    assert_eq!(app.table_snapshot().await, Vec::new());
+    // Open endpoints take no token, so they do not look at it.
+    let health = app
+        .request(
+            Method::GET,
+            "/healthz",
+            None,
+            &[("authorization", &write), ("authorization", &read)],
+        )
+        .await;
+    assert_eq!(health.status, StatusCode::OK);
+}

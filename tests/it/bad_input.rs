@@ -9,7 +9,7 @@ use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 struct Case {
     method: Method,
     path: String,
-    body: Option<&'static str>,
+    body: Option<String>,
     headers: Vec<(&'static str, &'static str)>,
     status: u16,
     problem: &'static str,
@@ -18,14 +18,14 @@ struct Case {
 fn case(
     method: Method,
     path: impl Into<String>,
-    body: Option<&'static str>,
+    body: Option<&str>,
     status: u16,
     problem: &'static str,
 ) -> Case {
     Case {
         method,
         path: path.into(),
-        body,
+        body: body.map(str::to_owned),
         headers: Vec::new(),
         status,
         problem,
@@ -40,6 +40,18 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
         &json!({"completed": {"keep": 1}, "partial": {"p": 1}}),
     )
     .await;
+    app.put_state("existing-2", &json!({})).await;
+    let first_page = app.get("/v1/states?pattern=existing*&limit=1").await.json();
+    let cursor = first_page["next_cursor"]
+        .as_str()
+        .expect("a second page")
+        .to_owned();
+    let tampered = format!(
+        "{}{}",
+        &cursor[..cursor.len() - 1],
+        if cursor.ends_with('0') { '1' } else { '0' }
+    );
+    let bare_id_cursor: String = "existing".bytes().map(|b| format!("{b:02x}")).collect();
     let before = app.table_snapshot().await;
     let too_long = format!("/v1/states/{}", "a".repeat(901));
     let mut cases = vec![
@@ -233,6 +245,88 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
             "not-found",
         ),
     ];
+    // A key twice in one object, at any depth: one of the two would be lost.
+    for body in [
+        r#"{"completed":{"a":1},"completed":{"b":3}}"#,
+        r#"{"completed":{"a":1},"partial":null,"partial":{}}"#,
+        r#"{"completed":{"singer_state":{"bookmarks":{"s":{"ts":1},"s":{"ts":2}}}}}"#,
+        r#"{"partial":{"list":[1,{"k":1,"\u006b":2}]}}"#,
+    ] {
+        cases.push(case(
+            Method::PUT,
+            "/v1/states/existing",
+            Some(body),
+            400,
+            "invalid-state-document",
+        ));
+        cases.push(case(
+            Method::PATCH,
+            "/v1/states/new",
+            Some(body),
+            400,
+            "invalid-state-document",
+        ));
+    }
+    for body in [
+        r#"{"completed":{"s":"\ud800"}}"#,
+        r#"{"completed":{"s":"\udc00\ud800"}}"#,
+    ] {
+        cases.push(case(
+            Method::PUT,
+            "/v1/states/existing",
+            Some(body),
+            400,
+            "invalid-json",
+        ));
+    }
+    let nested = format!(r#"{{"completed":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+    cases.push(case(
+        Method::PUT,
+        "/v1/states/existing",
+        Some(&nested),
+        400,
+        "invalid-json",
+    ));
+    // Query parameters that are not UTF-8 once decoded, and empty globs.
+    for path in [
+        "/v1/states?pattern=%FF",
+        "/v1/states?pattern=exist%C3",
+        "/v1/states?pattern=%FF*",
+        "/v1/states?cursor=%FF",
+        "/v1/states?limit=%FF",
+        "/v1/states?pattern=",
+    ] {
+        cases.push(case(Method::GET, path, None, 400, "invalid-query"));
+    }
+    for path in [
+        "/v1/states?pattern=%FF",
+        "/v1/states?pattern=%FF*",
+        "/v1/states?pattern=",
+        "/v1/states?pattern=*&%FF=1",
+    ] {
+        cases.push(case(Method::DELETE, path, None, 400, "invalid-query"));
+    }
+    // A cursor works only with the pattern it was handed out for, unaltered.
+    for path in [
+        format!("/v1/states?cursor={cursor}"),
+        format!("/v1/states?pattern=*&cursor={cursor}"),
+        format!("/v1/states?pattern=existing&cursor={cursor}"),
+        format!("/v1/states?pattern=existing*&cursor={tampered}"),
+        format!("/v1/states?pattern=existing*&cursor={bare_id_cursor}"),
+    ] {
+        cases.push(case(Method::GET, path, None, 400, "invalid-query"));
+    }
+    // Two Authorization headers: refused even without tokens configured.
+    for (method, path, body) in [
+        (Method::PUT, "/v1/states/existing", Some("{}")),
+        (Method::DELETE, "/v1/states?pattern=*", None),
+        (Method::DELETE, "/v1/states/existing", None),
+    ] {
+        let mut twice = case(method, path, body, 400, "invalid-header");
+        twice.headers.push(("authorization", "Bearer one"));
+        twice.headers.push(("authorization", "Bearer two"));
+        cases.push(twice);
+    }
     let mut bad_header = case(
         Method::PUT,
         "/v1/states/existing",
@@ -272,7 +366,7 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
 
     for c in &cases {
         let reply = app
-            .request(c.method.clone(), &c.path, c.body, &c.headers)
+            .request(c.method.clone(), &c.path, c.body.as_deref(), &c.headers)
             .await;
         let what = format!("{} {}", c.method, &c.path[..c.path.len().min(60)]);
         assert_eq!(reply.status.as_u16(), c.status, "{what}: {}", reply.text);
@@ -283,6 +377,15 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
         before,
         "no bad request changed anything"
     );
+    assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
+    // The right cursor with its own pattern still works.
+    let second_page = app
+        .get(&format!(
+            "/v1/states?pattern=existing*&limit=1&cursor={cursor}"
+        ))
+        .await
+        .json();
+    assert_eq!(second_page["states"][0]["state_id"], "existing-2");
 }
 
 /// Sends raw bytes and reads the whole response (the connection is closed after it).

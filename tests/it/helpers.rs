@@ -345,11 +345,19 @@ pub async fn raw_sql(sql: &str) -> String {
 pub struct GatewayProcess {
     pub base: String,
     pub child: tokio::process::Child,
+    /// Every line it writes to stderr, byte for byte (without the `\n`).
+    logs: tokio::task::JoinHandle<Vec<Vec<u8>>>,
 }
 
 impl GatewayProcess {
     pub fn api(&self) -> Api {
         Api::new(self.base.clone())
+    }
+
+    /// Kills the process and answers every line it logged.
+    pub async fn kill_and_collect_logs(mut self) -> Vec<Vec<u8>> {
+        self.child.kill().await.expect("the gateway can be killed");
+        self.logs.await.expect("the log reader finishes")
     }
 }
 
@@ -364,7 +372,7 @@ pub fn free_port() -> u16 {
 /// Starts the binary against `clickhouse_url` and waits for its ready line;
 /// `extra` adds flags (the schema, claim timings, ...). Logs as JSON.
 pub async fn spawn_gateway_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
-    spawn_gateway_process_on(free_port(), clickhouse_url, extra).await
+    spawn_gateway_process_logging(clickhouse_url, extra, "json", &[]).await
 }
 
 /// A gateway process that advertises its address to its peers.
@@ -373,13 +381,25 @@ pub async fn spawn_peer_process(clickhouse_url: &str, extra: &[&str]) -> Gateway
     let advertise = format!("http://127.0.0.1:{port}");
     let mut args = vec!["--advertise-url", advertise.as_str()];
     args.extend_from_slice(extra);
-    spawn_gateway_process_on(port, clickhouse_url, &args).await
+    spawn_gateway_process_on(port, clickhouse_url, &args, "json", &[]).await
+}
+
+/// As [`spawn_gateway_process`], with `--log-format log_format` and `env` set.
+pub async fn spawn_gateway_process_logging(
+    clickhouse_url: &str,
+    extra: &[&str],
+    log_format: &str,
+    env: &[(&str, &str)],
+) -> GatewayProcess {
+    spawn_gateway_process_on(free_port(), clickhouse_url, extra, log_format, env).await
 }
 
 async fn spawn_gateway_process_on(
     port: u16,
     clickhouse_url: &str,
     extra: &[&str],
+    log_format: &str,
+    env: &[(&str, &str)],
 ) -> GatewayProcess {
     use std::process::Stdio;
     use tokio::io::{AsyncBufReadExt, BufReader};
@@ -390,31 +410,50 @@ async fn spawn_gateway_process_on(
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--log-format",
-            "json",
+            log_format,
         ])
         .args(extra)
         .env("STATEHOUSE_CLICKHOUSE_URL", clickhouse_url)
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("statehouse starts");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("statehouse ready") {
-                return line;
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    // Raw bytes, split on `\n` only: a stray `\r` or invalid UTF-8 must stay visible.
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let logs = tokio::spawn(async move {
+        let mut lines = Vec::new();
+        let mut ready_tx = Some(ready_tx);
+        loop {
+            let mut line = Vec::new();
+            match stderr.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
             }
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            let text = String::from_utf8_lossy(&line);
+            if let Some(tx) = ready_tx.take_if(|_| text.contains("statehouse ready")) {
+                let _ = tx.send(text.into_owned());
+            }
+            // Keep draining so that it never blocks on a full pipe.
+            lines.push(line);
         }
-        panic!("statehouse exited before it was ready");
-    })
-    .await
-    .expect("ready within 30 s");
-    let ready: Value = serde_json::from_str(&ready).expect("the ready line is JSON");
-    assert_eq!(ready["message"], "statehouse ready");
-    // Keep draining its logs so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        lines
+    });
+    let ready = tokio::time::timeout(Duration::from_secs(30), ready_rx)
+        .await
+        .expect("ready within 30 s")
+        .expect("statehouse exited before it was ready");
+    if log_format == "json" {
+        let ready: Value = serde_json::from_str(&ready).expect("the ready line is JSON");
+        assert_eq!(ready["message"], "statehouse ready");
+    }
     GatewayProcess {
         base: format!("http://127.0.0.1:{port}"),
         child,
+        logs,
     }
 }

@@ -12,6 +12,7 @@ mod helpers;
 mod lock_cancellation;
 mod lock_concurrency;
 mod locks_api;
+mod logs;
 mod packaging;
 mod proxy;
 mod seed_compat;

@@ -3,7 +3,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{encode_id, raw_sql, spawn_app};
+use crate::helpers::{encode_id, raw_sql, spawn_app, spawn_configured, test_config, unique_schema};
 
 #[tokio::test]
 async fn put_creates_then_replaces_and_get_returns_it_with_its_etag() {
@@ -71,6 +71,56 @@ async fn numbers_and_strings_come_back_exactly() {
     assert_eq!(
         serde_json::from_str::<Value>(&stored).unwrap(),
         sent["completed"]
+    );
+}
+
+#[tokio::test]
+async fn numbers_and_strings_keep_their_text_through_put_patch_and_get() {
+    let app = spawn_app().await;
+    let sent = r#"{"completed":{"n":1E5,"m":2.5E-3,"k":1e5,"p":1e+5,"big":12345678901234567890123456789E-40,"s":"caf\u00e9 \/ \ud83d\ude80"},"partial":{"a":{"x":-0.0E0}}}"#;
+    let put = app
+        .request(Method::PUT, "/v1/states/exact-text", Some(sent), &[])
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    let completed = r#""completed":{"n":1E5,"m":2.5E-3,"k":1e5,"p":1e+5,"big":12345678901234567890123456789E-40,"s":"caf\u00e9 \/ \ud83d\ude80"}"#;
+    for reply in [&put, &app.get_state("exact-text").await] {
+        assert!(reply.text.contains(completed), "{}", reply.text);
+        assert!(
+            reply.text.contains(r#""partial":{"a":{"x":-0.0E0}}"#),
+            "{}",
+            reply.text
+        );
+    }
+    // A merge keeps the text of what it keeps and of what it brings.
+    let patch = app
+        .request(
+            Method::PATCH,
+            "/v1/states/exact-text",
+            Some(r#"{"partial": {"a": {"y": 7E-1}, "b": [1E0, {"c": 3.0E+2}]}}"#),
+            &[],
+        )
+        .await;
+    assert_eq!(patch.status, StatusCode::OK, "{}", patch.text);
+    let merged = r#""partial":{"a":{"x":-0.0E0,"y":7E-1},"b":[1E0,{"c":3.0E+2}]}"#;
+    assert!(patch.text.contains(completed), "{}", patch.text);
+    assert!(patch.text.contains(merged), "{}", patch.text);
+    // ClickHouse holds the same text (compact), which the seed plugin reads as JSON.
+    let stored = raw_sql(&format!(
+        "SELECT completed_state, partial_state FROM `{}`.state FINAL WHERE state_id = 'exact-text' FORMAT JSONEachRow",
+        app.schema
+    ))
+    .await;
+    let row: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(
+        format!("{{{completed}}}"),
+        format!(
+            "{{\"completed\":{}}}",
+            row["completed_state"].as_str().unwrap()
+        )
+    );
+    assert_eq!(
+        format!("{{{merged}}}"),
+        format!("{{\"partial\":{}}}", row["partial_state"].as_str().unwrap())
     );
 }
 
@@ -404,6 +454,53 @@ async fn pagination_neither_skips_nor_repeats() {
         100,
         "default limit is 100"
     );
+}
+
+#[tokio::test]
+async fn a_cursor_resumes_its_own_pattern_through_any_gateway_and_no_other() {
+    let schema = unique_schema();
+    let a = spawn_configured(test_config(&schema)).await;
+    let b = spawn_configured(test_config(&schema)).await;
+    let mut ids: Vec<String> = (0..25).map(|n| format!("dev:{n:02}")).collect();
+    ids.extend((0..5).map(|n| format!("prod:{n}")));
+    for id in &ids {
+        a.put_state(id, &json!({})).await;
+    }
+    // Pages alternate between the gateways: a cursor holds no per-process secret.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for turn in 0.. {
+        let gateway = if turn % 2 == 0 { &a } else { &b };
+        let path = match &cursor {
+            Some(c) => format!("/v1/states?pattern=dev:*&limit=4&cursor={c}"),
+            None => "/v1/states?pattern=dev:*&limit=4".to_owned(),
+        };
+        let page = gateway.get(&path).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        let page = page.json();
+        seen.extend(
+            page["states"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["state_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => {
+                // Used with another pattern, or none (`*`), it is refused.
+                for other in ["&pattern=*", "", "&pattern=dev:", "&pattern=prod:*"] {
+                    let misused = gateway
+                        .get(&format!("/v1/states?limit=4&cursor={next}{other}"))
+                        .await;
+                    assert_eq!(misused.status, StatusCode::BAD_REQUEST, "{other}");
+                    assert_eq!(misused.problem_type(), "invalid-query");
+                }
+                cursor = Some(next.to_owned());
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids[..25], "every dev: id once, in byte order");
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@ mod bad_input;
 mod cli;
 mod clickhouse_faults;
 mod contract;
+mod first_start;
 mod helpers;
 mod lock_concurrency;
 mod locks_api;

@@ -13,7 +13,12 @@ server binary. It speaks what the `clickhouse` Rust crate and curl use:
 * `/ping`; errors as HTTP 500 with `Code: N. DB::Exception: ...` and the
   `X-ClickHouse-Exception-Code` header.
 
-Credentials are accepted and ignored: this is a dev engine bound to loopback.
+Without `--user` credentials are accepted and ignored: this is a dev engine
+bound to loopback. With `--user NAME:PASSWORD[:readonly]` (repeatable) only
+those users get in, by `X-ClickHouse-User`/`X-ClickHouse-Key`, HTTP Basic or
+`user`/`password` in the URL, and others are refused with ClickHouse's own
+AUTHENTICATION_FAILED (516, HTTP 403); a `readonly` user may only read, and
+anything else gets ClickHouse's ACCESS_DENIED (497, HTTP 403) naming the grant.
 chDB allows one process per data directory and one statement at a time per
 connection, so queries are serialized behind one lock.
 """
@@ -21,6 +26,8 @@ connection, so queries are serialized behind one lock.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import http.server
 import os
 import re
@@ -64,6 +71,15 @@ SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 INSERT_WITH_FORMAT = re.compile(r"^\s*(INSERT\s+INTO\s+.*?)\s+FORMAT\s+(\w+)\s*;?\s*$", re.I | re.S)
 ERROR_CODE = re.compile(r"Code:\s*(\d+)")
 NATIVE_BLOCK_HEADER = 16 + 9  # CityHash128 checksum, method byte, two u32 sizes
+READ_STATEMENT = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS|EXPLAIN|USE|SET)\b", re.I)
+NAME = r"((?:`[^`]*`|\w+)(?:\.(?:`[^`]*`|\w+))?)"
+# What ClickHouse names in ACCESS_DENIED for the statements a read-only user may not run.
+GRANTS = [
+    (re.compile(r"^\s*CREATE\s+DATABASE\s+(?:IF\s+NOT\s+EXISTS\s+)?" + NAME, re.I), "CREATE DATABASE", True),
+    (re.compile(r"^\s*CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?" + NAME, re.I), "CREATE TABLE", False),
+    (re.compile(r"^\s*INSERT\s+INTO\s+(?:TABLE\s+)?" + NAME, re.I), "INSERT", False),
+    (re.compile(r"^\s*DELETE\s+FROM\s+" + NAME, re.I), "ALTER DELETE", False),
+]
 
 
 class ClickHouseError(Exception):
@@ -81,6 +97,10 @@ class ClickHouseError(Exception):
         if not text.startswith("Code:"):
             text = f"Code: {code}. DB::Exception: {text}"
         return cls(text, code)
+
+
+class AccessError(ClickHouseError):
+    """Refused credentials or a missing grant: HTTP 403, as ClickHouse answers them."""
 
 
 def quote_literal(value: str) -> str:
@@ -131,6 +151,30 @@ def parse_multipart(content_type: str, body: bytes) -> dict[str, str]:
         if name:
             fields[name.group(1).decode()] = value.decode()
     return fields
+
+
+class User:
+    def __init__(self, spec: str):
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "readonly"):
+            raise argparse.ArgumentTypeError(f"expected NAME:PASSWORD[:readonly], got {spec!r}")
+        self.name, self.password = parts[0], parts[1]
+        self.readonly = len(parts) == 3
+
+
+def denied_grant(sql: str, database: str) -> str | None:
+    """The grant a read-only user lacks for `sql`, as ClickHouse words it; None if it only reads."""
+    if READ_STATEMENT.match(sql):
+        return None
+    for pattern, privilege, whole_database in GRANTS:
+        found = pattern.match(sql)
+        if found:
+            parts = [p.strip("`") for p in found.group(1).split(".")]
+            if whole_database:
+                return f"{privilege} ON {parts[0]}.*"
+            table = parts if len(parts) == 2 else [database.strip("`") or "default", parts[0]]
+            return f"{privilege} ON {table[0]}.{table[1]}"
+    return f"{sql.split(None, 1)[0].upper()} ON *.*"
 
 
 class Engine:
@@ -190,6 +234,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     server_version = "statehouse-localch"
     engine: Engine
     verbose = False
+    users: dict[str, User] | None = None
 
     def setup(self):
         super().setup()
@@ -227,14 +272,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if url.path not in ("/", ""):
             return self.fail(ClickHouseError(f"Code: 0. DB::Exception: There is no handle {url.path}", 0), 404)
         try:
-            output = self.run(url.query, body)
+            user = self.authenticate(url.query)
+            output = self.run(url.query, body, user)
+        except AccessError as exc:
+            return self.fail(exc, 403)
         except ClickHouseError as exc:
             return self.fail(exc, 500)
         except Exception as exc:  # a bug here must still answer like ClickHouse would
             return self.fail(ClickHouseError(f"Code: 1001. DB::Exception: {exc!r}", 1001), 500)
         self.reply(200, output, "text/plain; charset=UTF-8")
 
-    def run(self, query_string: str, body: bytes) -> bytes:
+    def authenticate(self, query_string: str) -> User | None:
+        """The configured user these credentials name, as ClickHouse checks them; None without users."""
+        if self.users is None:
+            return None
+        name = self.headers.get("X-ClickHouse-User")
+        password = self.headers.get("X-ClickHouse-Key", "")
+        basic = self.headers.get("Authorization", "")
+        if name is None and basic.lower().startswith("basic "):
+            try:
+                name, _, password = base64.b64decode(basic[6:].strip()).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                name, password = "", ""
+        if name is None:
+            url_params = dict(urllib.parse.parse_qsl(query_string, keep_blank_values=True))
+            name, password = url_params.get("user"), url_params.get("password", "")
+        name = name or "default"
+        user = self.users.get(name)
+        if user is None or user.password != password:
+            raise AccessError(
+                f"Code: 516. DB::Exception: {name}: Authentication failed: password is incorrect, "
+                "or there is no user with such name. (AUTHENTICATION_FAILED)",
+                516,
+            )
+        return user
+
+    def run(self, query_string: str, body: bytes, user: User | None) -> bytes:
         url_params = dict(urllib.parse.parse_qsl(query_string, keep_blank_values=True))
         content_type = self.headers.get("Content-Type", "")
         form = {}
@@ -259,6 +332,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             sql, data = body.decode("utf-8", errors="replace"), None
         if not sql.strip():
             raise ClickHouseError("Code: 62. DB::Exception: Empty query", 62)
+        grant = denied_grant(sql, database) if user is not None and user.readonly else None
+        if grant is not None:
+            raise AccessError(
+                f"Code: 497. DB::Exception: {user.name}: Not enough privileges. To execute this query, "
+                f"it's necessary to have the grant {grant}. (ACCESS_DENIED)",
+                497,
+            )
         return self.engine.execute(sql, params, settings, database, fmt, data)
 
     def fail(self, exc: ClickHouseError, status: int):
@@ -292,11 +372,20 @@ def main() -> int:
     parser.add_argument("--tls-port", type=int, help="also serve HTTPS on this port")
     parser.add_argument("--tls-cert", help="PEM certificate (chain) for --tls-port")
     parser.add_argument("--tls-key", help="PEM private key for --tls-port")
+    parser.add_argument(
+        "--user",
+        type=User,
+        action="append",
+        metavar="NAME:PASSWORD[:readonly]",
+        help="only let these users in (repeatable); without it any credentials are accepted",
+    )
     args = parser.parse_args()
 
     os.makedirs(args.data, exist_ok=True)
     Handler.engine = Engine(args.data)
     Handler.verbose = args.verbose
+    if args.user:
+        Handler.users = {user.name: user for user in args.user}
     servers = [Server((args.host, args.port), Handler)]
     print(f"localch: ClickHouse HTTP interface on http://{args.host}:{servers[0].server_address[1]} (data {args.data})", flush=True)
     if args.tls_port is not None:

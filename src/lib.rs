@@ -28,7 +28,7 @@ use crate::config::Config;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::{ClickHouse, Store, StoreError};
+use crate::store::{Blocker, ClickHouse, Store, StoreError};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
@@ -42,12 +42,43 @@ pub struct AppContext {
     pub protect_metrics: bool,
 }
 
+/// Why the gateway did not start; each says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("ClickHouse at {endpoint} not usable after {waited:?}: {source}")]
     ClickHouse {
         endpoint: String,
         waited: Duration,
+        source: StoreError,
+    },
+    #[error(
+        "ClickHouse at {endpoint} refused user {user:?}, wrong user or password: {source}; set the password with --clickhouse-password or STATEHOUSE_CLICKHOUSE_PASSWORD (the user with --clickhouse-user, or both in --clickhouse-url)"
+    )]
+    Credentials {
+        endpoint: String,
+        user: String,
+        source: StoreError,
+    },
+    #[error(
+        "ClickHouse user {user:?} may not create the gateway's database or tables: {source}; grant what ClickHouse names (the gateway needs CREATE DATABASE, CREATE TABLE, SELECT, INSERT and ALTER DELETE on {schema}.*), have an administrator create them, or use databases the user has: --schema (STATEHOUSE_SCHEMA) and the database in --clickhouse-url"
+    )]
+    Permission {
+        user: String,
+        schema: String,
+        source: StoreError,
+    },
+    #[error(
+        "ClickHouse at {endpoint} presented a TLS certificate the gateway does not trust: {source}; pass the CA that signed it with --clickhouse-ca-file or STATEHOUSE_CLICKHOUSE_CA_FILE, and name the host the certificate is for in --clickhouse-url"
+    )]
+    UntrustedCertificate {
+        endpoint: String,
+        source: StoreError,
+    },
+    #[error(
+        "{endpoint} does not speak ClickHouse's HTTP interface: {source}; point --clickhouse-url (STATEHOUSE_CLICKHOUSE_URL) at ClickHouse's HTTP port (clickhouse://host:8123, or clickhouses://host:8443 for TLS), not the native port 9000 or another service"
+    )]
+    NotClickHouse {
+        endpoint: String,
         source: StoreError,
     },
     #[error("cannot listen on {addr}: {source}")]
@@ -169,7 +200,8 @@ fn guarded_listen_address(config: &Config) -> SocketAddr {
     loopback
 }
 
-/// Waits for ClickHouse (bounded by the startup timeout) and creates the schema.
+/// Waits for ClickHouse (bounded by the startup timeout) and creates the
+/// databases and tables; gives up at once on what waiting cannot fix.
 async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartError> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
@@ -178,21 +210,47 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
             store.clickhouse.ping().await?;
             store.ensure_schema().await
         };
-        match attempt.await {
+        let source = match attempt.await {
             Ok(()) => return Ok(()),
-            Err(source) if started.elapsed() + delay >= config.startup_timeout => {
-                return Err(StartError::ClickHouse {
-                    endpoint: config.clickhouse.endpoint(),
-                    waited: started.elapsed(),
-                    source,
-                });
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, retry_in = ?delay, "ClickHouse not usable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-            }
+            Err(source) => source,
+        };
+        if let Some(blocker) = source.blocker() {
+            return Err(blocked(blocker, config, source));
         }
+        let remaining = config.startup_timeout.saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            return Err(StartError::ClickHouse {
+                endpoint: config.clickhouse.endpoint(),
+                // Milliseconds are enough for people reading it.
+                waited: Duration::from_millis(
+                    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                ),
+                source,
+            });
+        }
+        let delay_now = delay.min(remaining);
+        tracing::warn!(error = %source, retry_in = ?delay_now, "ClickHouse not usable yet");
+        tokio::time::sleep(delay_now).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+fn blocked(blocker: Blocker, config: &Config, source: StoreError) -> StartError {
+    let endpoint = config.clickhouse.endpoint();
+    let user = config.clickhouse.user.clone();
+    match blocker {
+        Blocker::Credentials => StartError::Credentials {
+            endpoint,
+            user,
+            source,
+        },
+        Blocker::Permission => StartError::Permission {
+            user,
+            schema: config.schema.as_str().to_owned(),
+            source,
+        },
+        Blocker::UntrustedCertificate => StartError::UntrustedCertificate { endpoint, source },
+        Blocker::NotClickHouse => StartError::NotClickHouse { endpoint, source },
     }
 }
 

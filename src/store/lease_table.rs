@@ -190,8 +190,7 @@ impl LeaseStore {
     }
 
     /// Claims are only needed while they can matter; lease and token rows
-    /// stay, since they carry the last fencing token of their state_id. A
-    /// table made by an earlier version gains the token kind and the URL column.
+    /// stay, since they carry the last fencing token of their state_id.
     pub async fn ensure_table(&self) -> Result<(), StoreError> {
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {} (
@@ -212,17 +211,32 @@ impl LeaseStore {
             TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
             self.table
         );
-        let upgrade = format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS advertise_url String DEFAULT '',
-             MODIFY COLUMN kind {KIND_TYPE}",
-            self.table
-        );
-        for sql in [create, upgrade] {
-            self.ch
-                .timed("ensure_schema", self.ch.client.query(&sql).execute())
-                .await?;
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .await
+    }
+
+    /// A table an earlier version made gains the token kind and the URL
+    /// column; one that has them is left alone (its user may lack ALTER).
+    pub async fn upgrade_table(&self, columns: &[(String, String)]) -> Result<(), StoreError> {
+        let has_urls = columns.iter().any(|(name, _)| name == "advertise_url");
+        let has_tokens = columns
+            .iter()
+            .any(|(name, kind)| name == "kind" && kind.contains("'tokens'"));
+        let mut changes = Vec::new();
+        if !has_urls {
+            changes.push("ADD COLUMN IF NOT EXISTS advertise_url String DEFAULT ''".to_owned());
         }
-        Ok(())
+        if !has_tokens {
+            changes.push(format!("MODIFY COLUMN kind {KIND_TYPE}"));
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let alter = format!("ALTER TABLE {} {}", self.table, changes.join(", "));
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&alter).execute())
+            .await
     }
 
     /// Inserts a claim candidate stamped with the server's clock, with the

@@ -1,8 +1,10 @@
 //! ClickHouse: one client, every round trip under the query timeout and
 //! measured, every value a bound parameter. One module per table.
 
+mod diagnosis;
 mod http_client;
 mod lease_table;
+mod ping;
 mod state_table;
 
 use std::future::Future;
@@ -10,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clickhouse::Client;
+use clickhouse::sql::Identifier as SqlIdentifier;
 
+pub use diagnosis::Blocker;
 pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
 pub use state_table::{StateStore, StateSummary, StoredRow, StoredState};
 
@@ -24,6 +28,10 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("ClickHouse request failed: {}", with_causes(.0))]
     ClickHouse(#[from] clickhouse::error::Error),
+    /// An answer without a ClickHouse exception that is not a result either:
+    /// a proxy's error page, or another server altogether.
+    #[error("the answer is not ClickHouse's: HTTP {}: {excerpt}", status_line(*.status))]
+    Unrecognized { status: u16, excerpt: String },
     #[error("state {id:?} in ClickHouse cannot be read: {source}")]
     Corrupt { id: String, source: CorruptState },
 }
@@ -31,6 +39,11 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct ClickHouse {
     client: Client,
+    /// The same connection settings without the URI's database, which may not
+    /// exist yet: it creates it.
+    bootstrap: Client,
+    database: String,
+    pinger: Arc<ping::Pinger>,
     timeout: Duration,
     metrics: Arc<Metrics>,
 }
@@ -42,30 +55,32 @@ impl ClickHouse {
         // candidates settle out of order; every query here is synchronous.
         // max_execution_time stops server-side work we gave up on.
         let http = http_client::builder().build(http_client::connector(target));
-        let client = Client::with_http_client(http)
+        let bootstrap = Client::with_http_client(http)
             .with_url(target.endpoint())
             .with_user(&target.user)
             .with_password(&target.password)
-            .with_database(&target.database)
             .with_setting("async_insert", "0")
             .with_setting("max_execution_time", timeout.as_secs().max(1).to_string());
         Self {
-            client,
+            client: bootstrap.clone().with_database(&target.database),
+            bootstrap,
+            database: target.database.clone(),
+            pinger: Arc::new(ping::Pinger::new(target)),
             timeout,
             metrics,
         }
     }
 
     /// Runs one ClickHouse round trip under the query timeout and records it.
-    async fn timed<T>(
+    async fn timed<T, E: Into<StoreError>>(
         &self,
         operation: &'static str,
-        call: impl Future<Output = Result<T, clickhouse::error::Error>>,
+        call: impl Future<Output = Result<T, E>>,
     ) -> Result<T, StoreError> {
         let started = Instant::now();
         let result = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(StoreError::ClickHouse(err)),
+            Ok(Err(err)) => Err(err.into()),
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
         self.metrics
@@ -73,10 +88,73 @@ impl ClickHouse {
         result
     }
 
+    /// `SELECT 1` as the configured user, without the URI's database.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.timed("ping", self.client.query("SELECT 1").fetch_one::<u8>())
+        self.timed("ping", self.pinger.ping()).await
+    }
+
+    /// Creates a database unless it exists: `CREATE DATABASE IF NOT EXISTS`
+    /// needs the grant even when there is nothing to create, and a user
+    /// without it can still use a database an administrator made.
+    async fn ensure_database(&self, name: &str) -> Result<(), StoreError> {
+        let exists = self
+            .bootstrap
+            .query("SELECT count() FROM system.databases WHERE name = {name:String}")
+            .param("name", name);
+        if self
+            .timed("ensure_schema", exists.fetch_one::<u64>())
+            .await?
+            > 0
+        {
+            return Ok(());
+        }
+        let create = self
+            .bootstrap
+            .query("CREATE DATABASE IF NOT EXISTS ?")
+            .bind(SqlIdentifier(name));
+        self.timed("ensure_schema", create.execute()).await
+    }
+
+    /// The columns of `database`.`table`, with their types.
+    async fn columns(
+        &self,
+        database: &str,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let query = self
+            .bootstrap
+            .query(
+                "SELECT name, type FROM system.columns
+                 WHERE database = {database:String} AND table = {table:String}",
+            )
+            .param("database", database)
+            .param("table", table);
+        self.timed("ensure_schema", query.fetch_all::<(String, String)>())
             .await
-            .map(drop)
+    }
+
+    /// Which of `tables` are missing from `database`.
+    async fn missing_tables<'a>(
+        &self,
+        database: &str,
+        tables: [&'a str; 2],
+    ) -> Result<Vec<&'a str>, StoreError> {
+        let present = self
+            .bootstrap
+            .query(
+                "SELECT name FROM system.tables
+                 WHERE database = {database:String} AND name IN ({first:String}, {second:String})",
+            )
+            .param("database", database)
+            .param("first", tables[0])
+            .param("second", tables[1]);
+        let present = self
+            .timed("ensure_schema", present.fetch_all::<String>())
+            .await?;
+        Ok(tables
+            .into_iter()
+            .filter(|table| !present.iter().any(|name| name == table))
+            .collect())
     }
 }
 
@@ -87,6 +165,7 @@ pub struct Store {
     pub states: StateStore,
     pub leases: LeaseStore,
     schema: Identifier,
+    table: Identifier,
 }
 
 impl Store {
@@ -94,40 +173,70 @@ impl Store {
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
-            leases: LeaseStore::new(ch.clone(), qualified(&format!("{}_lease", table.as_str()))),
+            leases: LeaseStore::new(ch.clone(), qualified(&lease_table_name(table))),
             clickhouse: ch,
             schema,
+            table: table.clone(),
         }
     }
 
-    /// Creates the database and both tables if missing.
+    /// Creates what is missing of the URI's database, `schema` and both tables.
     pub async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let create_db = format!("CREATE DATABASE IF NOT EXISTS `{}`", self.schema.as_str());
-        self.clickhouse
-            .timed(
-                "ensure_schema",
-                self.clickhouse.client.query(&create_db).execute(),
-            )
+        let ch = &self.clickhouse;
+        if !ch.database.is_empty() {
+            ch.ensure_database(&ch.database).await?;
+        }
+        ch.ensure_database(self.schema.as_str()).await?;
+        let lease_table = lease_table_name(&self.table);
+        let missing = ch
+            .missing_tables(self.schema.as_str(), [self.table.as_str(), &lease_table])
             .await?;
-        self.states.ensure_table().await?;
-        self.leases.ensure_table().await
+        if missing.contains(&self.table.as_str()) {
+            self.states.ensure_table().await?;
+        }
+        if missing.contains(&lease_table.as_str()) {
+            self.leases.ensure_table().await?;
+        } else {
+            let columns = ch.columns(self.schema.as_str(), &lease_table).await?;
+            self.leases.upgrade_table(&columns).await?;
+        }
+        Ok(())
     }
 }
 
+fn lease_table_name(table: &Identifier) -> String {
+    format!("{}_lease", table.as_str())
+}
+
 /// An error and its causes on one line: "client error (connect)" alone does
-/// not say that the certificate was not trusted.
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(inner) = cause {
-        let inner_text = inner.to_string();
-        if !text.contains(&inner_text) {
-            text.push_str(": ");
-            text.push_str(&inner_text);
+/// not say that the certificate was not trusted, and a server's message may
+/// span lines.
+fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = String::new();
+    for cause in diagnosis::causes(err) {
+        let cause_text = one_line(&cause.to_string());
+        if !text.contains(&cause_text) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause_text);
         }
-        cause = inner.source();
     }
     text
+}
+
+fn status_line(status: u16) -> String {
+    let reason = hyper::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|status| status.canonical_reason());
+    match reason {
+        Some(reason) => format!("{status} {reason}"),
+        None => status.to_string(),
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// This machine's clock in milliseconds since the epoch, as versions and lease times are kept.

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::helpers::{free_port, spawn_gateway_process, unique_schema};
+use crate::helpers::{answering, free_port, spawn_gateway_process, unique_schema};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
 
@@ -101,22 +101,42 @@ fn missing_or_malformed_uri_is_one_clear_line_and_a_failure() {
     }
 }
 
+const PROXY_502: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nServer: nginx\r\nContent-Type: text/html\r\nContent-Length: 53\r\nConnection: close\r\n\r\n<html><head><title>502 Bad Gateway</title></head></html>";
+
 #[test]
-fn unreachable_clickhouse_at_start_fails_after_the_startup_timeout() {
-    let url = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
-    let (code, stderr) = run(
-        &[
-            "serve",
-            "--startup-timeout",
-            "1s",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[("STATEHOUSE_CLICKHOUSE_URL", &url), ("RUST_LOG", "off")],
-    );
-    assert_eq!(code, Some(1), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("not usable after"), "{stderr}");
+fn unreachable_clickhouse_at_start_is_retried_until_the_startup_timeout() {
+    let closed_port = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
+    let proxy_without_upstream = format!("clickhouse://default@{}/default", answering(PROXY_502));
+    for url in [closed_port, proxy_without_upstream] {
+        let (code, stderr) = run(
+            &[
+                "serve",
+                "--startup-timeout",
+                "2s",
+                "--listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ],
+            &[("STATEHOUSE_CLICKHOUSE_URL", &url), ("RUST_LOG", "warn")],
+        );
+        assert_eq!(code, Some(1), "{stderr}");
+        let (last, logs) = stderr
+            .lines()
+            .collect::<Vec<_>>()
+            .split_last()
+            .map(|(last, logs)| (last.to_string(), logs.to_vec()))
+            .expect("something on stderr");
+        assert!(
+            last.starts_with("statehouse: error: ") && last.contains("not usable after"),
+            "{stderr}"
+        );
+        let retries = logs
+            .iter()
+            .filter(|line| line.contains("ClickHouse not usable yet"))
+            .count();
+        assert!(retries >= 2, "retried before giving up: {stderr}");
+    }
 }
 
 #[tokio::test]

@@ -24,6 +24,19 @@ pub fn clickhouse_target() -> ClickHouseTarget {
         .expect("STATEHOUSE_TEST_CLICKHOUSE_URL must be a valid URI")
 }
 
+/// The local ClickHouse that checks credentials (`scripts/test` starts it):
+/// this URL's user may do anything.
+pub fn auth_clickhouse_url() -> String {
+    std::env::var("STATEHOUSE_TEST_CLICKHOUSE_AUTH_URL")
+        .expect("STATEHOUSE_TEST_CLICKHOUSE_AUTH_URL is set by scripts/test")
+}
+
+/// The same ClickHouse as a user who may only read.
+pub fn readonly_clickhouse_url() -> String {
+    std::env::var("STATEHOUSE_TEST_CLICKHOUSE_READONLY_URL")
+        .expect("STATEHOUSE_TEST_CLICKHOUSE_READONLY_URL is set by scripts/test")
+}
+
 /// A database name no other test uses.
 pub fn unique_schema() -> String {
     format!("it_{}", uuid::Uuid::new_v4().simple())
@@ -325,8 +338,13 @@ impl TestApp {
 
 /// Sends SQL to the test ClickHouse over its HTTP interface, as any client would.
 pub async fn raw_sql(sql: &str) -> String {
+    raw_sql_at(&clickhouse_url(), sql).await
+}
+
+/// Sends SQL to the ClickHouse of `url`, as its user.
+pub async fn raw_sql_at(url: &str, sql: &str) -> String {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    let target = clickhouse_target();
+    let target = parse_clickhouse_url(url).expect("a valid ClickHouse URI");
     let response = CLIENT
         .get_or_init(reqwest::Client::new)
         .post(format!("{}/", target.endpoint()))
@@ -456,4 +474,55 @@ async fn spawn_gateway_process_on(
         child,
         logs,
     }
+}
+
+/// Runs `statehouse serve` against `clickhouse_url` with a startup timeout
+/// far longer than the test waits, so a start that retries fails the test;
+/// answers the one line it printed on stderr.
+pub async fn failed_start(clickhouse_url: &str, extra: &[&str]) -> String {
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--startup-timeout",
+            "60s",
+        ])
+        .args(extra)
+        .env("STATEHOUSE_CLICKHOUSE_URL", clickhouse_url)
+        .env("RUST_LOG", "off")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the start gave up at once instead of retrying")
+        .expect("statehouse runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("statehouse: error: "), "{stderr}");
+    stderr
+}
+
+/// A TCP server on loopback that reads a request and answers `reply` to each
+/// connection: a web server or another service where ClickHouse should be.
+pub fn answering(reply: &'static [u8]) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = Vec::new();
+            let mut buf = [0; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(reply);
+        }
+    });
+    addr
 }

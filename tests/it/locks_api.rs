@@ -5,7 +5,9 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{peer_config, spawn_app, spawn_configured, test_config, unique_schema};
+use crate::helpers::{
+    peer_config, raw_sql, spawn_app, spawn_configured, test_config, unique_schema,
+};
 
 #[tokio::test]
 async fn acquire_inspect_release() {
@@ -395,4 +397,29 @@ async fn a_gateway_that_shuts_down_hands_its_claims_back() {
         .acquire("handed-back", &json!({"owner": "next"}))
         .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+}
+
+/// A lease table made by the version before token blocks and forwarding
+/// (no token kind, no URL column) is upgraded in place at start, keeping
+/// its fencing tokens.
+#[tokio::test]
+async fn a_lease_table_from_the_previous_version_is_upgraded_and_keeps_its_tokens() {
+    let schema = unique_schema();
+    raw_sql(&format!("CREATE DATABASE `{schema}`")).await;
+    raw_sql(&format!(
+        "CREATE TABLE `{schema}`.state_lease (
+            state_id String, kind Enum8('claim' = 1, 'lease' = 2), claim_id UUID, lease_id UUID,
+            gateway_id UUID, owner String, fencing_token UInt64, created_at DateTime64(3),
+            expires_at DateTime64(3), released UInt8, version UInt64
+        ) ENGINE = ReplacingMergeTree(version) ORDER BY (state_id, kind, claim_id)"
+    ))
+    .await;
+    raw_sql(&format!(
+        "INSERT INTO `{schema}`.state_lease VALUES ('old', 'lease', toUUID('00000000-0000-0000-0000-000000000000'),
+            generateUUIDv4(), generateUUIDv4(), 'before', 41, now64(3) - 60, now64(3) - 30, 1, 41 * 1048576 + 1048575)"
+    ))
+    .await;
+    let app = spawn_configured(test_config(&schema)).await;
+    let (_, token) = app.lease("old", "after", 30, 0.0).await;
+    assert!(token > 41, "token {token} continues above the old ones");
 }

@@ -7,6 +7,7 @@ mod balancer;
 mod cli;
 mod clickhouse_faults;
 mod contract;
+mod first_start;
 mod gateways;
 mod helpers;
 mod lock_cancellation;

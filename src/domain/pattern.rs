@@ -1,5 +1,6 @@
 use std::fmt;
 
+use super::StateId;
 use crate::telemetry::ClientText;
 
 /// Longest glob accepted: room for a 900-byte id with wildcards around it.
@@ -36,6 +37,37 @@ impl StatePattern {
 
     pub fn matches_everything(&self) -> bool {
         self.0.chars().all(|c| c == '*')
+    }
+
+    /// Whether `id` is in the glob's language (the same one [`Self::to_regex`]
+    /// gives ClickHouse), by the classic two-pointer match with one backtrack
+    /// point: linear in practice, quadratic at worst.
+    pub fn matches(&self, id: &StateId) -> bool {
+        let glob: Vec<char> = self.0.chars().collect();
+        let text: Vec<char> = id.as_str().chars().collect();
+        let (mut g, mut t) = (0, 0);
+        let mut star: Option<(usize, usize)> = None;
+        while t < text.len() {
+            match glob.get(g) {
+                Some('*') => {
+                    star = Some((g, t));
+                    g += 1;
+                }
+                Some(&c) if c == '?' || c == text[t] => {
+                    g += 1;
+                    t += 1;
+                }
+                _ => match star {
+                    Some((star_g, star_t)) => {
+                        g = star_g + 1;
+                        t = star_t + 1;
+                        star = Some((star_g, star_t + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        glob[g..].iter().all(|c| *c == '*')
     }
 
     /// The same language as an RE2 expression (ClickHouse `match`), anchored at
@@ -76,6 +108,31 @@ impl fmt::Display for StatePattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matches_in_memory_as_clickhouse_does() {
+        let id = |raw: &str| StateId::parse(raw.to_owned()).unwrap();
+        for (glob, text, expected) in [
+            ("*", "anything/at all", true),
+            ("dev:*", "dev:tap-a-to-b", true),
+            ("dev:*", "prod:tap", false),
+            ("dev:tap-?", "dev:tap-a", true),
+            ("dev:tap-?", "dev:tap-ab", false),
+            ("*-to-*", "dev:tap-a-to-target-b", true),
+            ("a*b*c", "a-b-b-c", true),
+            ("a*b*c", "a-b-b-d", false),
+            ("100%_[x]", "100%_[x]", true),
+            ("100%_[x]", "100ab[x]", false),
+            ("é?", "éé", true),
+            ("**", "x", true),
+        ] {
+            assert_eq!(
+                pattern(glob).matches(&id(text)),
+                expected,
+                "{glob} ~ {text}"
+            );
+        }
+    }
 
     fn pattern(raw: &str) -> StatePattern {
         StatePattern::parse(raw).unwrap()

@@ -1,7 +1,8 @@
 //! `/v1/states`: Meltano state documents over REST.
 
 use axum::Json;
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,7 @@ use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
 use crate::domain::{JsonObject, PageCursor, PageLimit, StateId, StateIdError, StatePattern};
+use crate::locks::FORWARDED_BY;
 use crate::states::{Change, WriteConditions};
 use crate::store::StoredState;
 
@@ -113,6 +115,7 @@ pub async fn list(
 pub async fn delete_many(
     State(ctx): State<AppContext>,
     ApiQuery(params): ApiQuery<DeleteManyParams>,
+    request: Request,
 ) -> Result<Json<Value>, ApiError> {
     // Clearing everything must be asked for (pattern=*), never the result of a missing parameter.
     let Some(raw) = params.pattern else {
@@ -122,6 +125,12 @@ pub async fn delete_many(
     };
     let pattern = parse_pattern(Some(raw))?;
     let deleted = ctx.states.delete_matching(&pattern).await?;
+    // Gateways that are authorities for some matches keep their state in
+    // memory: each deletes and forgets them too before this answers.
+    let (parts, _) = request.into_parts();
+    if !parts.headers.contains_key(FORWARDED_BY) {
+        ctx.locks.tell_peers(&parts, &Bytes::new()).await?;
+    }
     tracing::warn!(%pattern, deleted, "deleted states by pattern");
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -89,6 +90,9 @@ impl Default for PeerClient {
     }
 }
 
+/// How long a peer may take to act on what it is told.
+const TELL_DEADLINE: Duration = Duration::from_secs(30);
+
 /// A peer that does not take the connection within this is taken for gone.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -132,6 +136,29 @@ impl LockManager {
         self.authorities
             .remember(id, &peer, self.settings.claim_ttl / 3);
         Ok(Route::Peer(peer))
+    }
+
+    /// Sends a request to every other gateway that is the authority for some
+    /// id (a delete by pattern, which they must see before it is answered),
+    /// one after another: there are a handful. One that cannot be reached is
+    /// logged; its claims lapse without it.
+    pub async fn tell_peers(&self, parts: &Parts, body: &Bytes) -> Result<(), LockError> {
+        for (gateway_id, url) in self.leases.peers(self.settings.gateway_id).await? {
+            let peer = Peer {
+                gateway_id,
+                url: url.trim_end_matches('/').to_owned(),
+                lapses_at_ms: now_ms(),
+            };
+            let copy = Request::from_parts(parts.clone(), Body::from(body.clone()));
+            match self.forward(&peer, copy, TELL_DEADLINE).await {
+                Ok(response) if response.status().is_success() => {}
+                Ok(response) => {
+                    tracing::warn!(gateway_id = %gateway_id, status = %response.status(), "a peer refused what it was told");
+                }
+                Err(err) => tracing::warn!(error = %err, "could not tell a peer"),
+            }
+        }
+        Ok(())
     }
 
     /// The peer looked up for `id` turned out not to be its authority.

@@ -148,11 +148,16 @@ impl LockManager {
     }
 
     fn holds_claim(&self, id: &StateId) -> bool {
-        self.existing_slot(id).is_some_and(|slot| {
-            let mut st = slot.lock();
-            st.expire(id, Instant::now(), &self.metrics);
-            st.claim.is_some()
-        })
+        self.authority_claim(id).is_some()
+    }
+
+    /// The claim this gateway holds on `id`, if it is the id's authority: as
+    /// long as it holds that claim, every write to the id comes through it.
+    pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
+        let slot = self.existing_slot(id)?;
+        let mut st = slot.lock();
+        st.expire(id, Instant::now(), &self.metrics);
+        st.claim.as_ref().map(|c| c.candidate.claim_id)
     }
 
     /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier

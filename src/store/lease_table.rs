@@ -446,6 +446,28 @@ impl LeaseStore {
             .collect()
     }
 
+    /// The other gateways holding live claims that peers can reach: (gateway, URL).
+    pub async fn peers(&self, gateway_id: Uuid) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let sql = format!(
+            "SELECT DISTINCT toString(gateway_id), advertise_url FROM {} FINAL
+             WHERE kind = 'claim' AND released = 0 AND expires_at > now64(3)
+               AND gateway_id != {{gateway:UUID}} AND advertise_url != ''",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("gateway", gateway_id.to_string());
+        let rows = self
+            .ch
+            .timed("claim_peers", query.fetch_all::<(String, String)>())
+            .await?;
+        rows.into_iter()
+            .map(|(gateway, url)| Ok((parse_uuid(&gateway)?, url)))
+            .collect()
+    }
+
     /// The lease columns, and whether the lease is in force (see [`StoredLease`]).
     fn lease_columns(&self) -> String {
         format!(

@@ -18,6 +18,14 @@ pub struct StoredRow {
 }
 
 impl StoredRow {
+    /// Bytes of document text it holds.
+    pub fn size(&self) -> usize {
+        [&self.completed, &self.partial]
+            .into_iter()
+            .map(|text| text.as_ref().map_or(0, String::len))
+            .sum()
+    }
+
     /// A strong validator: changes whenever the version or the content does.
     pub fn etag(&self) -> String {
         let mut hash = Fnv1a::default();
@@ -146,7 +154,7 @@ impl StateStore {
         id: &StateId,
         doc: StateDocument,
         replacing: Option<&StoredRow>,
-    ) -> Result<StoredState, StoreError> {
+    ) -> Result<(StoredRow, StoredState), StoreError> {
         let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
         let row = StoredRow {
             id: id.clone(),
@@ -171,12 +179,13 @@ impl StateStore {
                 insert.end().await
             })
             .await?;
-        Ok(StoredState {
+        let state = StoredState {
             etag: row.etag(),
-            id: row.id,
+            id: row.id.clone(),
             doc,
             updated_at_ms: row.updated_at_ms,
-        })
+        };
+        Ok((row, state))
     }
 
     pub async fn delete(&self, id: &StateId) -> Result<(), StoreError> {

@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    peer_config, raw_sql, spawn_app, spawn_configured, test_config, unique_schema,
+    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, unique_schema,
 };
 
 #[tokio::test]
@@ -422,4 +422,85 @@ async fn a_lease_table_from_the_previous_version_is_upgraded_and_keeps_its_token
     let app = spawn_configured(test_config(&schema)).await;
     let (_, token) = app.lease("old", "after", 30, 0.0).await;
     assert!(token > 41, "token {token} continues above the old ones");
+}
+
+/// How many ClickHouse round trips of `operation` the gateway has made.
+async fn queries(app: &Api, operation: &str) -> u64 {
+    let metrics = app.get("/metrics").await.text;
+    let prefix =
+        format!("statehouse_clickhouse_query_duration_seconds_count{{operation=\"{operation}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Meltano's cycle per STATE message (lock, read, write with the lease,
+/// unlock) on an id this gateway is the authority for costs one synchronous
+/// ClickHouse round trip: the write's INSERT.
+#[tokio::test]
+async fn a_state_message_cycle_on_the_authority_costs_one_clickhouse_round_trip() {
+    let app = spawn_app().await;
+    app.put_state("hot", &json!({"completed": {"n": 0}})).await;
+    // The first message of a run claims the id and reads it from ClickHouse.
+    let (lease, _) = app.lease("hot", "meltano", 30, 0.0).await;
+    app.get_state("hot").await;
+    app.release("hot", &lease).await;
+    let (reads, writes) = (queries(&app, "get").await, queries(&app, "put").await);
+    for n in 1..=5 {
+        let (lease, _) = app.lease("hot", "meltano", 30, 0.0).await;
+        let read = app.get_state("hot").await;
+        assert_eq!(read.json()["completed"]["n"], n - 1);
+        let write = app
+            .put_state_with_lease("hot", &json!({"completed": {"n": n}}), &lease)
+            .await;
+        assert_eq!(write.status, StatusCode::OK, "{}", write.text);
+        assert_eq!(
+            app.release("hot", &lease).await.status,
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(queries(&app, "get").await, reads, "no ClickHouse reads");
+    assert_eq!(
+        queries(&app, "put").await,
+        writes + 5,
+        "one INSERT per message"
+    );
+    assert_eq!(
+        app.get_state("hot").await.json()["completed"]["n"],
+        5,
+        "the state read back is the last one written"
+    );
+}
+
+/// An authority keeps its ids' state in memory; a delete by pattern through
+/// another gateway reaches it before that delete is answered.
+#[tokio::test]
+async fn a_delete_by_pattern_through_another_gateway_is_seen_by_the_authority() {
+    let schema = unique_schema();
+    let a = spawn_configured(peer_config(&schema)).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    let (lease, _) = a.lease("remembered", "w", 30, 0.0).await;
+    a.put_state_with_lease("remembered", &json!({"completed": {"v": 1}}), &lease)
+        .await;
+    a.release("remembered", &lease).await;
+    assert_eq!(a.get_state("remembered").await.status, StatusCode::OK);
+
+    let deleted = b
+        .request(Method::DELETE, "/v1/states?pattern=remember*", None, &[])
+        .await;
+    assert_eq!(deleted.json()["deleted"], 1);
+    assert_eq!(
+        a.get_state("remembered").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let patch = a
+        .patch_state("remembered", &json!({"partial": {"w": 2}}))
+        .await;
+    assert_eq!(patch.status, StatusCode::CREATED, "{}", patch.text);
+    assert_eq!(
+        patch.json()["completed"],
+        json!({}),
+        "nothing deleted comes back"
+    );
 }

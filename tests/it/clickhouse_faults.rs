@@ -5,24 +5,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{TestApp, clickhouse_target, spawn_app_with};
-use crate::proxy::Proxy;
+use crate::helpers::TestApp;
+use crate::proxy::{Proxy, spawn_app_behind_proxy};
 
 async fn app_behind_proxy(query_timeout: Duration) -> (TestApp, Proxy) {
-    let target = clickhouse_target();
-    let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
-    let app = spawn_app_with(|config| {
-        config.clickhouse.host = proxy.addr.ip().to_string();
-        config.clickhouse.port = proxy.addr.port();
-        config.query_timeout = query_timeout;
-    })
-    .await;
-    (app, proxy)
+    spawn_app_behind_proxy(|config| config.query_timeout = query_timeout).await
 }
 
 #[tokio::test]

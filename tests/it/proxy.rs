@@ -10,6 +10,28 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use statehouse::config::Config;
+
+use crate::helpers::{TestApp, clickhouse_target, spawn_app_with};
+
+/// A gateway in this process whose ClickHouse traffic goes through a proxy.
+pub async fn spawn_app_behind_proxy(adjust: impl FnOnce(&mut Config)) -> (TestApp, Proxy) {
+    let target = clickhouse_target();
+    let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let app = spawn_app_with(|config| {
+        config.clickhouse.host = proxy.addr.ip().to_string();
+        config.clickhouse.port = proxy.addr.port();
+        adjust(config);
+    })
+    .await;
+    (app, proxy)
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
     shared: Arc<Shared>,

@@ -1,17 +1,19 @@
 //! The HTTP face: routes, extractors, errors, and the middleware around them.
 
+mod admission;
 mod auth;
 mod error;
 mod extract;
 mod health;
 mod locks;
+mod server;
 mod states;
 
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,19 +26,23 @@ use tracing::Level;
 
 use error::{PROBLEM_JSON, ProblemType, problem};
 
+pub use self::admission::Admission;
+use self::admission::Counts;
 use self::auth::Access;
+pub use self::server::serve;
 use crate::AppContext;
 use crate::auth::Role;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// One operation per entry: `op!(METHOD path => handler, access)`.
+/// One operation per entry: `op!(METHOD path => handler, access, counts)`.
 macro_rules! op {
-    ($method:ident $path:literal => $handler:expr, $access:expr) => {
+    ($method:ident $path:literal => $handler:expr, $access:expr, $counts:expr) => {
         Operation {
             path: $path,
             method: Method::$method,
             access: $access,
+            counts: $counts,
             handler: on(MethodFilter::$method, $handler),
         }
     };
@@ -46,30 +52,33 @@ struct Operation {
     path: &'static str,
     method: Method,
     access: Access,
+    counts: Counts,
     handler: MethodRouter<AppContext>,
 }
 
-/// Every operation of the API with who may call it. The router is built from
-/// this table, and the contract test holds it against `openapi.yaml` both ways.
+/// Every operation of the API with who may call it and which concurrency
+/// limit it counts against. The router is built from this table, and the
+/// contract test holds it against `openapi.yaml` both ways.
 fn operations() -> Vec<Operation> {
     use Access::{Metrics, Needs, Open};
+    use Counts::{LockWaiter, Nothing, Request};
     use Role::{Admin, Read, Write};
     vec![
-        op!(GET "/v1/states" => states::list, Needs(Read)),
-        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin)),
-        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read)),
-        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write)),
-        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write)),
-        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write)),
-        op!(GET "/v1/locks" => locks::list, Needs(Read)),
-        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write)),
-        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read)),
-        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin)),
-        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write)),
-        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write)),
-        op!(GET "/healthz" => health::healthz, Open),
-        op!(GET "/readyz" => health::readyz, Open),
-        op!(GET "/metrics" => health::metrics, Metrics),
+        op!(GET "/v1/states" => states::list, Needs(Read), Request),
+        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Request),
+        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Request),
+        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), Request),
+        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), Request),
+        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), Request),
+        op!(GET "/v1/locks" => locks::list, Needs(Read), Request),
+        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter),
+        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request),
+        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), Request),
+        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request),
+        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request),
+        op!(GET "/healthz" => health::healthz, Open, Nothing),
+        op!(GET "/readyz" => health::readyz, Open, Nothing),
+        op!(GET "/metrics" => health::metrics, Metrics, Nothing),
     ]
 }
 
@@ -82,10 +91,11 @@ pub fn operation_list() -> Vec<(&'static str, Method)> {
 }
 
 pub fn router(ctx: AppContext) -> Router {
-    let body_limit = ctx.body_limit;
     let api = operations().into_iter().fold(Router::new(), |router, op| {
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
-        router.route(op.path, op.handler.route_layer(guard))
+        // Outermost, so a request refused for overload costs nothing more.
+        let admit = middleware::from_fn_with_state((ctx.clone(), op.counts), admission::admit);
+        router.route(op.path, op.handler.route_layer(guard).route_layer(admit))
     });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.
@@ -98,7 +108,6 @@ pub fn router(ctx: AppContext) -> Router {
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(ctx.clone(), record_metrics))
-        .layer(DefaultBodyLimit::max(body_limit))
         .with_state(ctx)
         .layer(
             ServiceBuilder::new()

@@ -5,11 +5,12 @@
 //! answer or if memory keeps growing.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+mod process;
 
 const CLIENTS: usize = 32;
 const STATE_IDS: usize = 50;
@@ -20,37 +21,6 @@ struct Tally {
     latencies: HashMap<&'static str, Vec<Duration>>,
     expected_refusals: HashMap<&'static str, usize>,
     unexpected: Vec<String>,
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn start_gateway(url: &str, port: u16) -> Child {
-    let binary =
-        std::env::var("STATEHOUSE_BIN").unwrap_or_else(|_| "target/release/statehouse".into());
-    let schema = format!("soak_{}", uuid::Uuid::new_v4().simple());
-    Command::new(binary)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--schema",
-            &schema,
-        ])
-        .env("STATEHOUSE_CLICKHOUSE_URL", url)
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the release binary exists (bench/run builds it)")
 }
 
 async fn client(
@@ -163,26 +133,9 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut gateway = start_gateway(&url, port);
-    let base = format!("http://127.0.0.1:{port}");
+    let gateway = process::GatewayProcess::start(&url, &[]).await;
+    let base = gateway.base.clone();
     let http = reqwest::Client::new();
-    let ready_by = Instant::now() + Duration::from_secs(30);
-    while http
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .map(|r| r.status() != 200)
-        .unwrap_or(true)
-    {
-        assert!(Instant::now() < ready_by, "gateway not ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let pid = gateway.id();
 
     let started = Instant::now();
     let until = started + Duration::from_secs(seconds);
@@ -190,17 +143,18 @@ async fn main() {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|n| tokio::spawn(client(http.clone(), base.clone(), n, until, tally.clone())))
         .collect();
-    let mut rss = vec![rss_kib(pid)];
+    let mut rss = vec![gateway.rss_kib()];
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_secs(5).min(until - Instant::now())).await;
-        rss.push(rss_kib(pid));
+        rss.push(gateway.rss_kib());
     }
     for c in clients {
         c.await.unwrap();
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let _ = gateway.kill();
-    let _ = gateway.wait();
+    // The samples can miss a short spike; the kernel's high-water mark cannot.
+    let high_water = gateway.peak_rss_kib();
+    drop(gateway);
 
     let mut tally = tally.lock().unwrap();
     println!(
@@ -228,7 +182,9 @@ async fn main() {
         println!("{kind}: {n} acquires waited their 5 s out (409, expected under contention)");
     }
     let (first, peak, last) = (rss[0], *rss.iter().max().unwrap(), *rss.last().unwrap());
-    println!("gateway RSS KiB: start {first}, peak {peak}, end {last}; samples {rss:?}");
+    println!(
+        "gateway RSS KiB: start {first}, peak {peak}, end {last}, high-water mark {high_water}; samples {rss:?}"
+    );
     println!("unexpected answers: {}", tally.unexpected.len());
     for line in tally.unexpected.iter().take(10) {
         println!("  {line}");

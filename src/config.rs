@@ -113,6 +113,32 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// Requests worked on at once (lock acquires and health checks aside);
+    /// one more is answered at once with 503 and Retry-After. With
+    /// --body-limit it bounds the memory request bodies can take.
+    #[arg(long, env = "STATEHOUSE_MAX_CONCURRENT_REQUESTS", default_value_t = 64)]
+    pub max_concurrent_requests: u32,
+
+    /// Lock acquires (POST /v1/locks/{state_id}) in progress at once, waiting
+    /// ones included; one more is answered at once with 503 and Retry-After.
+    #[arg(long, env = "STATEHOUSE_MAX_LOCK_WAITERS", default_value_t = 1024)]
+    pub max_lock_waiters: u32,
+
+    /// How long a client may take to send a request's headers, from its
+    /// first byte; a slower client's connection is closed.
+    #[arg(long, env = "STATEHOUSE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// How long a client may take to send a whole request body, once the
+    /// gateway starts reading it; a slower one gets 408 and the connection is closed.
+    #[arg(long, env = "STATEHOUSE_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_read_timeout: Duration,
+
+    /// A connection with no request in progress (a fresh one, or kept alive
+    /// after a response) is closed after this long.
+    #[arg(long, env = "STATEHOUSE_IDLE_TIMEOUT", default_value = "75s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
     /// This gateway's id in the lock tables (default: a fresh UUID per start,
     /// so a restarted gateway never mistakes its predecessor's claims for its own).
     #[arg(long, env = "STATEHOUSE_GATEWAY_ID")]
@@ -244,6 +270,21 @@ pub struct LockSettings {
     pub advertise_url: Option<String>,
 }
 
+/// How much work the gateway takes on at once; beyond it, requests are shed.
+#[derive(Clone, Copy, Debug)]
+pub struct Concurrency {
+    pub requests: u32,
+    pub lock_waiters: u32,
+}
+
+/// How long a client may take over each part of its request.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientTimeouts {
+    pub header_read: Duration,
+    pub body_read: Duration,
+    pub idle: Duration,
+}
+
 /// Everything `serve` needs, validated.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -255,6 +296,8 @@ pub struct Config {
     pub startup_timeout: Duration,
     pub body_limit: usize,
     pub shutdown_timeout: Duration,
+    pub concurrency: Concurrency,
+    pub client_timeouts: ClientTimeouts,
     pub log_format: LogFormat,
     pub locks: LockSettings,
     pub tokens: Tokens,
@@ -330,6 +373,23 @@ impl TryFrom<ServeArgs> for Config {
         if args.body_limit == 0 {
             return Err(ConfigError::Zero("--body-limit"));
         }
+        for (value, flag) in [
+            (args.max_concurrent_requests, "--max-concurrent-requests"),
+            (args.max_lock_waiters, "--max-lock-waiters"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero(flag));
+            }
+        }
+        for (value, flag) in [
+            (args.header_read_timeout, "--header-read-timeout"),
+            (args.body_read_timeout, "--body-read-timeout"),
+            (args.idle_timeout, "--idle-timeout"),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Zero(flag));
+            }
+        }
         if args.claim_ttl < Duration::from_millis(300) {
             return Err(ConfigError::ClaimTtl);
         }
@@ -353,6 +413,15 @@ impl TryFrom<ServeArgs> for Config {
             startup_timeout: args.startup_timeout,
             body_limit: args.body_limit,
             shutdown_timeout: args.shutdown_timeout,
+            concurrency: Concurrency {
+                requests: args.max_concurrent_requests,
+                lock_waiters: args.max_lock_waiters,
+            },
+            client_timeouts: ClientTimeouts {
+                header_read: args.header_read_timeout,
+                body_read: args.body_read_timeout,
+                idle: args.idle_timeout,
+            },
             log_format: args.log_format,
             locks: LockSettings {
                 gateway_id: args.gateway_id.unwrap_or_else(Uuid::new_v4),
@@ -593,5 +662,27 @@ mod tests {
             ("meltano", "state")
         );
         assert_eq!(cfg.body_limit, 16_777_216);
+    }
+
+    #[test]
+    fn limits_and_client_timeouts_must_be_positive() {
+        for zero in [
+            "--max-concurrent-requests=0",
+            "--max-lock-waiters=0",
+            "--header-read-timeout=0s",
+            "--body-read-timeout=0s",
+            "--idle-timeout=0s",
+        ] {
+            let result = Config::try_from(args(&["--clickhouse-url=clickhouse://h", zero]));
+            assert!(matches!(result, Err(ConfigError::Zero(_))), "{zero}");
+        }
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://h",
+            "--max-concurrent-requests=3",
+            "--idle-timeout=2s",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.concurrency.requests, 3);
+        assert_eq!(cfg.client_timeouts.idle, Duration::from_secs(2));
     }
 }

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::auth::Tokens;
-use crate::config::Config;
+use crate::config::{ClientTimeouts, Config};
+use crate::http::Admission;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
@@ -38,6 +39,8 @@ pub struct AppContext {
     pub clickhouse: ClickHouse,
     pub metrics: Arc<Metrics>,
     pub body_limit: usize,
+    pub body_read_timeout: Duration,
+    pub admission: Arc<Admission>,
     pub tokens: Arc<Tokens>,
     pub protect_metrics: bool,
 }
@@ -93,6 +96,7 @@ pub enum StartError {
 pub struct App {
     listener: TcpListener,
     ctx: AppContext,
+    client_timeouts: ClientTimeouts,
     shutdown_timeout: Duration,
 }
 
@@ -122,9 +126,12 @@ impl App {
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,
+                body_read_timeout: config.client_timeouts.body_read,
+                admission: Arc::new(Admission::new(config.concurrency)),
                 tokens: Arc::new(config.tokens.clone()),
                 protect_metrics: config.protect_metrics,
             },
+            client_timeouts: config.client_timeouts,
             shutdown_timeout: config.shutdown_timeout,
         })
     }
@@ -149,8 +156,14 @@ impl App {
         };
         let locks = self.ctx.locks.clone();
         let maintenance = tokio::spawn(locks.clone().maintain());
-        let server =
-            axum::serve(self.listener, http::router(self.ctx)).with_graceful_shutdown(signal);
+        let metrics = self.ctx.metrics.clone();
+        let server = http::serve(
+            self.listener,
+            http::router(self.ctx),
+            self.client_timeouts,
+            metrics,
+            signal,
+        );
         let deadline = async move {
             if draining.await.is_ok() {
                 tokio::time::sleep(self.shutdown_timeout).await;
@@ -159,7 +172,7 @@ impl App {
             }
         };
         let result = tokio::select! {
-            result = server => result,
+            () = server => Ok(()),
             () = deadline => {
                 tracing::warn!(timeout = ?self.shutdown_timeout, "requests still running at the shutdown timeout; exiting anyway");
                 Ok(())

@@ -25,6 +25,16 @@ struct QueryLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShedLabels {
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClosedLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LockLabels {
     event: &'static str,
 }
@@ -77,6 +87,8 @@ pub struct Metrics {
     query_seconds: HistogramFamily<QueryLabels>,
     query_errors: Family<QueryLabels, Counter>,
     lock_events: Family<LockLabels, Counter>,
+    shed: Family<ShedLabels, Counter>,
+    connections_closed: Family<ClosedLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -94,6 +106,8 @@ impl Default for Metrics {
             Family::new_with_constructor(latency_histogram);
         let query_errors = Family::<QueryLabels, Counter>::default();
         let lock_events = Family::<LockLabels, Counter>::default();
+        let shed = Family::<ShedLabels, Counter>::default();
+        let connections_closed = Family::<ClosedLabels, Counter>::default();
         registry.register(
             "http_requests",
             "HTTP requests answered, by route and status",
@@ -119,8 +133,20 @@ impl Default for Metrics {
             "Lock grants, waits, timeouts, claim wins and losses, renewals, expiries and releases",
             lock_events.clone(),
         );
+        registry.register(
+            "requests_shed",
+            "Requests refused with 503 because a concurrency limit was reached, by limit (requests, lock_waiters)",
+            shed.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Connections the gateway closed on a client, by reason (header_timeout, idle_timeout)",
+            connections_closed.clone(),
+        );
         Self {
             lock_events,
+            shed,
+            connections_closed,
             registry,
             requests,
             request_seconds,
@@ -161,6 +187,18 @@ impl Metrics {
             .get_or_create(&LockLabels {
                 event: event.label(),
             })
+            .inc();
+    }
+
+    /// A request refused because `limit` was reached.
+    pub fn request_shed(&self, limit: &'static str) {
+        self.shed.get_or_create(&ShedLabels { limit }).inc();
+    }
+
+    /// A connection closed by the gateway: a client too slow with its headers, or idle too long.
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ClosedLabels { reason })
             .inc();
     }
 

@@ -32,6 +32,8 @@ pub enum ApiError {
     PreconditionFailed(&'static str),
     #[error("request body is larger than the limit of {0} bytes")]
     PayloadTooLarge(usize),
+    #[error("the request body did not arrive within {0:?} (--body-read-timeout)")]
+    BodyTimeout(std::time::Duration),
     #[error("ClickHouse is unavailable: {0}")]
     ClickHouseUnavailable(StoreError),
     #[error("{0}")]
@@ -61,7 +63,9 @@ pub enum ProblemType {
     MethodNotAllowed,
     PreconditionFailed,
     PayloadTooLarge,
+    BodyTimeout,
     ClickHouseUnavailable,
+    Overloaded,
     CorruptState,
     InvalidBody,
     LockNotFound,
@@ -90,7 +94,9 @@ impl ProblemType {
             Self::MethodNotAllowed => "method-not-allowed",
             Self::PreconditionFailed => "precondition-failed",
             Self::PayloadTooLarge => "payload-too-large",
+            Self::BodyTimeout => "body-timeout",
             Self::ClickHouseUnavailable => "clickhouse-unavailable",
+            Self::Overloaded => "overloaded",
             Self::CorruptState => "corrupt-state",
             Self::InvalidBody => "invalid-body",
             Self::LockNotFound => "lock-not-found",
@@ -119,7 +125,9 @@ impl ProblemType {
             Self::MethodNotAllowed => "Method not allowed",
             Self::PreconditionFailed => "Precondition failed",
             Self::PayloadTooLarge => "Payload too large",
+            Self::BodyTimeout => "Request body too slow",
             Self::ClickHouseUnavailable => "ClickHouse unavailable",
+            Self::Overloaded => "Gateway overloaded",
             Self::CorruptState => "Stored state is unreadable",
             Self::InvalidBody => "Invalid request body",
             Self::LockNotFound => "No lock held",
@@ -204,6 +212,7 @@ impl ApiError {
             Self::PayloadTooLarge(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, ProblemType::PayloadTooLarge)
             }
+            Self::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, ProblemType::BodyTimeout),
             Self::ClickHouseUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 ProblemType::ClickHouseUnavailable,
@@ -255,6 +264,13 @@ impl IntoResponse for ApiError {
             _ => None,
         };
         let mut response = problem_with_holder(status, kind, &self.to_string(), holder);
+        if let Self::BodyTimeout(_) = self {
+            // The rest of the body may still be trickling in; only closing
+            // the connection frees it.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Self::Lock(LockError::Elsewhere(peer)) = self {
             // For the forwarding layer, which sends the request on to `peer`.
             response.extensions_mut().insert(Misrouted(peer));

@@ -2,10 +2,11 @@
 //! into an [`ApiError`], so no plain-text axum error ever reaches a client.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderName, StatusCode, header};
+use axum::http::{HeaderName, header};
+use http_body::Body as _;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
@@ -68,6 +69,43 @@ fn refuse_invalid_utf8(query: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Lock requests are a few small fields (an owner is at most 256 bytes). Lock
+/// acquires count against --max-lock-waiters, not --max-concurrent-requests,
+/// so their bodies get a small limit of their own to keep the memory that
+/// request bodies can take bounded by the request limit.
+pub const LOCK_BODY_LIMIT: usize = 64 * 1024;
+
+/// Reads a whole body of at most `limit` bytes. The body read timeout is a
+/// deadline for all of it, not per chunk, so a client trickling a byte at a
+/// time cannot hold a request (and its place under the request limit) open.
+pub async fn read_body(
+    request: Request,
+    ctx: &AppContext,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let mut body = Limited::new(request.into_body(), limit);
+    // Sized up front from Content-Length (at most the limit) and filled frame
+    // by frame, so a large body is held once, not as its frames plus a copy.
+    let expected = usize::try_from(body.size_hint().lower()).unwrap_or(limit);
+    let mut bytes = Vec::with_capacity(expected.min(limit));
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    match tokio::time::timeout(ctx.body_read_timeout, read).await {
+        Ok(Ok(())) => Ok(Bytes::from(bytes)),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(ApiError::PayloadTooLarge(limit)),
+        Ok(Err(err)) => Err(ApiError::InvalidJson(format!(
+            "could not read the request body: {err}"
+        ))),
+        Err(_) => Err(ApiError::BodyTimeout(ctx.body_read_timeout)),
+    }
+}
+
 /// A request body holding a state document, within the body limit.
 pub struct StateBody(pub StateDocument);
 
@@ -75,26 +113,8 @@ impl FromRequest<AppContext> for StateBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, ctx: &AppContext) -> Result<Self, ApiError> {
-        let bytes = read_body(request, ctx).await?;
+        let bytes = read_body(request, ctx, ctx.body_limit).await?;
         Ok(Self(StateDocument::from_request(&bytes)?))
-    }
-}
-
-/// The whole request body, within the body limit: every body is read here.
-pub async fn read_body(request: Request, ctx: &AppContext) -> Result<Bytes, ApiError> {
-    Bytes::from_request(request, ctx)
-        .await
-        .map_err(|rejection| body_rejection(rejection, ctx.body_limit))
-}
-
-fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::PayloadTooLarge(limit)
-    } else {
-        ApiError::InvalidJson(format!(
-            "could not read the request body: {}",
-            rejection.body_text()
-        ))
     }
 }
 
@@ -148,14 +168,14 @@ impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
     }
 }
 
-/// An optional JSON body: absent or empty means `T::default()`.
+/// A lock request's optional JSON body: absent or empty means `T::default()`.
 pub struct OptionalJson<T>(pub T);
 
 impl<T: DeserializeOwned + Default> FromRequest<AppContext> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, ctx: &AppContext) -> Result<Self, ApiError> {
-        let bytes = read_body(request, ctx).await?;
+        let bytes = read_body(request, ctx, LOCK_BODY_LIMIT.min(ctx.body_limit)).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }

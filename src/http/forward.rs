@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, Misrouted};
-use super::extract::read_body;
+use super::extract::{LOCK_BODY_LIMIT, read_body};
 use super::locks::MAX_WAIT_SECONDS;
 use crate::AppContext;
 use crate::domain::StateId;
@@ -38,7 +38,13 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     };
     let forwarded = parts.headers.contains_key(FORWARDED_BY);
     // Kept whole: the request may be sent on after it was looked at.
-    let body = match read_body(Request::from_parts(parts.clone(), body), &ctx).await {
+    // Lock requests have a small body limit of their own (`LOCK_BODY_LIMIT`).
+    let limit = if parts.uri.path().starts_with("/v1/locks/") {
+        LOCK_BODY_LIMIT.min(ctx.body_limit)
+    } else {
+        ctx.body_limit
+    };
+    let body = match read_body(Request::from_parts(parts.clone(), body), &ctx, limit).await {
         Ok(body) => body,
         Err(err) => return err.into_response(),
     };

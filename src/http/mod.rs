@@ -1,11 +1,13 @@
 //! The HTTP face: routes, extractors, errors, and the middleware around them.
 
+mod admission;
 mod auth;
 mod error;
 mod extract;
 mod forward;
 mod health;
 mod locks;
+mod server;
 mod states;
 
 use std::borrow::Cow;
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -26,20 +28,24 @@ use tracing::Level;
 
 use error::{PROBLEM_JSON, ProblemType, problem};
 
+pub use self::admission::Admission;
+use self::admission::Counts;
 use self::auth::Access;
+pub use self::server::serve;
 use crate::AppContext;
 use crate::auth::Role;
 use crate::telemetry::ClientText;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// One operation per entry: `op!(METHOD path => handler, access, served)`.
+/// One operation per entry: `op!(METHOD path => handler, access, counts, served)`.
 macro_rules! op {
-    ($method:ident $path:literal => $handler:expr, $access:expr, $served:expr) => {
+    ($method:ident $path:literal => $handler:expr, $access:expr, $counts:expr, $served:expr) => {
         Operation {
             path: $path,
             method: Method::$method,
             access: $access,
+            counts: $counts,
             served: $served,
             handler: on(MethodFilter::$method, $handler),
         }
@@ -50,6 +56,7 @@ struct Operation {
     path: &'static str,
     method: Method,
     access: Access,
+    counts: Counts,
     served: Served,
     handler: MethodRouter<AppContext>,
 }
@@ -64,28 +71,30 @@ enum Served {
     ByAuthority,
 }
 
-/// Every operation of the API with who may call it. The router is built from
+/// Every operation of the API: who may call it, which concurrency limit it
+/// counts against, and which gateway serves it. The router is built from
 /// this table, and the contract test holds it against `openapi.yaml` both ways.
 fn operations() -> Vec<Operation> {
     use Access::{Metrics, Needs, Open};
+    use Counts::{LockWaiter, Nothing, Request};
     use Role::{Admin, Read, Write};
     use Served::{Anywhere, ByAuthority};
     vec![
-        op!(GET "/v1/states" => states::list, Needs(Read), Anywhere),
-        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Anywhere),
-        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Anywhere),
-        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), ByAuthority),
-        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), ByAuthority),
-        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), ByAuthority),
-        op!(GET "/v1/locks" => locks::list, Needs(Read), Anywhere),
-        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), ByAuthority),
-        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), ByAuthority),
-        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), ByAuthority),
-        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), ByAuthority),
-        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), ByAuthority),
-        op!(GET "/healthz" => health::healthz, Open, Anywhere),
-        op!(GET "/readyz" => health::readyz, Open, Anywhere),
-        op!(GET "/metrics" => health::metrics, Metrics, Anywhere),
+        op!(GET "/v1/states" => states::list, Needs(Read), Request, Anywhere),
+        op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Request, Anywhere),
+        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Request, Anywhere),
+        op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), Request, ByAuthority),
+        op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), Request, ByAuthority),
+        op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),
+        op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request, ByAuthority),
+        op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), Request, ByAuthority),
+        op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request, ByAuthority),
+        op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request, ByAuthority),
+        op!(GET "/healthz" => health::healthz, Open, Nothing, Anywhere),
+        op!(GET "/readyz" => health::readyz, Open, Nothing, Anywhere),
+        op!(GET "/metrics" => health::metrics, Metrics, Nothing, Anywhere),
     ]
 }
 
@@ -98,7 +107,6 @@ pub fn operation_list() -> Vec<(&'static str, Method)> {
 }
 
 pub fn router(ctx: AppContext) -> Router {
-    let body_limit = ctx.body_limit;
     let api = operations().into_iter().fold(Router::new(), |router, op| {
         let mut handler = op.handler;
         if op.served == Served::ByAuthority {
@@ -107,9 +115,11 @@ pub fn router(ctx: AppContext) -> Router {
                 forward::to_authority,
             ));
         }
-        // Outermost: a request is authorized before it is forwarded.
+        // A request is authorized before it is forwarded, and admitted
+        // before anything: one refused for overload costs nothing more.
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
-        router.route(op.path, handler.route_layer(guard))
+        let admit = middleware::from_fn_with_state((ctx.clone(), op.counts), admission::admit);
+        router.route(op.path, handler.route_layer(guard).route_layer(admit))
     });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.
@@ -122,7 +132,6 @@ pub fn router(ctx: AppContext) -> Router {
         )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(ctx.clone(), record_metrics))
-        .layer(DefaultBodyLimit::max(body_limit))
         .with_state(ctx)
         .layer(
             ServiceBuilder::new()

@@ -5,17 +5,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{TestApp, spawn_app_with};
-use crate::proxy::Proxy;
+use crate::helpers::TestApp;
+use crate::proxy::{Proxy, spawn_app_behind_proxy};
 
 async fn app_behind_proxy(query_timeout: Duration) -> (TestApp, Proxy) {
-    let proxy = Proxy::to_clickhouse().await;
-    let app = spawn_app_with(|config| {
-        proxy.route(config);
-        config.query_timeout = query_timeout;
-    })
-    .await;
-    (app, proxy)
+    spawn_app_behind_proxy(|config| config.query_timeout = query_timeout).await
 }
 
 #[tokio::test]

@@ -526,3 +526,16 @@ pub fn answering(reply: &'static [u8]) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// One sample's value in a /metrics exposition, e.g.
+/// `metric(&text, r#"statehouse_requests_shed_total{limit="requests"}"#)`.
+pub fn metric(exposition: &str, sample: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        line.strip_prefix(sample)?
+            .strip_prefix(' ')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}

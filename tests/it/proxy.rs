@@ -10,6 +10,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use statehouse::config::Config;
+
+use crate::helpers::{TestApp, spawn_app_with};
+
+/// A gateway in this process whose ClickHouse traffic goes through a proxy.
+pub async fn spawn_app_behind_proxy(adjust: impl FnOnce(&mut Config)) -> (TestApp, Proxy) {
+    let proxy = Proxy::to_clickhouse().await;
+    let app = spawn_app_with(|config| {
+        proxy.route(config);
+        adjust(config);
+    })
+    .await;
+    (app, proxy)
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
     shared: Arc<Shared>,

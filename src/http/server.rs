@@ -1,0 +1,291 @@
+//! Serving connections. `axum::serve` has no header, body or idle timeouts,
+//! so the gateway drives hyper's HTTP/1 connections itself and watches each
+//! one for a client that is too slow with its request or has gone quiet.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::config::ClientTimeouts;
+use crate::metrics::Metrics;
+
+/// Serves `router` on `listener` until `signal` resolves; then stops
+/// accepting, lets each connection finish its request in flight (idle ones
+/// close at once) and returns when all are closed.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    timeouts: ClientTimeouts,
+    metrics: Arc<Metrics>,
+    signal: impl Future<Output = ()>,
+) {
+    let (stop, stopping) = watch::channel(false);
+    // Every connection holds a receiver; once all are dropped, all are closed.
+    let (open, open_marker) = watch::channel(());
+    let mut signal = pin!(signal);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut signal => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(connection(
+                    stream,
+                    router.clone(),
+                    timeouts,
+                    metrics.clone(),
+                    stopping.clone(),
+                    open_marker.clone(),
+                ));
+            }
+            Err(err) => accept_failed(err).await,
+        }
+    }
+    drop(listener);
+    stop.send_replace(true);
+    drop(open_marker);
+    open.closed().await;
+}
+
+/// A refused or reset connection is the client's business; anything else
+/// (out of file descriptors, most likely) gets a pause, as hyper and axum do,
+/// so connections in progress can finish and free some.
+async fn accept_failed(err: io::Error) {
+    if matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(error = %err, "cannot accept connections; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+async fn connection(
+    stream: TcpStream,
+    router: Router,
+    timeouts: ClientTimeouts,
+    metrics: Arc<Metrics>,
+    mut stopping: watch::Receiver<bool>,
+    _open: watch::Receiver<()>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (phase, watching) = watch::channel(Phase::Idle {
+        until: Instant::now() + timeouts.idle,
+    });
+    let tracker = Arc::new(Tracker { phase, timeouts });
+    let io = TokioIo::new(TrackedIo {
+        inner: stream,
+        tracker: tracker.clone(),
+    });
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        tracker.request_started();
+        let done = ResponseDone(tracker.clone());
+        let response = router
+            .clone()
+            .oneshot(Request::from(request.map(Body::new)));
+        async move {
+            let response = response.await?;
+            Ok::<_, Infallible>(response.map(|body| TrackedBody { body, _done: done }))
+        }
+    });
+    let mut conn = pin!(
+        http1::Builder::new()
+            // The tracker below does this, and bounds idle keep-alive too.
+            .header_read_timeout(None)
+            .serve_connection(io, service)
+    );
+    let mut outstayed = pin!(outstayed(watching));
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(err) = served {
+                    tracing::debug!(error = %err, "connection ended with an error");
+                }
+                return;
+            }
+            reason = &mut outstayed => {
+                tracing::debug!(reason, "closing a connection");
+                metrics.connection_closed(reason);
+                return;
+            }
+            _ = stopping.wait_for(|stop| *stop), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+        }
+    }
+}
+
+/// Where a connection is, and until when it may stay there.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    /// No request in progress: a fresh connection, or one kept alive after a response.
+    Idle { until: Instant },
+    /// A request's first bytes have arrived; the rest of its head must follow.
+    Head { until: Instant },
+    /// A request is being handled; reading its body has a deadline of its
+    /// own (see `extract.rs`), the rest is bounded by the query timeout and
+    /// the lock's wait_seconds.
+    Busy,
+}
+
+struct Tracker {
+    phase: watch::Sender<Phase>,
+    timeouts: ClientTimeouts,
+}
+
+impl Tracker {
+    fn bytes_arrived(&self) {
+        self.phase.send_if_modified(|phase| match phase {
+            Phase::Idle { .. } => {
+                *phase = Phase::Head {
+                    until: Instant::now() + self.timeouts.header_read,
+                };
+                true
+            }
+            Phase::Head { .. } | Phase::Busy => false,
+        });
+    }
+
+    fn request_started(&self) {
+        self.phase.send_replace(Phase::Busy);
+    }
+
+    fn response_done(&self) {
+        self.phase.send_replace(Phase::Idle {
+            until: Instant::now() + self.timeouts.idle,
+        });
+    }
+}
+
+/// Resolves once the connection has stayed in a phase past its deadline,
+/// with the reason (a metrics label).
+async fn outstayed(mut phase: watch::Receiver<Phase>) -> &'static str {
+    loop {
+        let deadline = match *phase.borrow_and_update() {
+            Phase::Idle { until } => Some((until, "idle_timeout")),
+            Phase::Head { until } => Some((until, "header_timeout")),
+            Phase::Busy => None,
+        };
+        let changed = match deadline {
+            Some((until, reason)) => tokio::select! {
+                () = tokio::time::sleep_until(until) => return reason,
+                changed = phase.changed() => changed,
+            },
+            None => phase.changed().await,
+        };
+        if changed.is_err() {
+            // The connection is gone; its own future ends the task.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The socket, telling the tracker when bytes arrive.
+struct TrackedIo {
+    inner: TcpStream,
+    tracker: Arc<Tracker>,
+}
+
+impl AsyncRead for TrackedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.tracker.bytes_arrived();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for TrackedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Marks the connection idle when hyper drops the response body, which it
+/// does once it has sent it (or the connection is gone).
+struct ResponseDone(Arc<Tracker>);
+
+impl Drop for ResponseDone {
+    fn drop(&mut self) {
+        self.0.response_done();
+    }
+}
+
+struct TrackedBody {
+    body: Body,
+    _done: ResponseDone,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

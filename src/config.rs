@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use percent_encoding::percent_decode_str;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -11,6 +11,8 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::auth::{TokenError, Tokens};
+pub use crate::store::{ClickHouseTarget, Identifier};
+pub use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -190,71 +192,6 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Where and how to reach ClickHouse, resolved from the URI and its overrides.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClickHouseTarget {
-    pub secure: bool,
-    pub host: String,
-    pub port: u16,
-    pub database: String,
-    pub user: String,
-    pub password: String,
-    /// Extra trusted roots for TLS, beyond the system's.
-    pub extra_roots: Vec<CertificateDer<'static>>,
-}
-
-impl std::fmt::Debug for ClickHouseTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClickHouseTarget")
-            .field("endpoint", &self.endpoint())
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ClickHouseTarget {
-    /// The HTTP(S) endpoint, without credentials: safe to log.
-    pub fn endpoint(&self) -> String {
-        let scheme = if self.secure { "https" } else { "http" };
-        format!("{scheme}://{}:{}", self.host, self.port)
-    }
-}
-
-/// A ClickHouse identifier the service splices into DDL and queries; only
-/// plain names are accepted so no quoting rules can be got wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Identifier(String);
-
-impl Identifier {
-    pub fn parse(what: &str, raw: &str) -> Result<Self, ConfigError> {
-        let mut chars = raw.chars();
-        let valid = raw.len() <= 128
-            && chars
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if valid {
-            Ok(Self(raw.to_owned()))
-        } else {
-            Err(ConfigError::Identifier {
-                what: what.to_owned(),
-                value: raw.to_owned(),
-            })
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 /// How this gateway takes part in the lock protocol (see `locks`).
 #[derive(Clone, Debug)]
 pub struct LockSettings {
@@ -407,8 +344,8 @@ impl TryFrom<ServeArgs> for Config {
         Ok(Self {
             listen: args.listen,
             clickhouse: target,
-            schema: Identifier::parse("schema", &args.schema)?,
-            table: Identifier::parse("table", &args.table)?,
+            schema: identifier("schema", &args.schema)?,
+            table: identifier("table", &args.table)?,
             query_timeout: args.query_timeout,
             startup_timeout: args.startup_timeout,
             body_limit: args.body_limit,
@@ -470,6 +407,13 @@ fn read_ca_file(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, 
         return Err(fail("no PEM certificate in it".into()));
     }
     Ok(certs)
+}
+
+fn identifier(what: &str, raw: &str) -> Result<Identifier, ConfigError> {
+    Identifier::parse(raw).map_err(|_| ConfigError::Identifier {
+        what: what.to_owned(),
+        value: raw.to_owned(),
+    })
 }
 
 /// An `http://host:port` base URL peers can reach; no path, query or credentials.

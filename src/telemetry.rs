@@ -5,7 +5,12 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written: text for people, JSON for log pipelines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// `RUST_LOG` refines the level (default `info`).
 pub fn init(format: LogFormat) {

@@ -6,6 +6,7 @@ mod http_client;
 mod lease_table;
 mod ping;
 mod state_table;
+mod target;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use clickhouse::sql::Identifier as SqlIdentifier;
 pub use diagnosis::Blocker;
 pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
 pub use state_table::{StateStore, StateSummary, StoredRow, StoredState};
+pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
-use crate::config::{ClickHouseTarget, Identifier};
 use crate::domain::CorruptState;
 use crate::metrics::Metrics;
 

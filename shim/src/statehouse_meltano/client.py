@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import typing as t
 from urllib.parse import quote, urlparse, urlunparse
 
@@ -10,6 +11,11 @@ import requests
 SCHEMES = {"statehouse": "http", "statehouses": "https"}
 PAGE = 1000
 MAX_WAIT_SECONDS = 300.0
+# A 503 that did nothing and says when to come back (the gateway is at its
+# limit, or the gateway holding the state_id's claim is gone until the claim
+# lapses) is retried after its Retry-After, for this long in all.
+RETRY_WITHIN_SECONDS = 30.0
+RETRIABLE_PROBLEMS = ("overloaded", "authority-unreachable")
 
 
 class GatewayError(Exception):
@@ -35,6 +41,20 @@ def gateway_url(uri: str) -> str:
         msg = f"state backend URI {uri!r} names no gateway host"
         raise ValueError(msg)
     return urlunparse((scheme, parsed.netloc, parsed.path.rstrip("/"), "", "", ""))
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """Seconds to wait before sending a refused request again, if it may be."""
+    if response.status_code != 503:
+        return None
+    try:
+        kind = str(response.json().get("type", ""))
+        pause = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    if not kind.endswith(RETRIABLE_PROBLEMS):
+        return None
+    return max(0.1, pause)
 
 
 def _segment(state_id: str) -> str:
@@ -68,21 +88,26 @@ class GatewayClient:
     ) -> requests.Response:
         url = f"{self.base_url}{path}"
         headers = {"Lease-Id": lease_id} if lease_id else None
-        try:
-            response = self.session.request(
-                method,
-                url,
-                json=body,
-                params=params,
-                headers=headers,
-                timeout=(self.timeout, self.timeout + extra_wait),
-            )
-        except requests.RequestException as err:
-            msg = f"statehouse gateway at {self.base_url} is unavailable: {err}"
-            raise GatewayUnavailableError(msg) from None
-        if response.status_code in expect:
-            return response
-        raise self._error(method, url, response)
+        give_up = time.monotonic() + RETRY_WITHIN_SECONDS
+        while True:
+            try:
+                response = self.session.request(
+                    method,
+                    url,
+                    json=body,
+                    params=params,
+                    headers=headers,
+                    timeout=(self.timeout, self.timeout + extra_wait),
+                )
+            except requests.RequestException as err:
+                msg = f"statehouse gateway at {self.base_url} is unavailable: {err}"
+                raise GatewayUnavailableError(msg) from None
+            if response.status_code in expect:
+                return response
+            pause = _retry_after(response)
+            if pause is None or time.monotonic() + pause > give_up:
+                raise self._error(method, url, response)
+            time.sleep(pause)
 
     def _error(self, method: str, url: str, response: requests.Response) -> GatewayError:
         try:

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::LockManager;
+use super::slot::HeldClaim;
 use crate::domain::{Lease, StateId};
 use crate::store::{LeaseRecord, LeaseState};
 
@@ -84,15 +85,23 @@ impl LockManager {
         }
         let valid_until = started + self.claim_margin();
         for (id, claim_id) in held {
-            if let Some(slot) = self.existing_slot(id)
-                && let Some(claim) = slot
-                    .lock()
-                    .claim
-                    .as_mut()
-                    .filter(|c| c.candidate.claim_id == *claim_id)
-            {
+            self.with_held_claim(id, *claim_id, |claim| {
                 claim.valid_until = claim.valid_until.max(valid_until);
-            }
+            });
+        }
+    }
+
+    /// Changes the claim on `id` if it is still the one the tick looked at:
+    /// it may have been dropped, or replaced by a newer one, meanwhile.
+    fn with_held_claim(&self, id: &StateId, claim_id: Uuid, change: impl FnOnce(&mut HeldClaim)) {
+        if let Some(slot) = self.existing_slot(id)
+            && let Some(claim) = slot
+                .lock()
+                .claim
+                .as_mut()
+                .filter(|c| c.candidate.claim_id == claim_id)
+        {
+            change(claim);
         }
     }
 
@@ -103,15 +112,9 @@ impl LockManager {
             return;
         };
         for (id, claim_id) in held {
-            if let Some(slot) = self.existing_slot(id)
-                && let Some(claim) = slot
-                    .lock()
-                    .claim
-                    .as_mut()
-                    .filter(|c| c.candidate.claim_id == *claim_id)
-            {
+            self.with_held_claim(id, *claim_id, |claim| {
                 claim.handover = contested.contains(id);
-            }
+            });
         }
     }
 

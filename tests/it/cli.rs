@@ -150,12 +150,7 @@ fn unreachable_clickhouse_at_start_is_retried_until_the_startup_timeout() {
 #[tokio::test]
 async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
     let target = crate::helpers::clickhouse_target();
-    let upstream = tokio::net::lookup_host((target.host.as_str(), target.port))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = crate::proxy::Proxy::start(upstream).await;
+    let proxy = crate::proxy::Proxy::to_clickhouse().await;
     let url = format!(
         "clickhouse://{}:{}@{}/{}",
         target.user, target.password, proxy.addr, target.database

@@ -297,6 +297,16 @@ impl Api {
         .await
     }
 
+    pub async fn renew(&self, id: &str, lease_id: &str, ttl: u64) -> Reply {
+        self.request(
+            Method::PUT,
+            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
+            Some(&serde_json::json!({ "ttl_seconds": ttl }).to_string()),
+            &[],
+        )
+        .await
+    }
+
     pub async fn put_state_with_lease(&self, id: &str, body: &Value, lease_id: &str) -> Reply {
         self.request(
             Method::PUT,

@@ -233,14 +233,7 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
                 let id = format!("late-{n}");
                 let (lease, _) = api.lease(&id, "worker", 30, 120.0).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let renewed = api
-                    .request(
-                        reqwest::Method::PUT,
-                        &format!("/v1/locks/{id}/{lease}"),
-                        Some(r#"{"ttl_seconds": 30}"#),
-                        &[],
-                    )
-                    .await;
+                let renewed = api.renew(&id, &lease, 30).await;
                 assert_eq!(
                     renewed.status,
                     StatusCode::OK,

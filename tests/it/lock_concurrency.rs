@@ -38,14 +38,7 @@ pub async fn worker(api: Api, id: &'static str, name: String, cycles: usize, log
             .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), &lease)
             .await;
         assert!(write.status.is_success(), "{name}: {}", write.text);
-        let renewed = api
-            .request(
-                reqwest::Method::PUT,
-                &format!("/v1/locks/{id}/{lease}"),
-                Some(r#"{"ttl_seconds": 30}"#),
-                &[],
-            )
-            .await;
+        let renewed = api.renew(id, &lease, 30).await;
         assert_eq!(renewed.status, StatusCode::OK, "{name}: {}", renewed.text);
         let end = Instant::now();
         let released = api.release(id, &lease).await;

@@ -41,22 +41,27 @@ impl Recorder {
         self.wake.notify_one();
     }
 
-    /// Writes what is pending now; on failure it stays pending.
+    /// Writes what is pending now; on failure it stays pending. Rows leave
+    /// the pending set only once written, so a flush abandoned midway (its
+    /// task stopped at shutdown) loses none of them.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let batch: Vec<LeaseRecord> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            pending.drain().map(|(_, record)| record).collect()
+            let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.values().cloned().collect()
         };
         if batch.is_empty() {
             return Ok(());
         }
         let written = self.store.write_leases(&batch).await;
-        if written.is_err() {
-            let now = now_ms();
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            // A row about a lease that has run out by now says nothing any view needs.
-            for record in batch.into_iter().filter(|r| r.lease.expires_ms > now) {
-                keep_newest(&mut pending, record);
+        let now = now_ms();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for record in &batch {
+            let id = &record.lease.state_id;
+            // A row about a lease that has run out by now says nothing any
+            // view needs: it is not retried.
+            let done = written.is_ok() || record.lease.expires_ms <= now;
+            if done && pending.get(id).is_some_and(|p| p.version <= record.version) {
+                pending.remove(id);
             }
         }
         written

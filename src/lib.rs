@@ -111,6 +111,14 @@ impl App {
             store.leases,
             metrics.clone(),
         ));
+        match &config.locks.advertise_url {
+            Some(url) => {
+                tracing::info!(advertise_url = %url, "peers forward lock operations to this gateway")
+            }
+            None => tracing::info!(
+                "no --advertise-url: other gateways cannot forward to this one, so its locks are served only by it; give every gateway behind one load balancer its URL"
+            ),
+        }
         let listen = guarded_listen_address(config);
         let listener = TcpListener::bind(listen)
             .await

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 import requests
+from balancer import Balancer
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -56,18 +57,23 @@ class Gateway:
         response.raise_for_status()
 
 
-def start_gateway(schema: str, extra_env: dict[str, str] | None = None) -> Gateway:
+def start_gateway(
+    schema: str, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (), advertise: bool = False
+) -> Gateway:
+    """A gateway process; with `advertise`, peers can forward to it (--advertise-url)."""
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
     binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
     port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema, "--claim-settle", "200ms"]
+    if advertise:
+        args += ["--advertise-url", base]
     process = subprocess.Popen(
-        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema,
-         "--claim-settle", "200ms"],
+        [*args, *extra_args],
         env={**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn", **(extra_env or {})},
     )
-    base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -86,8 +92,48 @@ def start_gateway(schema: str, extra_env: dict[str, str] | None = None) -> Gatew
 def gateway():
     gw = start_gateway(f"shim_{uuid.uuid4().hex}")
     yield gw
-    gw.process.terminate()
-    gw.process.wait(timeout=30)
+    stop_gateway(gw)
+
+
+@dataclass
+class Cluster:
+    """Gateways on one schema behind a per-request round-robin balancer."""
+
+    gateways: list[Gateway]
+    balancer: Balancer
+
+    @property
+    def uri(self) -> str:
+        return "statehouse://" + self.balancer.base.removeprefix("http://")
+
+    def requests_served(self, gateway: Gateway) -> int:
+        """API requests one gateway answered, by its own /metrics."""
+        metrics = gateway.session.get(f"{gateway.base}/metrics", timeout=10).text
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in metrics.splitlines()
+            if line.startswith("statehouse_http_requests_total{") and 'route="/v1/' in line
+        )
+
+
+def start_cluster(size: int) -> Cluster:
+    schema = f"shim_{uuid.uuid4().hex}"
+    gateways = [start_gateway(schema, advertise=True) for _ in range(size)]
+    return Cluster(gateways=gateways, balancer=Balancer([g.base for g in gateways]))
+
+
+def stop_gateway(gateway: Gateway) -> None:
+    gateway.process.terminate()
+    gateway.process.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster():
+    three = start_cluster(3)
+    yield three
+    three.balancer.stop()
+    for gateway in three.gateways:
+        stop_gateway(gateway)
 
 
 @dataclass

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from conftest import make_project, start_gateway
+from conftest import make_project, start_gateway, stop_gateway
 
 TOKEN = "worker-token-0123456789"
 
@@ -16,8 +16,7 @@ TOKEN = "worker-token-0123456789"
 def guarded_gateway():
     gw = start_gateway(f"shim_{uuid.uuid4().hex}", {"STATEHOUSE_TOKENS": f"write {TOKEN}"})
     yield gw
-    gw.process.terminate()
-    gw.process.wait(timeout=30)
+    stop_gateway(gw)
 
 
 def test_meltano_with_the_token_reads_and_writes(tmp_path, guarded_gateway):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from conftest import Gateway, Project, make_project
+from conftest import Cluster, Gateway, Project, make_project
 
 JOB = "dev:tap-tiny-to-target-tiny"
 
@@ -100,3 +100,20 @@ def test_two_simultaneous_runs_of_one_job_never_corrupt_its_state(tmp_path, gate
     assert final["bookmarks"]["numbers"]["last_id"] == 40
     assert final["run"] in ("a", "b"), "the state is one run's final state, whole"
     assert stored["partial"] == {}
+
+
+def test_a_run_through_three_gateways_behind_a_round_robin_balancer(tmp_path, cluster: Cluster):
+    # Every request may land on any gateway: the id's authority serves its
+    # lock operations and lock-checked writes, whoever was asked.
+    project = make_project(tmp_path / "p", cluster.uri)
+    run = project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "30"})
+    output = run.stdout + run.stderr
+    assert output.count("Incremental state has been updated") == 30, output
+    for trouble in ("Failed to persist", "could not renew the lock", "could not release the lock", "locked"):
+        assert trouble not in output, output
+    for gateway in cluster.gateways:
+        assert bookmark(gateway) == 30, "every gateway serves the last bookmark"
+        assert cluster.requests_served(gateway) > 0, "the balancer spread requests over every gateway"
+    # Nobody holds the lock afterwards, as seen from each gateway.
+    for gateway in cluster.gateways:
+        assert gateway.session.get(f"{gateway.base}/v1/locks/{quote(JOB, safe='')}", timeout=10).status_code == 404

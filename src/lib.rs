@@ -120,12 +120,10 @@ impl App {
             ),
         }
         let listen = guarded_listen_address(config);
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: listen,
-                source,
-            })?;
+        let listener = http::bind(listen).map_err(|source| StartError::Listen {
+            addr: listen,
+            source,
+        })?;
         Ok(Self {
             listener,
             ctx: AppContext {

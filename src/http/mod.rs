@@ -31,7 +31,7 @@ use error::{PROBLEM_JSON, ProblemType, problem};
 pub use self::admission::Admission;
 use self::admission::Counts;
 use self::auth::Access;
-pub use self::server::serve;
+pub use self::server::{bind, serve};
 use crate::AppContext;
 use crate::auth::Role;
 use crate::telemetry::ClientText;

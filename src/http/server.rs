@@ -26,6 +26,25 @@ use tower::ServiceExt;
 use crate::config::ClientTimeouts;
 use crate::metrics::Metrics;
 
+/// Connections the kernel completes and queues for the gateway to accept.
+/// std and mio listen with 128: a burst of new connections beyond that, while
+/// the accept loop is busy, has its handshakes dropped or reset by the kernel
+/// before the gateway ever sees them (capped by `net.core.somaxconn`).
+const ACCEPT_BACKLOG: u32 = 4096;
+
+/// Binds the gateway's listening socket.
+pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std and mio do: a restarted gateway can bind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(ACCEPT_BACKLOG)
+}
+
 /// Serves `router` on `listener` until `signal` resolves; then stops
 /// accepting, lets each connection finish its request in flight (idle ones
 /// close at once) and returns when all are closed.

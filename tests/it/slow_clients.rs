@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::helpers::{
-    clickhouse_url, metric, spawn_app_with, spawn_gateway_process, unique_schema,
+    clickhouse_url, metric, spawn_app, spawn_app_with, spawn_gateway_process, unique_schema,
 };
 
 fn address(base: &str) -> SocketAddr {
@@ -251,5 +251,36 @@ async fn idle_kept_alive_connections_are_closed_after_the_idle_timeout() {
         ),
         Some(2.0),
         "{metrics}"
+    );
+}
+
+/// The kernel holds completed connections for the gateway in a queue as long
+/// as its listen backlog. std's and mio's 128 lost some of the 500 slow
+/// clients above whenever the machine kept the accept loop waiting: their
+/// handshakes were dropped, then reset, before the gateway saw them.
+#[tokio::test]
+async fn the_listening_socket_queues_a_burst_of_connections() {
+    let app = spawn_app().await;
+    let port = address(&app.base).port();
+    let listing = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) is installed");
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    // For a listening socket, ss shows the backlog as its Send-Q.
+    let backlog: u32 = listing
+        .split_whitespace()
+        .nth(2)
+        .and_then(|q| q.parse().ok())
+        .unwrap_or_else(|| panic!("no listening socket on {port}: {listing:?}"));
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(backlog, somaxconn.min(4096), "{listing}");
+    assert!(
+        backlog >= 1000,
+        "room for a burst of 500 and more: {listing}"
     );
 }

@@ -9,10 +9,11 @@ use crate::helpers::{free_port, spawn_app};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-fn compose_config(password: Option<&str>) -> std::process::Output {
+/// `docker-compose config` of `file` (relative to the project root).
+fn compose_config(file: &str, password: Option<&str>) -> std::process::Output {
     let mut command = Command::new("docker-compose");
     command
-        .args(["--file", &format!("{ROOT}/docker-compose.yml"), "config"])
+        .args(["--file", &format!("{ROOT}/{file}"), "config"])
         .env_remove("CLICKHOUSE_PASSWORD");
     if let Some(password) = password {
         command.env("CLICKHOUSE_PASSWORD", password);
@@ -24,7 +25,7 @@ fn compose_config(password: Option<&str>) -> std::process::Output {
 
 #[test]
 fn compose_file_is_valid_and_wires_the_gateway_to_a_healthy_clickhouse() {
-    let output = compose_config(Some("s3cret"));
+    let output = compose_config("docker-compose.yml", Some("s3cret"));
     let rendered = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -67,9 +68,62 @@ fn compose_file_is_valid_and_wires_the_gateway_to_a_healthy_clickhouse() {
 
 #[test]
 fn compose_refuses_to_run_without_a_clickhouse_password() {
-    let output = compose_config(None);
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("CLICKHOUSE_PASSWORD"));
+    for file in ["docker-compose.yml", TWO_GATEWAYS] {
+        let output = compose_config(file, None);
+        assert!(!output.status.success(), "{file}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("CLICKHOUSE_PASSWORD"));
+    }
+}
+
+const TWO_GATEWAYS: &str = "deploy/two-gateways/compose.yml";
+
+#[test]
+fn the_two_gateway_example_puts_gateways_that_advertise_themselves_behind_a_balancer() {
+    let output = compose_config(TWO_GATEWAYS, Some("s3cret"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let config: serde_yaml::Value = serde_yaml::from_slice(&output.stdout).unwrap();
+    let services = &config["services"];
+    let nginx_conf =
+        std::fs::read_to_string(format!("{ROOT}/deploy/two-gateways/nginx.conf")).unwrap();
+    for name in ["statehouse-a", "statehouse-b"] {
+        let env = &services[name]["environment"];
+        assert_eq!(
+            env["STATEHOUSE_ADVERTISE_URL"],
+            format!("http://{name}:8080").as_str(),
+            "{name} advertises the address its peers reach it at"
+        );
+        assert_eq!(
+            env["STATEHOUSE_CLICKHOUSE_URL"],
+            "clickhouse://statehouse:s3cret@clickhouse:8123/default"
+        );
+        assert_eq!(env["STATEHOUSE_SCHEMA"], "meltano", "one schema for both");
+        assert_eq!(env["STATEHOUSE_LISTEN"], "0.0.0.0:8080");
+        assert!(env["STATEHOUSE_TOKENS_FILE"].as_str().is_some());
+        assert!(
+            services[name]["ports"].is_null(),
+            "{name} is reached through the balancer only"
+        );
+        assert!(
+            nginx_conf.contains(&format!("server {name}:8080;")),
+            "the balancer sends to {name}"
+        );
+    }
+    let balancer = &services["balancer"];
+    assert!(
+        balancer["volumes"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("/nginx.conf:/etc/nginx/nginx.conf:ro")
+    );
+    assert_eq!(balancer["ports"][0]["target"], 8080);
+    assert!(
+        nginx_conf.contains("proxy_read_timeout 330s;"),
+        "outlasts the longest lock wait"
+    );
 }
 
 #[test]

@@ -96,7 +96,7 @@ fn document(n: usize) -> String {
 
 #[tokio::main]
 async fn main() {
-    let gateway = support::start_gateway().await;
+    let gateway = support::start_gateway_in(&support::new_schema(), false).await;
     let (base, target) = (gateway.base, gateway.config.clickhouse);
     let schema = gateway.config.schema.as_str().to_owned();
     let http = reqwest::Client::new();

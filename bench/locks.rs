@@ -1,7 +1,9 @@
 //! Lock cycles (acquire + release) through the gateway: the first acquire on a
 //! state_id (which runs the ClickHouse claim and its settle time) beside
-//! repeat acquires on the same gateway (which must not), and cycles/s with 1,
-//! 8 and 64 state_ids locked in parallel.
+//! repeat acquires on the same gateway (which must not), the same repeat
+//! cycles on the id's authority beside those sent through a peer gateway
+//! that forwards them (one hop more), and cycles/s with 1, 8 and 64
+//! state_ids locked in parallel.
 //!
 //! Run with `bench/run` (it starts the local ClickHouse); or set
 //! STATEHOUSE_BENCH_CLICKHOUSE_URL and run `cargo bench --bench locks`.
@@ -68,9 +70,30 @@ async fn parallel(http: &reqwest::Client, base: &str, run: &str, ids: usize) -> 
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// Repeat cycles on one id, alternating between its authority and a peer
+/// that forwards to it, so that both see the same noise.
+async fn authority_and_peer(http: &reqwest::Client) -> (Vec<Duration>, Vec<Duration>) {
+    let schema = support::new_schema();
+    let authority = support::start_gateway_in(&schema, true).await;
+    let peer = support::start_gateway_in(&schema, true).await;
+    let id = "forwarded";
+    // The first cycle, through the authority, makes it the id's authority.
+    cycle(http, &authority.base, id).await;
+    let (mut direct, mut forwarded) = (Vec::new(), Vec::new());
+    for _ in 0..REPEAT_CYCLES {
+        let t = Instant::now();
+        cycle(http, &authority.base, id).await;
+        direct.push(t.elapsed());
+        let t = Instant::now();
+        cycle(http, &peer.base, id).await;
+        forwarded.push(t.elapsed());
+    }
+    (direct, forwarded)
+}
+
 #[tokio::main]
 async fn main() {
-    let gateway = support::start_gateway().await;
+    let gateway = support::start_gateway_in(&support::new_schema(), false).await;
     let (base, settle) = (gateway.base, gateway.config.locks.settle);
     let http = reqwest::Client::new();
 
@@ -113,6 +136,35 @@ async fn main() {
         "first / repeat p50: {:.1}x (the seed plugin pays its 1 s settle on every acquire)",
         f50 / r50
     );
+
+    let (mut direct, mut forwarded) = authority_and_peer(&http).await;
+    let (d50, d99) = (
+        percentile_ms(&mut direct, 0.5),
+        percentile_ms(&mut direct, 0.99),
+    );
+    let (p50, p99) = (
+        percentile_ms(&mut forwarded, 0.5),
+        percentile_ms(&mut forwarded, 0.99),
+    );
+    println!();
+    println!("two gateways on one ClickHouse, repeat cycles on one state_id, interleaved");
+    println!("{:<34} {:>7} {:>9} {:>9}", "cycle", "n", "p50 ms", "p99 ms");
+    println!(
+        "{:<34} {:>7} {d50:>9.2} {d99:>9.2}",
+        "on the authority",
+        direct.len()
+    );
+    println!(
+        "{:<34} {:>7} {p50:>9.2} {p99:>9.2}",
+        "through a peer (forwarded)",
+        forwarded.len()
+    );
+    println!(
+        "forwarded / authority p50: {:.2}x ({:+.2} ms for the hop: 2 requests, each forwarded once)",
+        p50 / d50,
+        p50 - d50
+    );
+
     println!();
     println!("{:<34} {:>9}", "state_ids locked in parallel", "cycles/s");
     for ids in [1, 8, 64] {

@@ -1,5 +1,5 @@
-//! What every bench needs: a gateway with production defaults on a database of
-//! its own, in the ClickHouse named by STATEHOUSE_BENCH_CLICKHOUSE_URL.
+//! What every bench needs: gateways with production defaults on a database of
+//! their own, in the ClickHouse named by STATEHOUSE_BENCH_CLICKHOUSE_URL.
 
 use statehouse::App;
 use statehouse::config::Config;
@@ -9,19 +9,38 @@ pub struct BenchGateway {
     pub config: Config,
 }
 
-pub async fn start_gateway() -> BenchGateway {
+/// A fresh database name for one bench's gateways.
+pub fn new_schema() -> String {
+    format!("bench_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A gateway on `schema`; with `advertise`, on a port of its own that it
+/// advertises, so that its peers on the same schema forward to it.
+pub async fn start_gateway_in(schema: &str, advertise: bool) -> BenchGateway {
     let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
         .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
-    let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
-    let config = Config::from_serve_args(&[
+    let port = if advertise {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    } else {
+        0
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let advertise_url = format!("http://{listen}");
+    let mut args = vec![
         "--clickhouse-url",
         &url,
         "--listen",
-        "127.0.0.1:0",
+        &listen,
         "--schema",
-        &schema,
-    ])
-    .expect("valid configuration");
+        schema,
+    ];
+    if advertise {
+        args.extend(["--advertise-url", &advertise_url]);
+    }
+    let config = Config::from_serve_args(&args).expect("valid configuration");
     let app = App::build(&config).await.expect("gateway starts");
     let base = format!("http://{}", app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));

@@ -1,6 +1,8 @@
 //! Gateway vs direct ClickHouse: p50/p99 latency and requests/s for reading and
-//! writing one state, side by side in one run. Rounds interleave the workloads
-//! so that noise on a shared machine hits all of them alike.
+//! writing one state, side by side in one run; PUT with history on beside a
+//! gateway with history off; and listing the history of a state with 10,000
+//! versions. Rounds interleave the workloads so that noise on a shared
+//! machine hits all of them alike.
 //!
 //! Run with `bench/run` (it starts the local ClickHouse); or set
 //! STATEHOUSE_BENCH_CLICKHOUSE_URL and run `cargo bench --bench gateway`.
@@ -96,7 +98,7 @@ fn document(n: usize) -> String {
 
 #[tokio::main]
 async fn main() {
-    let gateway = support::start_gateway_in(&support::new_schema(), false).await;
+    let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
     let (base, target) = (gateway.base, gateway.config.clickhouse);
     let schema = gateway.config.schema.as_str().to_owned();
     let http = reqwest::Client::new();
@@ -109,24 +111,10 @@ async fn main() {
     let select = Arc::new(format!(
         "SELECT partial_state, completed_state, toUnixTimestamp64Milli(updated_at) AS updated_at_ms FROM {table} FINAL WHERE state_id = {{id:String}} LIMIT 1"
     ));
-    let state_url = Arc::new(format!("{base}/v1/states/bench"));
-    http.put(state_url.as_str())
-        .body(document(0))
-        .send()
-        .await
-        .unwrap();
+    let state_url = format!("{base}/v1/states/bench");
+    http.put(&state_url).body(document(0)).send().await.unwrap();
 
-    let gateway_get = Arc::new({
-        let (http, url) = (http.clone(), state_url.clone());
-        move |_n: usize| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let reply = http.get(url.as_str()).send().await.unwrap();
-                assert_eq!(reply.status(), 200);
-                reply.bytes().await.unwrap();
-            }
-        }
-    });
+    let gateway_get = get_op(&http, state_url.clone());
     let direct_get = Arc::new({
         let (direct, select) = (direct.clone(), select.clone());
         move |_n: usize| {
@@ -143,22 +131,7 @@ async fn main() {
             }
         }
     });
-    let gateway_put = Arc::new({
-        let (http, url) = (http.clone(), state_url.clone());
-        move |n: usize| {
-            let (http, url) = (http.clone(), url.clone());
-            async move {
-                let reply = http
-                    .put(url.as_str())
-                    .body(document(n))
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(reply.status().is_success());
-                reply.bytes().await.unwrap();
-            }
-        }
-    });
+    let gateway_put = put_op(&http, state_url.clone());
     // What a PUT costs in ClickHouse: read the current version, insert the next.
     let direct_put = Arc::new({
         let (direct, select, table) = (direct.clone(), select.clone(), table.clone());
@@ -246,4 +219,132 @@ async fn main() {
     );
     println!("(PUT direct = read the current version + insert, what the gateway does for a PUT)");
     println!("p50 x = gateway p50 / direct p50; req/s x = gateway req/s / direct req/s");
+
+    history_costs(&http, &base, &direct, &schema).await;
+}
+
+/// A PUT with history on beside one on a gateway with `--history=false`, and
+/// history listings of a state with 10,000 versions.
+async fn history_costs(http: &reqwest::Client, base: &str, direct: &Client, schema: &str) {
+    let off = support::start_gateway_in(&support::new_schema(), false, &["--history=false"]).await;
+    let put_on = put_op(http, format!("{base}/v1/states/history-on"));
+    let put_off = put_op(http, format!("{}/v1/states/history-off", off.base));
+    let (mut on, mut without) = (Samples::new(), Samples::new());
+    for _ in 0..ROUNDS {
+        measure(&mut on, 1, PER_ROUND, put_on.clone()).await;
+        measure(&mut without, 1, PER_ROUND, put_off.clone()).await;
+    }
+    let (on50, on99) = (on.percentile_ms(0.5), on.percentile_ms(0.99));
+    let (off50, off99) = (without.percentile_ms(0.5), without.percentile_ms(0.99));
+    println!();
+    println!(
+        "PUT one state, 1 client, {} each in {ROUNDS} interleaved rounds",
+        ROUNDS * PER_ROUND
+    );
+    println!("{:<20} {:>9} {:>9}", "history", "p50 ms", "p99 ms");
+    println!("{:<20} {on50:>9.2} {on99:>9.2}", "on (two INSERTs)");
+    println!("{:<20} {off50:>9.2} {off99:>9.2}", "off (--history=false)");
+    println!(
+        "on / off: p50 {:.2}x, p99 {:.2}x",
+        on50 / off50,
+        on99 / off99
+    );
+
+    const VERSIONS: i64 = 10_000;
+    let id = "deep-history";
+    let reply = http
+        .put(format!("{base}/v1/states/{id}"))
+        .body(document(0))
+        .send()
+        .await
+        .unwrap();
+    assert!(reply.status().is_success());
+    // The older versions go in at once, straight into the table.
+    let fill = format!(
+        "INSERT INTO `{schema}`.`state_history` (state_id, version, operation, deleted, completed_state, partial_state, changed_streams, actor)
+         SELECT {{id:String}}, fromUnixTimestamp64Milli(toInt64(1700000000000 + number)), 'put', 0, {{doc:String}}, '{{}}', ['stream_0'], 'bench'
+         FROM numbers({{n:UInt64}})"
+    );
+    direct
+        .query(&fill)
+        .param("id", id)
+        .param("doc", document(1))
+        .param("n", VERSIONS - 1)
+        .execute()
+        .await
+        .unwrap();
+    let first_page = format!("{base}/v1/states/{id}/history?limit=100");
+    let page: serde_json::Value = http
+        .get(&first_page)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cursor = page["next_cursor"].as_str().expect("more pages").to_owned();
+    let pages = [
+        ("newest 100", first_page.clone()),
+        ("next 100 (cursor)", format!("{first_page}&cursor={cursor}")),
+        (
+            "newest 1000",
+            format!("{base}/v1/states/{id}/history?limit=1000"),
+        ),
+    ];
+    println!();
+    println!(
+        "history of a state with {VERSIONS} versions, 1 client, {} listings each",
+        ROUNDS * 5
+    );
+    println!("{:<20} {:>9} {:>9}", "page", "p50 ms", "p99 ms");
+    let mut cells: Vec<Samples> = pages.iter().map(|_| Samples::new()).collect();
+    for _ in 0..ROUNDS {
+        for ((_, url), cell) in pages.iter().zip(cells.iter_mut()) {
+            measure(cell, 1, 5, get_op(http, url.clone())).await;
+        }
+    }
+    for ((name, _), cell) in pages.iter().zip(cells.iter_mut()) {
+        println!(
+            "{name:<20} {:>9.2} {:>9.2}",
+            cell.percentile_ms(0.5),
+            cell.percentile_ms(0.99)
+        );
+    }
+}
+
+fn put_op(
+    http: &reqwest::Client,
+    url: String,
+) -> Arc<impl Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>
+{
+    let (http, url) = (http.clone(), Arc::new(url));
+    Arc::new(move |n: usize| {
+        let (http, url) = (http.clone(), url.clone());
+        Box::pin(async move {
+            let reply = http
+                .put(url.as_str())
+                .body(document(n))
+                .send()
+                .await
+                .unwrap();
+            assert!(reply.status().is_success());
+            reply.bytes().await.unwrap();
+        }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+    })
+}
+
+fn get_op(
+    http: &reqwest::Client,
+    url: String,
+) -> Arc<impl Fn(usize) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync + 'static>
+{
+    let (http, url) = (http.clone(), Arc::new(url));
+    Arc::new(move |_n: usize| {
+        let (http, url) = (http.clone(), url.clone());
+        Box::pin(async move {
+            let reply = http.get(url.as_str()).send().await.unwrap();
+            assert_eq!(reply.status(), 200);
+            reply.bytes().await.unwrap();
+        }) as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+    })
 }

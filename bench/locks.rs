@@ -74,8 +74,8 @@ async fn parallel(http: &reqwest::Client, base: &str, run: &str, ids: usize) -> 
 /// that forwards to it, so that both see the same noise.
 async fn authority_and_peer(http: &reqwest::Client) -> (Vec<Duration>, Vec<Duration>) {
     let schema = support::new_schema();
-    let authority = support::start_gateway_in(&schema, true).await;
-    let peer = support::start_gateway_in(&schema, true).await;
+    let authority = support::start_gateway_in(&schema, true, &[]).await;
+    let peer = support::start_gateway_in(&schema, true, &[]).await;
     let id = "forwarded";
     // The first cycle, through the authority, makes it the id's authority.
     cycle(http, &authority.base, id).await;
@@ -93,7 +93,7 @@ async fn authority_and_peer(http: &reqwest::Client) -> (Vec<Duration>, Vec<Durat
 
 #[tokio::main]
 async fn main() {
-    let gateway = support::start_gateway_in(&support::new_schema(), false).await;
+    let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
     let (base, settle) = (gateway.base, gateway.config.locks.settle);
     let http = reqwest::Client::new();
 

@@ -14,9 +14,9 @@ pub fn new_schema() -> String {
     format!("bench_{}", uuid::Uuid::new_v4().simple())
 }
 
-/// A gateway on `schema`; with `advertise`, on a port of its own that it
-/// advertises, so that its peers on the same schema forward to it.
-pub async fn start_gateway_in(schema: &str, advertise: bool) -> BenchGateway {
+/// A gateway on `schema` with `extra` flags; with `advertise`, on a port of
+/// its own that it advertises, so that its peers on the same schema forward to it.
+pub async fn start_gateway_in(schema: &str, advertise: bool, extra: &[&str]) -> BenchGateway {
     let url = std::env::var("STATEHOUSE_BENCH_CLICKHOUSE_URL")
         .expect("set STATEHOUSE_BENCH_CLICKHOUSE_URL (bench/run does)");
     let port = if advertise {
@@ -40,6 +40,7 @@ pub async fn start_gateway_in(schema: &str, advertise: bool) -> BenchGateway {
     if advertise {
         args.extend(["--advertise-url", &advertise_url]);
     }
+    args.extend_from_slice(extra);
     let config = Config::from_serve_args(&args).expect("valid configuration");
     let app = App::build(&config).await.expect("gateway starts");
     let base = format!("http://{}", app.local_addr());

@@ -43,12 +43,31 @@ pub struct TokenError {
 
 #[derive(Clone, Default)]
 pub struct Tokens {
-    digests: Vec<([u8; 32], Role)>,
+    entries: Vec<Entry>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    digest: [u8; 32],
+    role: Role,
+    /// Who the token stands for, as history records it.
+    actor: String,
+}
+
+/// Who made a request, as history records it: the token's name, else its role
+/// and a short digest of it, else `anonymous` when the gateway has no tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Actor(pub String);
+
+impl Actor {
+    pub fn anonymous() -> Self {
+        Self("anonymous".to_owned())
+    }
 }
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tokens({} configured)", self.digests.len())
+        write!(f, "Tokens({} configured)", self.entries.len())
     }
 }
 
@@ -73,9 +92,10 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 impl Tokens {
-    /// Adds entries of the form `<role> <token>` or `<role> sha256:<hex digest>`,
-    /// one per line (a file) or separated by commas (an environment variable);
-    /// blank entries and `#` comments are skipped.
+    /// Adds entries of the form `<role> <token> [<name>]` or `<role>
+    /// sha256:<hex digest> [<name>]`, one per line (a file) or separated by
+    /// commas (an environment variable); blank entries and `#` comments are
+    /// skipped. The name is what history records as the actor.
     pub fn add(
         &mut self,
         source_name: &str,
@@ -92,12 +112,13 @@ impl Tokens {
                 line: index + 1,
                 reason,
             };
-            let (role, secret) = entry
-                .split_once(char::is_whitespace)
-                .ok_or_else(|| fail("expected `<role> <token>`"))?;
+            let mut words = entry.split_whitespace();
+            let (Some(role), Some(secret)) = (words.next(), words.next()) else {
+                return Err(fail("expected `<role> <token>` or `<role> <token> <name>`"));
+            };
+            let name = words.collect::<Vec<_>>().join(" ");
             let role =
                 Role::parse(role).ok_or_else(|| fail("role must be read, write or admin"))?;
-            let secret = secret.trim();
             let digest = match secret.strip_prefix("sha256:") {
                 Some(hex) => {
                     parse_hex_digest(hex).ok_or_else(|| fail("sha256: needs 64 hex digits"))?
@@ -107,28 +128,39 @@ impl Tokens {
                 }
                 None => digest(secret),
             };
-            self.digests.push((digest, role));
+            let actor = if name.is_empty() {
+                let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}:{short}", role.as_str())
+            } else {
+                name
+            };
+            self.entries.push(Entry {
+                digest,
+                role,
+                actor,
+            });
         }
         Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.digests.is_empty()
+        self.entries.is_empty()
     }
 
     pub fn len(&self) -> usize {
-        self.digests.len()
+        self.entries.len()
     }
 
-    /// The role of a presented token, if it is one of ours.
-    pub fn role_of(&self, presented: &str) -> Option<Role> {
+    /// The role and actor of a presented token, if it is one of ours (the
+    /// strongest entry, should a token be listed twice).
+    pub fn identify(&self, presented: &str) -> Option<(Role, Actor)> {
         let presented = digest(presented);
         // Every entry is compared, matched or not.
-        self.digests
+        self.entries
             .iter()
-            .filter(|(known, _)| constant_time_eq(known, &presented))
-            .map(|(_, role)| *role)
-            .max()
+            .filter(|entry| constant_time_eq(&entry.digest, &presented))
+            .max_by_key(|entry| entry.role)
+            .map(|entry| (entry.role, Actor(entry.actor.clone())))
     }
 }
 
@@ -151,11 +183,37 @@ mod tests {
             )
             .unwrap();
         assert_eq!(tokens.len(), 3);
-        assert_eq!(tokens.role_of("reader-token-0123456789"), Some(Role::Read));
-        assert_eq!(tokens.role_of("writer-token-0123456789"), Some(Role::Write));
-        assert_eq!(tokens.role_of("admin-token-0123456789"), Some(Role::Admin));
-        assert_eq!(tokens.role_of("reader-token-012345678"), None);
-        assert_eq!(tokens.role_of(""), None);
+        let role_of = |t: &str| tokens.identify(t).map(|(role, _)| role);
+        assert_eq!(role_of("reader-token-0123456789"), Some(Role::Read));
+        assert_eq!(role_of("writer-token-0123456789"), Some(Role::Write));
+        assert_eq!(role_of("admin-token-0123456789"), Some(Role::Admin));
+        assert_eq!(role_of("reader-token-012345678"), None);
+        assert_eq!(role_of(""), None);
+    }
+
+    #[test]
+    fn a_token_is_named_by_its_line_or_by_its_role_and_digest() {
+        let mut tokens = Tokens::default();
+        tokens
+            .add(
+                "file",
+                "write worker-token-0123456789 etl workers\nread dash-token-0123456789",
+                '\n',
+            )
+            .unwrap();
+        let actor = |t: &str| tokens.identify(t).map(|(_, actor)| actor.0);
+        assert_eq!(
+            actor("worker-token-0123456789").as_deref(),
+            Some("etl workers")
+        );
+        let short: String = digest("dash-token-0123456789")[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            actor("dash-token-0123456789"),
+            Some(format!("read:{short}"))
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::auth::{TokenError, Tokens};
-pub use crate::store::{ClickHouseTarget, Identifier};
+pub use crate::store::{ClickHouseTarget, History, Identifier};
 pub use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -169,8 +169,20 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
-    /// File of bearer tokens, one `<role> <token>` per line (role: read, write
-    /// or admin; `<role> sha256:<hex>` keeps the token itself off disk).
+    /// Keep a version of every change made through the gateway in
+    /// `<table>_history` (see --history-retention); false records none, and
+    /// the history endpoints answer 404 saying so.
+    #[arg(long, env = "STATEHOUSE_HISTORY", num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    pub history: bool,
+
+    /// How long history keeps a version (a ClickHouse TTL on the history
+    /// table), e.g. 90d or 12h; 0 keeps every version forever.
+    #[arg(long, env = "STATEHOUSE_HISTORY_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
+    pub history_retention: Duration,
+
+    /// File of bearer tokens, one `<role> <token> [<name>]` per line (role:
+    /// read, write or admin; `<role> sha256:<hex>` keeps the token itself off
+    /// disk; the name is who history says made a change).
     #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 
@@ -237,6 +249,7 @@ pub struct Config {
     pub client_timeouts: ClientTimeouts,
     pub log_format: LogFormat,
     pub locks: LockSettings,
+    pub history: History,
     pub tokens: Tokens,
     pub protect_metrics: bool,
     pub allow_unauthenticated: bool,
@@ -370,6 +383,11 @@ impl TryFrom<ServeArgs> for Config {
                     .as_deref()
                     .map(parse_advertise_url)
                     .transpose()?,
+            },
+            history: match (args.history, args.history_retention) {
+                (false, _) => History::Off,
+                (true, Duration::ZERO) => History::Kept(None),
+                (true, retention) => History::Kept(Some(retention)),
             },
             tokens,
             protect_metrics: args.protect_metrics,

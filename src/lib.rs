@@ -104,7 +104,12 @@ impl App {
     pub async fn build(config: &Config) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::default());
         let clickhouse = ClickHouse::new(&config.clickhouse, config.query_timeout, metrics.clone());
-        let store = Store::new(clickhouse.clone(), config.schema.clone(), &config.table);
+        let store = Store::new(
+            clickhouse.clone(),
+            config.schema.clone(),
+            &config.table,
+            config.history,
+        );
         prepare_clickhouse(&store, config).await?;
         let locks = Arc::new(LockManager::new(
             config.locks.clone(),
@@ -127,7 +132,7 @@ impl App {
         Ok(Self {
             listener,
             ctx: AppContext {
-                states: Arc::new(States::new(store.states, locks.clone())),
+                states: Arc::new(States::new(store.states, store.history, locks.clone())),
                 locks,
                 clickhouse,
                 metrics,

@@ -13,10 +13,15 @@ use std::sync::{Arc, Mutex};
 
 use uuid::Uuid;
 
-use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern};
+use crate::domain::{
+    PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern, Version, VersionCursor,
+};
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager};
-use crate::store::{StateStore, StateSummary, StoreError, StoredRow, StoredState};
+use crate::store::{
+    ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
+    StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
+};
 
 /// An `If-Match` precondition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +67,10 @@ pub enum StateError {
     PreconditionFailed(&'static str),
     #[error(transparent)]
     Lock(#[from] LockError),
+    #[error("history is off on this gateway (--history=false), so no versions are kept")]
+    HistoryOff,
+    #[error("this state has no version {}", .0.to_rfc3339())]
+    VersionNotFound(Version),
 }
 
 /// What a write does with the incoming document.
@@ -79,9 +88,14 @@ pub struct Written {
 
 pub struct States {
     store: StateStore,
+    /// None when history is off.
+    history: Option<HistoryStore>,
     locks: Arc<LockManager>,
     writers: KeyedMutex<StateId>,
     known: Known,
+    /// Versions of failed writes whose history rows may have landed (see
+    /// [`States::failed_version`]); an entry goes with the next write that lands.
+    failed: Mutex<HashMap<StateId, Version>>,
 }
 
 /// The last state read or written of ids this gateway is the authority for,
@@ -142,13 +156,27 @@ pub struct WriteConditions {
     pub lease_id: Option<Uuid>,
 }
 
+/// A state's history, as the API shows it.
+pub struct HistoryPage {
+    pub versions: Vec<ListedVersion>,
+    pub has_more: bool,
+}
+
+pub struct ListedVersion {
+    pub meta: VersionMeta,
+    /// The version the state is at now: never one a failed change left.
+    pub current: bool,
+}
+
 impl States {
-    pub fn new(store: StateStore, locks: Arc<LockManager>) -> Self {
+    pub fn new(store: StateStore, history: Option<HistoryStore>, locks: Arc<LockManager>) -> Self {
         Self {
             store,
+            history,
             locks,
             writers: KeyedMutex::default(),
             known: Known::default(),
+            failed: Mutex::default(),
         }
     }
 
@@ -198,9 +226,26 @@ impl States {
         id: &StateId,
         change: Change,
         conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<Written, StateError> {
+        let operation = match change {
+            Change::Replace(_) => Operation::Put,
+            Change::Update(_) => Operation::Patch,
+        };
+        self.write_as(id, change, conditions, provenance, operation)
+            .await
+    }
+
+    async fn write_as(
+        &self,
+        id: &StateId,
+        change: Change,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+        operation: Operation,
     ) -> Result<Written, StateError> {
         let _writing = self.writers.lock(id).await;
-        self.locks.check_write(id, conditions.lease_id).await?;
+        let lease = self.locks.check_write(id, conditions.lease_id).await?;
         let claim = self.locks.authority_claim(id);
         let current = self.current(id, claim).await?;
         if let Some(precondition) = &conditions.if_match
@@ -208,6 +253,8 @@ impl States {
         {
             return Err(precondition_failed(current.is_some()));
         }
+        // Unreadable (written by something else): it changed every stream.
+        let before = current.clone().and_then(|row| row.parse().ok());
         let doc = match change {
             Change::Replace(doc) => doc,
             Change::Update(doc) => {
@@ -215,7 +262,26 @@ impl States {
                 StateDocument::updated_by(stored.map(|s| s.doc), doc)
             }
         };
-        let (row, state) = self.store.put(id, doc, current.as_ref()).await?;
+        let version = next_version(current.as_ref(), self.failed_version(id));
+        if let Some(history) = &self.history {
+            let changed =
+                StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc));
+            let context = ChangeContext {
+                provenance: provenance.clone(),
+                lease,
+            };
+            history
+                .record(id, version, operation, Some(&doc), changed, &context)
+                .await?;
+        }
+        let (row, state) = match self.store.put(id, doc, version).await {
+            Ok(written) => written,
+            Err(err) => {
+                self.remember_failed(id, version);
+                return Err(err.into());
+            }
+        };
+        self.forget_failed(id);
         if let Some(claim) = claim {
             self.known.put(id, claim, Some(row), &self.locks);
         }
@@ -225,14 +291,27 @@ impl States {
         })
     }
 
-    /// Deleting what does not exist succeeds: the outcome is the same.
+    /// Deleting what does not exist succeeds: the outcome is the same (and
+    /// leaves no version, since nothing changed).
     pub async fn delete(
         &self,
         id: &StateId,
         conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<(), StateError> {
+        self.delete_as(id, conditions, provenance, Operation::Delete)
+            .await
+    }
+
+    async fn delete_as(
+        &self,
+        id: &StateId,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+        operation: Operation,
     ) -> Result<(), StateError> {
         let _writing = self.writers.lock(id).await;
-        self.locks.check_write(id, conditions.lease_id).await?;
+        let lease = self.locks.check_write(id, conditions.lease_id).await?;
         let claim = self.locks.authority_claim(id);
         if let Some(precondition) = &conditions.if_match {
             let current = self.current(id, claim).await?;
@@ -242,6 +321,9 @@ impl States {
         }
         // Forgotten first: a delete that fails midway leaves nothing known.
         self.known.forget(|known| known == id);
+        let selection = Selection::One(id.clone());
+        self.record_deletions(&selection, operation, lease, provenance)
+            .await?;
         self.store.delete(id).await?;
         if let Some(claim) = claim {
             self.known.put(id, claim, None, &self.locks);
@@ -251,9 +333,140 @@ impl States {
 
     /// Deletes every match; what this gateway knew of them goes too (peers
     /// that are authorities for some of them are told by the caller).
-    pub async fn delete_matching(&self, pattern: &StatePattern) -> Result<u64, StoreError> {
+    pub async fn delete_matching(
+        &self,
+        pattern: &StatePattern,
+        provenance: &Provenance,
+    ) -> Result<u64, StoreError> {
         self.known.forget(|id| pattern.matches(id));
+        let selection = Selection::Matching(pattern.clone());
+        self.record_deletions(&selection, Operation::DeleteByPattern, None, provenance)
+            .await?;
         self.store.delete_matching(pattern).await
+    }
+
+    /// Tombstones for what `selection` is about to delete, written first.
+    async fn record_deletions(
+        &self,
+        selection: &Selection,
+        operation: Operation,
+        lease: Option<crate::domain::Lease>,
+        provenance: &Provenance,
+    ) -> Result<(), StoreError> {
+        let Some(history) = &self.history else {
+            return Ok(());
+        };
+        let context = ChangeContext {
+            provenance: provenance.clone(),
+            lease,
+        };
+        history
+            .record_deletions(self.store.table(), selection, operation, now_ms(), &context)
+            .await
+    }
+
+    fn history(&self) -> Result<&HistoryStore, StateError> {
+        self.history.as_ref().ok_or(StateError::HistoryOff)
+    }
+
+    /// Versions of `id`, newest first, each marked whether it is current.
+    pub async fn history_page(
+        &self,
+        id: &StateId,
+        cursor: Option<VersionCursor>,
+        limit: PageLimit,
+    ) -> Result<HistoryPage, StateError> {
+        let history = self.history()?;
+        let (metas, has_more) = history.list(id, cursor.map(|c| c.0), limit.get()).await?;
+        let current = self.current_version(history, id).await?;
+        let versions = metas
+            .into_iter()
+            .map(|meta| ListedVersion {
+                current: current == Some((meta.version, meta.deleted)),
+                meta,
+            })
+            .collect();
+        Ok(HistoryPage { versions, has_more })
+    }
+
+    /// One version of `id` with its document, and whether it is current.
+    pub async fn version(
+        &self,
+        id: &StateId,
+        version: Version,
+    ) -> Result<Option<(StoredVersion, bool)>, StateError> {
+        let history = self.history()?;
+        let Some(stored) = history.get(id, version).await? else {
+            return Ok(None);
+        };
+        let current = self.current_version(history, id).await?
+            == Some((stored.meta.version, stored.meta.deleted));
+        Ok(Some((stored, current)))
+    }
+
+    /// The version `id` is at, with whether it is a tombstone: the state's
+    /// own version, or, when it does not exist, its newest tombstone.
+    async fn current_version(
+        &self,
+        history: &HistoryStore,
+        id: &StateId,
+    ) -> Result<Option<(Version, bool)>, StoreError> {
+        if let Some(version) = self.store.version(id).await? {
+            return Ok(Some((version, false)));
+        }
+        Ok(history.newest_tombstone(id).await?.map(|v| (v, true)))
+    }
+
+    /// Writes `version`'s document as a new version, or deletes the state
+    /// when `version` is a tombstone. Answers the state written, if any.
+    pub async fn rollback(
+        &self,
+        id: &StateId,
+        version: Version,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<Option<Written>, StateError> {
+        let Some(stored) = self.history()?.get(id, version).await? else {
+            return Err(StateError::VersionNotFound(version));
+        };
+        match stored.doc {
+            Some(doc) => self
+                .write_as(
+                    id,
+                    Change::Replace(doc),
+                    conditions,
+                    provenance,
+                    Operation::Rollback,
+                )
+                .await
+                .map(Some),
+            None => self
+                .delete_as(id, conditions, provenance, Operation::Rollback)
+                .await
+                .map(|()| None),
+        }
+    }
+
+    /// A version whose history row landed but whose state write failed: the
+    /// next write of the id on this gateway stamps a later one, so that no
+    /// two changes share a version.
+    fn failed_version(&self, id: &StateId) -> Option<Version> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.get(id).map(|v| Version::from_millis(v.millis() + 1))
+    }
+
+    fn remember_failed(&self, id: &StateId, version: Version) {
+        if self.history.is_some() {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            failed.insert(id.clone(), version);
+        }
+    }
+
+    fn forget_failed(&self, id: &StateId) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if !failed.is_empty() {
+            failed.remove(id);
+        }
     }
 }
 

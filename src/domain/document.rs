@@ -100,6 +100,45 @@ impl StateDocument {
         }
     }
 
+    /// The state as Meltano sees it: the partial state deep-merged over the
+    /// completed one, as `MeltanoState.merge_partial` does.
+    pub fn effective(&self) -> JsonObject {
+        let mut merged = self.completed.clone();
+        deep_merge(self.partial.clone(), &mut merged);
+        merged
+    }
+
+    /// The Singer bookmarks of the effective state, by stream: None when it
+    /// has no `singer_state.bookmarks` object.
+    pub fn bookmarks(&self) -> Option<JsonObject> {
+        let Some(Json::Object(singer)) = self.effective().get("singer_state").cloned() else {
+            return None;
+        };
+        match singer.get("bookmarks") {
+            Some(Json::Object(bookmarks)) => Some(bookmarks.clone()),
+            _ => None,
+        }
+    }
+
+    /// The streams whose bookmark differs between two versions of a state
+    /// (None: no state), in byte order.
+    pub fn changed_streams(before: Option<&Self>, after: Option<&Self>) -> Vec<String> {
+        let bookmarks = |doc: Option<&Self>| doc.and_then(Self::bookmarks).unwrap_or_default();
+        let (before, after) = (bookmarks(before), bookmarks(after));
+        let mut changed: Vec<String> = before
+            .iter()
+            .filter(|(stream, bookmark)| after.get(stream) != Some(bookmark))
+            .chain(
+                after
+                    .iter()
+                    .filter(|(stream, _)| before.get(stream).is_none()),
+            )
+            .map(|(stream, _)| stream.clone())
+            .collect();
+        changed.sort();
+        changed
+    }
+
     pub fn completed_json(&self) -> String {
         self.completed.to_json()
     }
@@ -163,6 +202,43 @@ mod tests {
     /// The object as serde_json sees it, to compare with `json!`.
     fn value(object: &JsonObject) -> Value {
         serde_json::from_str(&object.to_json()).unwrap()
+    }
+
+    #[test]
+    fn bookmarks_come_from_partial_merged_over_completed() {
+        let d = doc(json!({
+            "completed": {"singer_state": {"bookmarks": {"a": {"v": 1}, "b": {"v": 1}}}},
+            "partial": {"singer_state": {"bookmarks": {"b": {"v": 2}, "c": {"v": 3}}}}
+        }));
+        let bookmarks = d.bookmarks().unwrap();
+        assert_eq!(
+            value(&bookmarks),
+            json!({"a": {"v": 1}, "b": {"v": 2}, "c": {"v": 3}})
+        );
+        assert_eq!(doc(json!({"completed": {"x": 1}})).bookmarks(), None);
+    }
+
+    #[test]
+    fn changed_streams_name_every_bookmark_that_came_went_or_moved() {
+        let before = doc(json!({"completed": {"singer_state": {"bookmarks": {
+            "same": {"v": 1}, "moved": {"v": 1}, "gone": {"v": 1}}}}}));
+        let after = doc(json!({
+            "completed": {"singer_state": {"bookmarks": {"same": {"v": 1}, "moved": {"v": 1}}}},
+            "partial": {"singer_state": {"bookmarks": {"moved": {"v": 2}, "new": {"v": 1}}}}
+        }));
+        assert_eq!(
+            StateDocument::changed_streams(Some(&before), Some(&after)),
+            ["gone", "moved", "new"]
+        );
+        assert_eq!(
+            StateDocument::changed_streams(Some(&before), None),
+            ["gone", "moved", "same"]
+        );
+        assert_eq!(
+            StateDocument::changed_streams(None, Some(&before)),
+            ["gone", "moved", "same"]
+        );
+        assert!(StateDocument::changed_streams(Some(&after), Some(&after)).is_empty());
     }
 
     #[test]

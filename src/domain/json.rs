@@ -115,6 +115,14 @@ impl JsonObject {
         self.0.is_empty()
     }
 
+    pub fn get(&self, key: &str) -> Option<&Json> {
+        self.0.get(key)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Json)> {
+        self.0.iter()
+    }
+
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
         self.0.get_mut(key)
     }

@@ -5,11 +5,15 @@ mod json;
 mod lease;
 mod page;
 mod pattern;
+mod provenance;
 mod state_id;
+mod version;
 
 pub use document::{CorruptState, DocumentError, StateDocument};
 pub use json::JsonObject;
 pub use lease::Lease;
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
+pub use provenance::Provenance;
 pub use state_id::{StateId, StateIdError};
+pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};

@@ -3,7 +3,7 @@
 //! queueing without bound.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use tokio::sync::Semaphore;
@@ -70,7 +70,6 @@ pub async fn admit(
     let Ok(_permit) = permits.try_acquire() else {
         ctx.metrics.request_shed(label);
         let mut response = problem(
-            StatusCode::SERVICE_UNAVAILABLE,
             ProblemType::Overloaded,
             &format!(
                 "the gateway is at its limit of {limit} at once ({flag}); retry after a second"

@@ -1,13 +1,13 @@
 //! The bearer-token guard in front of every operation.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::{ProblemType, problem};
 use crate::AppContext;
-use crate::auth::Role;
+use crate::auth::{Actor, Role};
 
 /// Who may call an operation.
 #[derive(Clone, Copy, Debug)]
@@ -20,7 +20,7 @@ pub enum Access {
 }
 
 fn unauthorized(detail: &str) -> Response {
-    let mut response = problem(StatusCode::UNAUTHORIZED, ProblemType::Unauthorized, detail);
+    let mut response = problem(ProblemType::Unauthorized, detail);
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Bearer realm=\"statehouse\""),
@@ -45,26 +45,26 @@ pub async fn guard(
     let Some(needed) = needed else {
         return next.run(request).await;
     };
+    let mut request = request;
     let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
     let (first, second) = (values.next(), values.next());
     if second.is_some() {
         // Which one counts would be a guess; proxies and servers differ on it.
         return problem(
-            StatusCode::BAD_REQUEST,
             ProblemType::InvalidHeader,
             "send one Authorization header, not several",
         );
     }
     if ctx.tokens.is_empty() {
+        request.extensions_mut().insert(Actor::anonymous());
         return next.run(request).await;
     }
     let Some(presented) = first.and_then(bearer_token) else {
         return unauthorized("send Authorization: Bearer <token>");
     };
-    match ctx.tokens.role_of(presented) {
+    match ctx.tokens.identify(presented) {
         None => unauthorized("the bearer token is not one this gateway knows"),
-        Some(role) if role < needed => problem(
-            StatusCode::FORBIDDEN,
+        Some((role, _)) if role < needed => problem(
             ProblemType::Forbidden,
             &format!(
                 "this needs a {} token; yours is {}",
@@ -72,7 +72,10 @@ pub async fn guard(
                 role.as_str()
             ),
         ),
-        Some(_) => next.run(request).await,
+        Some((_, actor)) => {
+            request.extensions_mut().insert(actor);
+            next.run(request).await
+        }
     }
 }
 

@@ -29,6 +29,12 @@ pub enum ApiError {
     #[error("no state with id {0:?}")]
     StateNotFound(String),
     #[error("{0}")]
+    InvalidVersion(String),
+    #[error("{0}")]
+    VersionNotFound(String),
+    #[error("{0}")]
+    HistoryOff(String),
+    #[error("{0}")]
     PreconditionFailed(&'static str),
     #[error("request body is larger than the limit of {0} bytes")]
     PayloadTooLarge(usize),
@@ -50,98 +56,71 @@ pub enum ApiError {
     AuthorityMoving,
 }
 
-/// The problem types; their slugs are part of the API and never change.
-#[derive(Clone, Copy, Debug)]
-pub enum ProblemType {
-    InvalidStateId,
-    InvalidJson,
-    InvalidStateDocument,
-    InvalidQuery,
-    InvalidHeader,
-    NotFound,
-    StateNotFound,
-    MethodNotAllowed,
-    PreconditionFailed,
-    PayloadTooLarge,
-    BodyTimeout,
-    ClickHouseUnavailable,
-    Overloaded,
-    CorruptState,
-    InvalidBody,
-    LockNotFound,
-    LockHeld,
-    LeaseNotCurrent,
-    LeaseHeldElsewhere,
-    StateLocked,
-    Misdirected,
-    AuthorityUnreachable,
-    Unauthorized,
-    Forbidden,
-    Internal,
-    Other,
+/// The one table of problem types: each with its status, its slug (part of
+/// the API, never changed) and its title. Adding one touches this table and
+/// the `ApiError` variant that maps to it.
+macro_rules! problem_types {
+    ($($kind:ident => $status:ident, $slug:literal, $title:literal;)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ProblemType {
+            $($kind,)*
+        }
+
+        impl ProblemType {
+            fn spec(self) -> (StatusCode, &'static str, &'static str) {
+                match self {
+                    $(Self::$kind => (StatusCode::$status, $slug, $title),)*
+                }
+            }
+        }
+    };
+}
+
+problem_types! {
+    InvalidStateId => BAD_REQUEST, "invalid-state-id", "Invalid state id";
+    InvalidJson => BAD_REQUEST, "invalid-json", "Invalid JSON";
+    InvalidStateDocument => BAD_REQUEST, "invalid-state-document", "Invalid state document";
+    InvalidQuery => BAD_REQUEST, "invalid-query", "Invalid query string";
+    InvalidHeader => BAD_REQUEST, "invalid-header", "Invalid header";
+    InvalidBody => BAD_REQUEST, "invalid-body", "Invalid request body";
+    InvalidVersion => BAD_REQUEST, "invalid-version", "Invalid version";
+    Unauthorized => UNAUTHORIZED, "unauthorized", "Unauthorized";
+    Forbidden => FORBIDDEN, "forbidden", "Forbidden";
+    NotFound => NOT_FOUND, "not-found", "Not found";
+    StateNotFound => NOT_FOUND, "state-not-found", "State not found";
+    LockNotFound => NOT_FOUND, "lock-not-found", "No lock held";
+    VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
+    HistoryOff => NOT_FOUND, "history-off", "History is off";
+    MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
+    BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
+    LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
+    LeaseNotCurrent => CONFLICT, "lease-not-current", "Lease is not current";
+    LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
+    StateLocked => CONFLICT, "state-locked", "State is locked";
+    PreconditionFailed => PRECONDITION_FAILED, "precondition-failed", "Precondition failed";
+    PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large";
+    Misdirected => MISDIRECTED_REQUEST, "misdirected", "Another gateway is the authority";
+    Internal => INTERNAL_SERVER_ERROR, "internal", "Internal error";
+    // The data came from another writer; the gateway relays it faithfully or not at all.
+    CorruptState => BAD_GATEWAY, "corrupt-state", "Stored state is unreadable";
+    ClickHouseUnavailable => SERVICE_UNAVAILABLE, "clickhouse-unavailable", "ClickHouse unavailable";
+    Overloaded => SERVICE_UNAVAILABLE, "overloaded", "Gateway overloaded";
+    AuthorityUnreachable => SERVICE_UNAVAILABLE, "authority-unreachable", "Authority unreachable";
+    // A status some layer answered bare, with no type of ours: it keeps its own status.
+    Other => BAD_REQUEST, "http-error", "HTTP error";
 }
 
 impl ProblemType {
+    fn status(self) -> StatusCode {
+        self.spec().0
+    }
+
     fn slug(self) -> &'static str {
-        match self {
-            Self::InvalidStateId => "invalid-state-id",
-            Self::InvalidJson => "invalid-json",
-            Self::InvalidStateDocument => "invalid-state-document",
-            Self::InvalidQuery => "invalid-query",
-            Self::InvalidHeader => "invalid-header",
-            Self::NotFound => "not-found",
-            Self::StateNotFound => "state-not-found",
-            Self::MethodNotAllowed => "method-not-allowed",
-            Self::PreconditionFailed => "precondition-failed",
-            Self::PayloadTooLarge => "payload-too-large",
-            Self::BodyTimeout => "body-timeout",
-            Self::ClickHouseUnavailable => "clickhouse-unavailable",
-            Self::Overloaded => "overloaded",
-            Self::CorruptState => "corrupt-state",
-            Self::InvalidBody => "invalid-body",
-            Self::LockNotFound => "lock-not-found",
-            Self::LockHeld => "lock-held",
-            Self::LeaseNotCurrent => "lease-not-current",
-            Self::LeaseHeldElsewhere => "lease-held-elsewhere",
-            Self::StateLocked => "state-locked",
-            Self::Misdirected => "misdirected",
-            Self::AuthorityUnreachable => "authority-unreachable",
-            Self::Unauthorized => "unauthorized",
-            Self::Forbidden => "forbidden",
-            Self::Internal => "internal",
-            Self::Other => "http-error",
-        }
+        self.spec().1
     }
 
     fn title(self) -> &'static str {
-        match self {
-            Self::InvalidStateId => "Invalid state id",
-            Self::InvalidJson => "Invalid JSON",
-            Self::InvalidStateDocument => "Invalid state document",
-            Self::InvalidQuery => "Invalid query string",
-            Self::InvalidHeader => "Invalid header",
-            Self::NotFound => "Not found",
-            Self::StateNotFound => "State not found",
-            Self::MethodNotAllowed => "Method not allowed",
-            Self::PreconditionFailed => "Precondition failed",
-            Self::PayloadTooLarge => "Payload too large",
-            Self::BodyTimeout => "Request body too slow",
-            Self::ClickHouseUnavailable => "ClickHouse unavailable",
-            Self::Overloaded => "Gateway overloaded",
-            Self::CorruptState => "Stored state is unreadable",
-            Self::InvalidBody => "Invalid request body",
-            Self::LockNotFound => "No lock held",
-            Self::LockHeld => "Lock held by another owner",
-            Self::LeaseNotCurrent => "Lease is not current",
-            Self::LeaseHeldElsewhere => "Lease is held through another gateway",
-            Self::StateLocked => "State is locked",
-            Self::Misdirected => "Another gateway is the authority",
-            Self::AuthorityUnreachable => "Authority unreachable",
-            Self::Unauthorized => "Unauthorized",
-            Self::Forbidden => "Forbidden",
-            Self::Internal => "Internal error",
-            Self::Other => "HTTP error",
-        }
+        self.spec().2
     }
 
     /// The problem type for a bare status some layer produced without one.
@@ -169,9 +148,14 @@ struct ProblemBody<'a> {
     holder: Option<Option<LockView>>,
 }
 
-/// Builds a problem+json response.
-pub fn problem(status: StatusCode, kind: ProblemType, detail: &str) -> Response {
-    problem_with_holder(status, kind, detail, None)
+/// Builds a problem+json response, with the problem type's status.
+pub fn problem(kind: ProblemType, detail: &str) -> Response {
+    problem_with_holder(kind.status(), kind, detail, None)
+}
+
+/// A problem+json response for a bare `status` some layer answered.
+pub fn bare_problem(status: StatusCode, detail: &str) -> Response {
+    problem_with_holder(status, ProblemType::for_status(status), detail, None)
 }
 
 fn problem_with_holder(
@@ -195,60 +179,42 @@ fn problem_with_holder(
 }
 
 impl ApiError {
-    fn status_and_type(&self) -> (StatusCode, ProblemType) {
+    fn kind(&self) -> ProblemType {
         match self {
-            Self::InvalidStateId(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidStateId),
-            Self::InvalidJson(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidJson),
-            Self::InvalidDocument(_) => {
-                (StatusCode::BAD_REQUEST, ProblemType::InvalidStateDocument)
+            Self::InvalidStateId(_) => ProblemType::InvalidStateId,
+            Self::InvalidJson(_) => ProblemType::InvalidJson,
+            Self::InvalidDocument(_) => ProblemType::InvalidStateDocument,
+            Self::InvalidQuery(_) => ProblemType::InvalidQuery,
+            Self::InvalidHeader(_) => ProblemType::InvalidHeader,
+            Self::InvalidVersion(_) => ProblemType::InvalidVersion,
+            Self::StateNotFound(_) => ProblemType::StateNotFound,
+            Self::VersionNotFound(_) => ProblemType::VersionNotFound,
+            Self::HistoryOff(_) => ProblemType::HistoryOff,
+            Self::PreconditionFailed(_) => ProblemType::PreconditionFailed,
+            Self::PayloadTooLarge(_) => ProblemType::PayloadTooLarge,
+            Self::BodyTimeout(_) => ProblemType::BodyTimeout,
+            Self::ClickHouseUnavailable(_) | Self::Lock(LockError::Store(_)) => {
+                ProblemType::ClickHouseUnavailable
             }
-            Self::InvalidQuery(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidQuery),
-            Self::InvalidHeader(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidHeader),
-            Self::StateNotFound(_) => (StatusCode::NOT_FOUND, ProblemType::StateNotFound),
-            Self::PreconditionFailed(_) => (
-                StatusCode::PRECONDITION_FAILED,
-                ProblemType::PreconditionFailed,
-            ),
-            Self::PayloadTooLarge(_) => {
-                (StatusCode::PAYLOAD_TOO_LARGE, ProblemType::PayloadTooLarge)
+            Self::CorruptState(_) => ProblemType::CorruptState,
+            Self::InvalidBody(_) => ProblemType::InvalidBody,
+            Self::LockNotFound(_) => ProblemType::LockNotFound,
+            Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
+            Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
+            Self::Lock(LockError::HeldElsewhere { .. }) => ProblemType::LeaseHeldElsewhere,
+            Self::Lock(LockError::Locked { .. }) => ProblemType::StateLocked,
+            Self::Lock(LockError::Elsewhere(_)) => ProblemType::Misdirected,
+            Self::AuthorityUnreachable(_) | Self::AuthorityMoving => {
+                ProblemType::AuthorityUnreachable
             }
-            Self::BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, ProblemType::BodyTimeout),
-            Self::ClickHouseUnavailable(_) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                ProblemType::ClickHouseUnavailable,
-            ),
-            // The data came from another writer; the gateway relays it faithfully or not at all.
-            Self::CorruptState(_) => (StatusCode::BAD_GATEWAY, ProblemType::CorruptState),
-            Self::InvalidBody(_) => (StatusCode::BAD_REQUEST, ProblemType::InvalidBody),
-            Self::LockNotFound(_) => (StatusCode::NOT_FOUND, ProblemType::LockNotFound),
-            Self::Lock(LockError::Held { .. }) => (StatusCode::CONFLICT, ProblemType::LockHeld),
-            Self::Lock(LockError::NotCurrent(_)) => {
-                (StatusCode::CONFLICT, ProblemType::LeaseNotCurrent)
-            }
-            Self::Lock(LockError::HeldElsewhere { .. }) => {
-                (StatusCode::CONFLICT, ProblemType::LeaseHeldElsewhere)
-            }
-            Self::Lock(LockError::Locked { .. }) => {
-                (StatusCode::CONFLICT, ProblemType::StateLocked)
-            }
-            Self::Lock(LockError::Elsewhere(_)) => {
-                (StatusCode::MISDIRECTED_REQUEST, ProblemType::Misdirected)
-            }
-            Self::Lock(LockError::Store(_)) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                ProblemType::ClickHouseUnavailable,
-            ),
-            Self::AuthorityUnreachable(_) | Self::AuthorityMoving => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                ProblemType::AuthorityUnreachable,
-            ),
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, kind) = self.status_and_type();
+        let kind = self.kind();
+        let status = kind.status();
         if status.is_server_error() {
             // ClickHouse's own error text may quote what the client sent.
             let error = self.to_string();
@@ -294,10 +260,13 @@ impl From<StoreError> for ApiError {
 
 impl From<StateError> for ApiError {
     fn from(err: StateError) -> Self {
+        let text = err.to_string();
         match err {
             StateError::Store(store) => store.into(),
             StateError::PreconditionFailed(why) => Self::PreconditionFailed(why),
             StateError::Lock(lock) => lock.into(),
+            StateError::HistoryOff => Self::HistoryOff(text),
+            StateError::VersionNotFound(_) => Self::VersionNotFound(text),
         }
     }
 }

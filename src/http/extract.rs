@@ -13,7 +13,8 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::AppContext;
-use crate::domain::{StateDocument, StateId};
+use crate::auth::Actor;
+use crate::domain::{Provenance, StateDocument, StateId};
 use crate::states::{IfMatch, WriteConditions};
 
 /// The header that carries a lease on writes to a locked state.
@@ -147,6 +148,38 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
             ),
         };
         Ok(Self { if_match, lease_id })
+    }
+}
+
+/// Longest request id or User-Agent history keeps, in bytes.
+const MAX_PROVENANCE_TEXT: usize = 1024;
+
+/// Who a change came from: the actor the auth guard found, the request id
+/// and the User-Agent.
+impl<S: Send + Sync> FromRequestParts<S> for Provenance {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let text = |name: HeaderName| {
+            parts.headers.get(name).map_or_else(String::new, |value| {
+                let text = String::from_utf8_lossy(value.as_bytes());
+                let mut end = text.len().min(MAX_PROVENANCE_TEXT);
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text[..end].to_owned()
+            })
+        };
+        Ok(Self {
+            actor: parts
+                .extensions
+                .get::<Actor>()
+                .cloned()
+                .unwrap_or_else(Actor::anonymous)
+                .0,
+            request_id: text(super::REQUEST_ID),
+            user_agent: text(header::USER_AGENT),
+        })
     }
 }
 

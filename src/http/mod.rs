@@ -6,12 +6,13 @@ mod error;
 mod extract;
 mod forward;
 mod health;
+mod history;
 mod locks;
 mod server;
 mod states;
 
 use std::borrow::Cow;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -26,7 +27,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
-use error::{PROBLEM_JSON, ProblemType, problem};
+use error::{PROBLEM_JSON, ProblemType, bare_problem, problem};
 
 pub use self::admission::Admission;
 use self::admission::Counts;
@@ -86,6 +87,9 @@ fn operations() -> Vec<Operation> {
         op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), Request, ByAuthority),
         op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/states/{state_id}/history" => history::list, Needs(Read), Request, Anywhere),
+        op!(GET "/v1/states/{state_id}/history/{version}" => history::get, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/states/{state_id}/rollback" => history::rollback, Needs(Write), Request, ByAuthority),
         op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),
         op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request, ByAuthority),
@@ -145,7 +149,6 @@ pub fn router(ctx: AppContext) -> Router {
                 .layer(middleware::from_fn(problem_for_bare_errors))
                 .layer(CatchPanicLayer::custom(|_| {
                     problem(
-                        StatusCode::INTERNAL_SERVER_ERROR,
                         ProblemType::Internal,
                         "the request hit a bug in statehouse; it has been logged",
                     )
@@ -174,13 +177,11 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
 
 /// RFC 3339 UTC with milliseconds, the API's one time format.
 fn rfc3339_millis(ms: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
+    crate::domain::Version::from_millis(ms).to_rfc3339()
 }
 
 async fn not_found(request: Request) -> Response {
     problem(
-        StatusCode::NOT_FOUND,
         ProblemType::NotFound,
         &format!("no route for {}", request.uri().path()),
     )
@@ -229,7 +230,7 @@ async fn problem_for_bare_errors(request: Request, next: Next) -> Response {
             .unwrap_or("request failed")
             .to_owned(),
     };
-    let mut replacement = problem(status, ProblemType::for_status(status), &detail);
+    let mut replacement = bare_problem(status, &detail);
     if let Some(allow) = response.headers().get(header::ALLOW) {
         replacement
             .headers_mut()

@@ -12,9 +12,9 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{JsonObject, PageCursor, PageLimit, StateId, StateIdError, StatePattern};
+use crate::domain::{JsonObject, PageCursor, PageLimit, Provenance, StateIdError, StatePattern};
 use crate::locks::FORWARDED_BY;
-use crate::states::{Change, WriteConditions};
+use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -115,6 +115,7 @@ pub async fn list(
 pub async fn delete_many(
     State(ctx): State<AppContext>,
     ApiQuery(params): ApiQuery<DeleteManyParams>,
+    provenance: Provenance,
     request: Request,
 ) -> Result<Json<Value>, ApiError> {
     // Clearing everything must be asked for (pattern=*), never the result of a missing parameter.
@@ -124,7 +125,7 @@ pub async fn delete_many(
         ));
     };
     let pattern = parse_pattern(Some(raw))?;
-    let deleted = ctx.states.delete_matching(&pattern).await?;
+    let deleted = ctx.states.delete_matching(&pattern, &provenance).await?;
     // Gateways that are authorities for some matches keep their state in
     // memory: each deletes and forgets them too before this answers.
     let (parts, _) = request.into_parts();
@@ -168,42 +169,47 @@ pub async fn put(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
     conditions: WriteConditions,
+    provenance: Provenance,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    write(&ctx, &id, Change::Replace(doc), &conditions).await
+    let written = ctx
+        .states
+        .write(&id, Change::Replace(doc), &conditions, &provenance)
+        .await?;
+    Ok(written_response(&written))
 }
 
 pub async fn patch(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
     conditions: WriteConditions,
+    provenance: Provenance,
     StateBody(doc): StateBody,
 ) -> Result<Response, ApiError> {
-    write(&ctx, &id, Change::Update(doc), &conditions).await
+    let written = ctx
+        .states
+        .write(&id, Change::Update(doc), &conditions, &provenance)
+        .await?;
+    Ok(written_response(&written))
 }
 
 /// 201 with the new state when it was created, 200 when it was replaced.
-async fn write(
-    ctx: &AppContext,
-    id: &StateId,
-    change: Change,
-    conditions: &WriteConditions,
-) -> Result<Response, ApiError> {
-    let outcome = ctx.states.write(id, change, conditions).await?;
-    let status = if outcome.created {
+pub(super) fn written_response(written: &Written) -> Response {
+    let status = if written.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok(representation(&outcome.state, status))
+    representation(&written.state, status)
 }
 
 pub async fn delete(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
     conditions: WriteConditions,
+    provenance: Provenance,
 ) -> Result<StatusCode, ApiError> {
-    ctx.states.delete(&id, &conditions).await?;
+    ctx.states.delete(&id, &conditions, &provenance).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

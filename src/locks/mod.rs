@@ -544,12 +544,17 @@ impl LockManager {
         Ok(by_id.into_values().collect())
     }
 
-    /// Whether a write to `id` carrying `lease_id` (or none) may go ahead now.
-    pub async fn check_write(&self, id: &StateId, lease_id: Option<Uuid>) -> Result<(), LockError> {
+    /// Whether a write to `id` carrying `lease_id` (or none) may go ahead
+    /// now; answers the lease it carries when that is the current one.
+    pub async fn check_write(
+        &self,
+        id: &StateId,
+        lease_id: Option<Uuid>,
+    ) -> Result<Option<Lease>, LockError> {
         let current = self.current(id).await?;
         match (current, lease_id) {
-            (None, None) => Ok(()),
-            (Some(lease), Some(given)) if lease.lease_id == given => Ok(()),
+            (None, None) => Ok(None),
+            (Some(lease), Some(given)) if lease.lease_id == given => Ok(Some(lease)),
             (Some(holder), None) => Err(LockError::Locked {
                 state_id: id.clone(),
                 holder: Box::new(holder),

@@ -2,6 +2,7 @@
 //! measured, every value a bound parameter. One module per table.
 
 mod diagnosis;
+mod history_table;
 mod http_client;
 mod lease_table;
 mod ping;
@@ -16,8 +17,11 @@ use clickhouse::Client;
 use clickhouse::sql::Identifier as SqlIdentifier;
 
 pub use diagnosis::Blocker;
+pub use history_table::{
+    ChangeContext, History, HistoryStore, Operation, StoredVersion, VersionMeta,
+};
 pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
-pub use state_table::{StateStore, StateSummary, StoredRow, StoredState};
+pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
 use crate::domain::CorruptState;
@@ -134,54 +138,59 @@ impl ClickHouse {
             .await
     }
 
-    /// Which of `tables` are missing from `database`.
-    async fn missing_tables<'a>(
+    /// The tables of `database` among `tables`, with their engines in full.
+    async fn present_tables(
         &self,
         database: &str,
-        tables: [&'a str; 2],
-    ) -> Result<Vec<&'a str>, StoreError> {
-        let present = self
+        tables: &[&str],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let query = self
             .bootstrap
             .query(
-                "SELECT name FROM system.tables
-                 WHERE database = {database:String} AND name IN ({first:String}, {second:String})",
+                "SELECT name, engine_full FROM system.tables
+                 WHERE database = {database:String} AND has({names:Array(String)}, name)",
             )
             .param("database", database)
-            .param("first", tables[0])
-            .param("second", tables[1]);
-        let present = self
-            .timed("ensure_schema", present.fetch_all::<String>())
-            .await?;
-        Ok(tables
-            .into_iter()
-            .filter(|table| !present.iter().any(|name| name == table))
-            .collect())
+            .param("names", tables);
+        self.timed("ensure_schema", query.fetch_all::<(String, String)>())
+            .await
     }
 }
 
-/// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease` for locks.
+/// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease`
+/// for locks, `schema`.`table_history` for versions (unless history is off).
 #[derive(Clone)]
 pub struct Store {
     pub clickhouse: ClickHouse,
     pub states: StateStore,
     pub leases: LeaseStore,
+    pub history: Option<HistoryStore>,
     schema: Identifier,
     table: Identifier,
 }
 
 impl Store {
-    pub fn new(ch: ClickHouse, schema: Identifier, table: &Identifier) -> Self {
+    pub fn new(ch: ClickHouse, schema: Identifier, table: &Identifier, history: History) -> Self {
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
             leases: LeaseStore::new(ch.clone(), qualified(&lease_table_name(table))),
+            history: match history {
+                History::Off => None,
+                History::Kept(retention) => Some(HistoryStore::new(
+                    ch.clone(),
+                    qualified(&history_table_name(table)),
+                    retention,
+                )),
+            },
             clickhouse: ch,
             schema,
             table: table.clone(),
         }
     }
 
-    /// Creates what is missing of the URI's database, `schema` and both tables.
+    /// Creates what is missing of the URI's database, `schema` and the tables,
+    /// and brings the history table's TTL to the retention.
     pub async fn ensure_schema(&self) -> Result<(), StoreError> {
         let ch = &self.clickhouse;
         if !ch.database.is_empty() {
@@ -189,20 +198,40 @@ impl Store {
         }
         ch.ensure_database(self.schema.as_str()).await?;
         let lease_table = lease_table_name(&self.table);
-        let missing = ch
-            .missing_tables(self.schema.as_str(), [self.table.as_str(), &lease_table])
+        let history_table = history_table_name(&self.table);
+        let present = ch
+            .present_tables(
+                self.schema.as_str(),
+                &[self.table.as_str(), &lease_table, &history_table],
+            )
             .await?;
-        if missing.contains(&self.table.as_str()) {
+        let engine_of = |name: &str| {
+            present
+                .iter()
+                .find(|(table, _)| table == name)
+                .map(|(_, engine)| engine.as_str())
+        };
+        if engine_of(self.table.as_str()).is_none() {
             self.states.ensure_table().await?;
         }
-        if missing.contains(&lease_table.as_str()) {
+        if engine_of(&lease_table).is_none() {
             self.leases.ensure_table().await?;
         } else {
             let columns = ch.columns(self.schema.as_str(), &lease_table).await?;
             self.leases.upgrade_table(&columns).await?;
         }
+        if let Some(history) = &self.history {
+            match engine_of(&history_table) {
+                None => history.ensure_table().await?,
+                Some(engine) => history.ensure_retention(engine).await?,
+            }
+        }
         Ok(())
     }
+}
+
+fn history_table_name(table: &Identifier) -> String {
+    format!("{}_history", table.as_str())
 }
 
 fn lease_table_name(table: &Identifier) -> String {

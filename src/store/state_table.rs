@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ClickHouse, StoreError, now_ms};
-use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern};
+use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a
 /// replacing write needs only its version, and should succeed even over a
@@ -145,22 +145,18 @@ impl StateStore {
         }))
     }
 
-    /// Writes a new version of `id`. Its `updated_at` is after both this
-    /// gateway's clock and the version it replaces, so it wins even over a
-    /// row another writer stamped with a clock ahead of ours, and two writes
-    /// in one millisecond still resolve to the later one.
+    /// Writes `doc` as `version` of `id` (see [`next_version`]).
     pub async fn put(
         &self,
         id: &StateId,
         doc: StateDocument,
-        replacing: Option<&StoredRow>,
+        version: Version,
     ) -> Result<(StoredRow, StoredState), StoreError> {
-        let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
         let row = StoredRow {
             id: id.clone(),
             completed: Some(doc.completed_json()),
             partial: Some(doc.partial_json()),
-            updated_at_ms: now_ms().max(floor),
+            updated_at_ms: version.millis(),
         };
         let out = StateRowOut {
             state_id: id.as_str().to_owned(),
@@ -188,42 +184,60 @@ impl StateStore {
         Ok((row, state))
     }
 
+    /// The current version of `id`, without its document.
+    pub async fn version(&self, id: &StateId) -> Result<Option<Version>, StoreError> {
+        let sql = format!(
+            "SELECT toUnixTimestamp64Milli(updated_at) FROM {} FINAL
+             WHERE state_id = {{id:String}} LIMIT 1",
+            self.table
+        );
+        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let version = self.ch.timed("get", query.fetch_optional::<i64>()).await?;
+        Ok(version.map(Version::from_millis))
+    }
+
+    /// `schema`.`table`, for queries that read it into another table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
     pub async fn delete(&self, id: &StateId) -> Result<(), StoreError> {
-        let sql = format!("DELETE FROM {} WHERE state_id = {{id:String}}", self.table);
-        let query = self
-            .ch
-            .client
-            .query(&sql)
-            .param("id", id.as_str())
-            .with_setting("lightweight_deletes_sync", "2");
-        self.ch.timed("delete", query.execute()).await
+        self.delete_selected(&Selection::One(id.clone())).await
     }
 
     /// Deletes every state whose id matches; answers how many there were.
     pub async fn delete_matching(&self, pattern: &StatePattern) -> Result<u64, StoreError> {
-        let filter = PatternFilter::new(pattern);
+        let selection = Selection::Matching(pattern.clone());
         let count_sql = format!(
             "SELECT count() FROM {} FINAL WHERE {}",
-            self.table, filter.sql
+            self.table,
+            selection.sql()
         );
         let count = self
             .ch
             .timed(
                 "delete_matching",
-                filter
+                selection
                     .bind(self.ch.client.query(&count_sql))
                     .fetch_one::<u64>(),
             )
             .await?;
-        if count == 0 {
-            return Ok(0);
+        if count > 0 {
+            self.delete_selected(&selection).await?;
         }
-        let delete_sql = format!("DELETE FROM {} WHERE {}", self.table, filter.sql);
-        let delete = filter
-            .bind(self.ch.client.query(&delete_sql))
-            .with_setting("lightweight_deletes_sync", "2");
-        self.ch.timed("delete_matching", delete.execute()).await?;
         Ok(count)
+    }
+
+    async fn delete_selected(&self, selection: &Selection) -> Result<(), StoreError> {
+        let sql = format!("DELETE FROM {} WHERE {}", self.table, selection.sql());
+        let query = selection
+            .bind(self.ch.client.query(&sql))
+            .with_setting("lightweight_deletes_sync", "2");
+        let operation = match selection {
+            Selection::One(_) => "delete",
+            Selection::Matching(_) => "delete_matching",
+        };
+        self.ch.timed(operation, query.execute()).await
     }
 
     /// Up to `limit` ids matching `pattern`, in byte order, after `cursor`.
@@ -234,13 +248,14 @@ impl StateStore {
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StateSummary>, bool), StoreError> {
-        let filter = PatternFilter::new(pattern);
+        let filter = Selection::Matching(pattern.clone());
         let sql = format!(
             "SELECT state_id, toUnixTimestamp64Milli(updated_at) AS updated_at_ms
              FROM {} FINAL
              WHERE state_id > {{after:String}} AND {}
              ORDER BY state_id LIMIT {{limit:UInt32}}",
-            self.table, filter.sql
+            self.table,
+            filter.sql()
         );
         let after = cursor.map_or("", |c| c.last_seen().as_str());
         let query = filter
@@ -268,36 +283,44 @@ impl StateStore {
     }
 }
 
-/// The WHERE condition for a glob: a key-range prefix (so ClickHouse can use
-/// the primary key) plus the full match, skipped when the glob is all stars.
-struct PatternFilter {
-    sql: &'static str,
-    prefix: String,
-    regex: Option<String>,
+/// The states a statement is about: one id, or every id a glob matches.
+pub enum Selection {
+    One(StateId),
+    Matching(StatePattern),
 }
 
-impl PatternFilter {
-    fn new(pattern: &StatePattern) -> Self {
-        if pattern.matches_everything() {
-            return Self {
-                sql: "1",
-                prefix: String::new(),
-                regex: None,
-            };
-        }
-        Self {
-            sql: "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String})",
-            prefix: pattern.literal_prefix().to_owned(),
-            regex: Some(pattern.to_regex()),
+impl Selection {
+    /// The WHERE condition. A glob gets a key-range prefix (so ClickHouse can
+    /// use the primary key) plus the full match, skipped when it is all stars.
+    pub fn sql(&self) -> &'static str {
+        match self {
+            Self::One(_) => "state_id = {id:String}",
+            Self::Matching(pattern) if pattern.matches_everything() => "1",
+            Self::Matching(_) => {
+                "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String})"
+            }
         }
     }
 
-    fn bind(&self, query: clickhouse::query::Query) -> clickhouse::query::Query {
-        match &self.regex {
-            Some(regex) => query.param("prefix", &self.prefix).param("regex", regex),
-            None => query,
+    pub fn bind(&self, query: clickhouse::query::Query) -> clickhouse::query::Query {
+        match self {
+            Self::One(id) => query.param("id", id.as_str()),
+            Self::Matching(pattern) if pattern.matches_everything() => query,
+            Self::Matching(pattern) => query
+                .param("prefix", pattern.literal_prefix())
+                .param("regex", pattern.to_regex()),
         }
     }
+}
+
+/// The version a write of `id` stamps: after this gateway's clock, after the
+/// version it replaces and after `at_least`, so it wins even over a row
+/// another writer stamped with a clock ahead of ours, and two writes in one
+/// millisecond still resolve to the later one.
+pub fn next_version(replacing: Option<&StoredRow>, at_least: Option<Version>) -> Version {
+    let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
+    let floor = floor.max(at_least.map_or(i64::MIN, Version::millis));
+    Version::from_millis(now_ms().max(floor))
 }
 
 /// FNV-1a, 64 bit: stable across builds and platforms, which ETags need

@@ -264,3 +264,70 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
         .await;
     assert_eq!(health.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_back() {
+    const NAMED: &str = "named-token-0123456789";
+    let app = spawn_app_with(|config| {
+        let mut tokens = Tokens::default();
+        tokens
+            .add(
+                "test",
+                &format!("write {NAMED} etl-worker-7\nwrite {WRITE}\nread {READ}"),
+                '\n',
+            )
+            .unwrap();
+        config.tokens = tokens;
+    })
+    .await;
+    let doc = Some(r#"{"completed": {"v": 1}}"#);
+    assert_eq!(
+        call(&app, Method::PUT, "/v1/states/named", doc, Some(NAMED)).await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        call(&app, Method::PUT, "/v1/states/named", doc, Some(WRITE)).await,
+        StatusCode::OK
+    );
+    let bearer = format!("Bearer {READ}");
+    let listing = app
+        .request(
+            Method::GET,
+            "/v1/states/named/history",
+            None,
+            &[("authorization", &bearer)],
+        )
+        .await
+        .json();
+    let versions = listing["versions"].as_array().unwrap();
+    assert_eq!(versions[1]["actor"], "etl-worker-7");
+    let unnamed = versions[0]["actor"].as_str().unwrap();
+    assert!(
+        unnamed.starts_with("write:") && unnamed.len() == "write:".len() + 8,
+        "role and a short digest: {unnamed}"
+    );
+    assert!(!unnamed.contains(WRITE), "never the token itself");
+    let body = serde_json::json!({"version": versions[1]["version"]}).to_string();
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            "/v1/states/named/rollback",
+            Some(&body),
+            Some(READ)
+        )
+        .await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            "/v1/states/named/rollback",
+            Some(&body),
+            Some(NAMED)
+        )
+        .await,
+        StatusCode::OK
+    );
+}

@@ -28,7 +28,7 @@ async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
     config.locks.settle = settle;
     let metrics = Arc::new(Metrics::default());
     let ch = ClickHouse::new(&config.clickhouse, Duration::from_secs(10), metrics.clone());
-    let store = Store::new(ch, config.schema.clone(), &config.table);
+    let store = Store::new(ch, config.schema.clone(), &config.table, config.history);
     store.ensure_schema().await.expect("tables");
     let locks = Arc::new(LockManager::new(
         config.locks.clone(),

@@ -10,6 +10,7 @@ mod contract;
 mod first_start;
 mod gateways;
 mod helpers;
+mod history;
 mod lock_cancellation;
 mod lock_concurrency;
 mod locks_api;

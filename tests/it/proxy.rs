@@ -33,6 +33,9 @@ pub struct Proxy {
 struct Shared {
     upstream: SocketAddr,
     down: AtomicBool,
+    /// A request whose first chunk, percent-decoded, contains this is cut
+    /// before ClickHouse sees it: one kind of query fails, the rest pass.
+    refuse: std::sync::Mutex<Option<String>>,
     delay_ms: AtomicU64,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
@@ -62,6 +65,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             upstream,
             down: AtomicBool::new(false),
+            refuse: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
             cut: watch::channel(0).0,
         });
@@ -84,6 +88,11 @@ impl Proxy {
         if down {
             self.shared.cut.send_modify(|generation| *generation += 1);
         }
+    }
+
+    /// Cuts every request that contains `text` (in its URL or body, decoded).
+    pub fn refuse_requests_containing(&self, text: Option<&str>) {
+        *self.shared.refuse.lock().unwrap() = text.map(str::to_owned);
     }
 
     /// Every chunk sent towards ClickHouse waits this long first.
@@ -109,6 +118,14 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             let n = client_read.read(&mut buf).await.unwrap_or(0);
             if n == 0 {
                 return;
+            }
+            let refused = shared.refuse.lock().unwrap().clone();
+            if let Some(text) = refused {
+                let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
+                let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
+                if decoded.contains(&text) {
+                    return;
+                }
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {

@@ -1,0 +1,166 @@
+//! `/v1/states/{state_id}/history` and `/rollback`: the versions a state went
+//! through, and a way back to any of them.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::extract::{ApiQuery, OptionalJson, StatePath};
+use super::states::written_response;
+use crate::AppContext;
+use crate::domain::{JsonObject, PageLimit, Provenance, StateId, Version, VersionCursor};
+use crate::states::WriteConditions;
+use crate::store::VersionMeta;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct VersionView<'a> {
+    version: String,
+    operation: &'a str,
+    deleted: bool,
+    /// The version the state is at now.
+    current: bool,
+    changed_streams: &'a [String],
+    actor: &'a str,
+    lease_owner: Option<&'a str>,
+    fencing_token: Option<u64>,
+    request_id: &'a str,
+    user_agent: &'a str,
+}
+
+impl<'a> VersionView<'a> {
+    fn of(meta: &'a VersionMeta, current: bool) -> Self {
+        Self {
+            version: meta.version.to_rfc3339(),
+            operation: &meta.operation,
+            deleted: meta.deleted,
+            current,
+            changed_streams: &meta.changed_streams,
+            actor: &meta.actor,
+            lease_owner: meta.lease_owner.as_deref(),
+            fencing_token: meta.fencing_token,
+            request_id: &meta.request_id,
+            user_agent: &meta.user_agent,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct HistoryListing<'a> {
+    state_id: &'a str,
+    versions: Vec<VersionView<'a>>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct OneVersion<'a> {
+    state_id: &'a str,
+    #[serde(flatten)]
+    meta: VersionView<'a>,
+    /// Null for a tombstone.
+    completed: Option<&'a JsonObject>,
+    partial: Option<&'a JsonObject>,
+}
+
+pub async fn list(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    ApiQuery(params): ApiQuery<HistoryParams>,
+) -> Result<Response, ApiError> {
+    let limit = params
+        .limit
+        .map(|raw| {
+            raw.parse::<u32>()
+                .map_err(|_| ApiError::InvalidQuery(format!("limit {raw:?} is not a whole number")))
+        })
+        .transpose()?;
+    let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
+    let cursor = params
+        .cursor
+        .map(|raw| {
+            VersionCursor::decode(&raw, &id).map_err(|e| ApiError::InvalidQuery(e.to_string()))
+        })
+        .transpose()?;
+    let page = ctx.states.history_page(&id, cursor, limit).await?;
+    let next_cursor = page
+        .has_more
+        .then(|| page.versions.last())
+        .flatten()
+        .map(|last| VersionCursor(last.meta.version).encode(&id));
+    let listing = HistoryListing {
+        state_id: id.as_str(),
+        versions: page
+            .versions
+            .iter()
+            .map(|v| VersionView::of(&v.meta, v.current))
+            .collect(),
+        next_cursor,
+    };
+    Ok(Json(listing).into_response())
+}
+
+pub async fn get(
+    State(ctx): State<AppContext>,
+    Path((raw_id, raw_version)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = StateId::parse(raw_id)?;
+    let version = parse_version(&raw_version)?;
+    let Some((stored, current)) = ctx.states.version(&id, version).await? else {
+        return Err(ApiError::VersionNotFound(format!(
+            "state {:?} has no version {}",
+            id.as_str(),
+            version.to_rfc3339()
+        )));
+    };
+    let body = OneVersion {
+        state_id: id.as_str(),
+        meta: VersionView::of(&stored.meta, current),
+        completed: stored.doc.as_ref().map(|d| &d.completed),
+        partial: stored.doc.as_ref().map(|d| &d.partial),
+    };
+    Ok(Json(body).into_response())
+}
+
+fn parse_version(raw: &str) -> Result<Version, ApiError> {
+    Version::parse(raw).map_err(|e| ApiError::InvalidVersion(e.to_string()))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    version: Option<String>,
+}
+
+/// 200 or 201 with the state as it now is, or 204 when the version rolled
+/// back to is a tombstone (the state is deleted).
+pub async fn rollback(
+    State(ctx): State<AppContext>,
+    StatePath(id): StatePath,
+    conditions: WriteConditions,
+    provenance: Provenance,
+    OptionalJson(request): OptionalJson<RollbackRequest>,
+) -> Result<Response, ApiError> {
+    let Some(raw) = request.version else {
+        return Err(ApiError::InvalidBody(
+            "the body needs the version to roll back to: {\"version\": \"<updated_at>\"}".into(),
+        ));
+    };
+    let version = parse_version(&raw)?;
+    match ctx
+        .states
+        .rollback(&id, version, &conditions, &provenance)
+        .await?
+    {
+        Some(written) => Ok(written_response(&written)),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}

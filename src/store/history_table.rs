@@ -1,0 +1,398 @@
+//! The history table, `<table>_history`: one row per change made through the
+//! gateway, append-only (MergeTree, ORDER BY (state_id, version)), kept for
+//! the retention as a ClickHouse TTL. A version's row is written before the
+//! change it records, so every acknowledged change has one; a change that
+//! then fails leaves a row whose version the state never takes, and which
+//! is therefore never the current one.
+
+use serde::{Deserialize, Serialize};
+
+use super::state_table::Selection;
+use super::{ClickHouse, StoreError};
+use crate::domain::{Lease, Provenance, StateDocument, StateId, Version};
+
+/// Whether changes leave versions in `<table>_history`, and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum History {
+    Off,
+    /// Versions are kept for this long (None: forever).
+    Kept(Option<std::time::Duration>),
+}
+
+/// What a change did; stored as its name, which the API shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Put,
+    Patch,
+    Delete,
+    DeleteByPattern,
+    Rollback,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Put => "put",
+            Self::Patch => "patch",
+            Self::Delete => "delete",
+            Self::DeleteByPattern => "delete-by-pattern",
+            Self::Rollback => "rollback",
+        }
+    }
+}
+
+/// Who made a change and under which lease: every version carries it.
+#[derive(Clone, Debug)]
+pub struct ChangeContext {
+    pub provenance: Provenance,
+    /// The lease the write carried, when it carried the current one.
+    pub lease: Option<Lease>,
+}
+
+/// One version as listed: everything but the document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionMeta {
+    pub version: Version,
+    pub operation: String,
+    /// A tombstone: the change deleted the state.
+    pub deleted: bool,
+    /// Streams whose bookmark this version changed against the one before.
+    pub changed_streams: Vec<String>,
+    pub actor: String,
+    pub lease_owner: Option<String>,
+    pub fencing_token: Option<u64>,
+    pub request_id: String,
+    pub user_agent: String,
+}
+
+/// One version with its document (None for a tombstone).
+#[derive(Clone, Debug)]
+pub struct StoredVersion {
+    pub meta: VersionMeta,
+    pub doc: Option<StateDocument>,
+}
+
+#[derive(clickhouse::Row, Serialize)]
+struct HistoryRowOut<'a> {
+    state_id: &'a str,
+    version: i64,
+    operation: &'static str,
+    deleted: u8,
+    completed_state: Option<String>,
+    partial_state: Option<String>,
+    changed_streams: Vec<String>,
+    actor: &'a str,
+    lease_owner: &'a str,
+    fencing_token: u64,
+    request_id: &'a str,
+    user_agent: &'a str,
+}
+
+#[derive(clickhouse::Row, Deserialize)]
+struct MetaRowIn {
+    version_ms: i64,
+    operation: String,
+    deleted: u8,
+    changed_streams: Vec<String>,
+    actor: String,
+    lease_owner: String,
+    fencing_token: u64,
+    request_id: String,
+    user_agent: String,
+}
+
+#[derive(clickhouse::Row, Deserialize)]
+struct VersionRowIn {
+    version_ms: i64,
+    operation: String,
+    deleted: u8,
+    changed_streams: Vec<String>,
+    actor: String,
+    lease_owner: String,
+    fencing_token: u64,
+    request_id: String,
+    user_agent: String,
+    completed_state: Option<String>,
+    partial_state: Option<String>,
+}
+
+const META_COLUMNS: &str = "toUnixTimestamp64Milli(version) AS version_ms, operation, deleted, \
+    changed_streams, actor, lease_owner, fencing_token, request_id, user_agent";
+
+/// Effective bookmarks' streams of a stored row, computed by ClickHouse: what
+/// a deletion changes.
+const STREAMS_OF_ROW: &str = "arraySort(arrayDistinct(arrayConcat(\
+    JSONExtractKeys(ifNull(completed_state, ''), 'singer_state', 'bookmarks'), \
+    JSONExtractKeys(ifNull(partial_state, ''), 'singer_state', 'bookmarks'))))";
+
+impl MetaRowIn {
+    fn into_meta(self) -> VersionMeta {
+        VersionMeta {
+            version: Version::from_millis(self.version_ms),
+            operation: self.operation,
+            deleted: self.deleted != 0,
+            changed_streams: self.changed_streams,
+            actor: self.actor,
+            lease_owner: Some(self.lease_owner).filter(|o| !o.is_empty()),
+            // Tokens start at 1: 0 is a write without a lease.
+            fencing_token: Some(self.fencing_token).filter(|t| *t != 0),
+            request_id: self.request_id,
+            user_agent: self.user_agent,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct HistoryStore {
+    ch: ClickHouse,
+    /// `schema`.`table_history`.
+    table: String,
+    /// How long versions are kept (None: forever).
+    retention: Option<std::time::Duration>,
+}
+
+impl HistoryStore {
+    pub fn new(ch: ClickHouse, table: String, retention: Option<std::time::Duration>) -> Self {
+        Self {
+            ch,
+            table,
+            retention,
+        }
+    }
+
+    fn ttl_clause(&self) -> Option<String> {
+        // Whole seconds, at least one: a TTL of 0 would drop every version.
+        self.retention.map(|r| {
+            format!(
+                "TTL toDateTime(version) + toIntervalSecond({})",
+                r.as_secs().max(1)
+            )
+        })
+    }
+
+    pub async fn ensure_table(&self) -> Result<(), StoreError> {
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {} (
+                state_id String,
+                version DateTime64(3),
+                operation LowCardinality(String),
+                deleted UInt8,
+                completed_state Nullable(String),
+                partial_state Nullable(String),
+                changed_streams Array(String),
+                actor String,
+                lease_owner String,
+                fencing_token UInt64,
+                request_id String,
+                user_agent String
+            ) ENGINE = MergeTree ORDER BY (state_id, version) {}",
+            self.table,
+            self.ttl_clause().unwrap_or_default()
+        );
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .await
+    }
+
+    /// Brings an existing table's TTL to the configured retention; a table
+    /// that has it already is left alone (its user may lack ALTER).
+    pub async fn ensure_retention(&self, engine_full: &str) -> Result<(), StoreError> {
+        let wanted = self.ttl_clause();
+        let has = engine_full.contains(" TTL ");
+        let alter = match &wanted {
+            Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
+            None if has => "REMOVE TTL".to_owned(),
+            _ => return Ok(()),
+        };
+        let sql = format!("ALTER TABLE {} {alter}", self.table);
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&sql).execute())
+            .await
+    }
+
+    /// Writes the version a change is about to make.
+    pub async fn record(
+        &self,
+        id: &StateId,
+        version: Version,
+        operation: Operation,
+        doc: Option<&StateDocument>,
+        changed_streams: Vec<String>,
+        context: &ChangeContext,
+    ) -> Result<(), StoreError> {
+        let provenance = &context.provenance;
+        let row = HistoryRowOut {
+            state_id: id.as_str(),
+            version: version.millis(),
+            operation: operation.as_str(),
+            deleted: u8::from(doc.is_none()),
+            completed_state: doc.map(StateDocument::completed_json),
+            partial_state: doc.map(StateDocument::partial_json),
+            changed_streams,
+            actor: &provenance.actor,
+            lease_owner: context.lease.as_ref().map_or("", |l| l.owner.as_str()),
+            fencing_token: context.lease.as_ref().map_or(0, |l| l.fencing_token),
+            request_id: &provenance.request_id,
+            user_agent: &provenance.user_agent,
+        };
+        self.ch
+            .timed("history_record", async {
+                let mut insert = self
+                    .ch
+                    .client
+                    .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
+                    .await?;
+                insert.write(&row).await?;
+                insert.end().await
+            })
+            .await
+    }
+
+    /// Writes a tombstone for every state of `state_table` that `selection`
+    /// is about to delete, in one round trip: ClickHouse reads the rows and
+    /// stamps each tombstone after both `now_ms` and the version it ends.
+    pub async fn record_deletions(
+        &self,
+        state_table: &str,
+        selection: &Selection,
+        operation: Operation,
+        now_ms: i64,
+        context: &ChangeContext,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {history} (state_id, version, operation, deleted, completed_state,
+                partial_state, changed_streams, actor, lease_owner, fencing_token, request_id, user_agent)
+             SELECT state_id,
+                greatest(fromUnixTimestamp64Milli({{now:Int64}}), updated_at + toIntervalMillisecond(1)),
+                {{operation:String}}, 1, NULL, NULL, {STREAMS_OF_ROW},
+                {{actor:String}}, {{lease_owner:String}}, {{fencing_token:UInt64}},
+                {{request_id:String}}, {{user_agent:String}}
+             FROM {state_table} FINAL WHERE {filter}",
+            history = self.table,
+            filter = selection.sql(),
+        );
+        let provenance = &context.provenance;
+        let query = selection
+            .bind(self.ch.client.query(&sql))
+            .param("now", now_ms)
+            .param("operation", operation.as_str())
+            .param("actor", &provenance.actor)
+            .param(
+                "lease_owner",
+                context.lease.as_ref().map_or("", |l| l.owner.as_str()),
+            )
+            .param(
+                "fencing_token",
+                context.lease.as_ref().map_or(0, |l| l.fencing_token),
+            )
+            .param("request_id", &provenance.request_id)
+            .param("user_agent", &provenance.user_agent);
+        self.ch.timed("history_record", query.execute()).await
+    }
+
+    /// Up to `limit` versions of `id` before `before` (all when None), newest
+    /// first; also answers whether more follow.
+    pub async fn list(
+        &self,
+        id: &StateId,
+        before: Option<Version>,
+        limit: u32,
+    ) -> Result<(Vec<VersionMeta>, bool), StoreError> {
+        let sql = format!(
+            "SELECT {META_COLUMNS} FROM {}
+             WHERE state_id = {{id:String}} AND version < fromUnixTimestamp64Milli({{before:Int64}})
+             ORDER BY version DESC LIMIT {{limit:UInt32}}",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("id", id.as_str())
+            .param("before", before.map_or(i64::MAX / 4, Version::millis))
+            .param("limit", limit + 1);
+        let rows = self
+            .ch
+            .timed("history_list", query.fetch_all::<MetaRowIn>())
+            .await?;
+        let has_more = rows.len() > limit as usize;
+        let metas = rows
+            .into_iter()
+            .take(limit as usize)
+            .map(MetaRowIn::into_meta)
+            .collect();
+        Ok((metas, has_more))
+    }
+
+    /// One version of `id` with its document. Two rows of one version (a
+    /// failed change and the next one, stamped in the same millisecond) read
+    /// as the one that is not a tombstone.
+    pub async fn get(
+        &self,
+        id: &StateId,
+        version: Version,
+    ) -> Result<Option<StoredVersion>, StoreError> {
+        let sql = format!(
+            "SELECT {META_COLUMNS}, completed_state, partial_state FROM {}
+             WHERE state_id = {{id:String}} AND version = fromUnixTimestamp64Milli({{version:Int64}})
+             ORDER BY deleted LIMIT 1",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("id", id.as_str())
+            .param("version", version.millis());
+        let Some(row) = self
+            .ch
+            .timed("history_get", query.fetch_optional::<VersionRowIn>())
+            .await?
+        else {
+            return Ok(None);
+        };
+        let doc = if row.deleted != 0 {
+            None
+        } else {
+            Some(
+                StateDocument::from_stored(
+                    row.completed_state.as_deref(),
+                    row.partial_state.as_deref(),
+                )
+                .map_err(|source| StoreError::Corrupt {
+                    id: id.as_str().to_owned(),
+                    source,
+                })?,
+            )
+        };
+        let meta = MetaRowIn {
+            version_ms: row.version_ms,
+            operation: row.operation,
+            deleted: row.deleted,
+            changed_streams: row.changed_streams,
+            actor: row.actor,
+            lease_owner: row.lease_owner,
+            fencing_token: row.fencing_token,
+            request_id: row.request_id,
+            user_agent: row.user_agent,
+        }
+        .into_meta();
+        Ok(Some(StoredVersion { meta, doc }))
+    }
+
+    /// The newest tombstone of `id`: the current version of a state that
+    /// does not exist.
+    pub async fn newest_tombstone(&self, id: &StateId) -> Result<Option<Version>, StoreError> {
+        let sql = format!(
+            "SELECT toUnixTimestamp64Milli(max(version)) FROM {}
+             WHERE state_id = {{id:String}} AND deleted = 1 HAVING count() > 0",
+            self.table
+        );
+        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let newest = self
+            .ch
+            .timed("history_list", query.fetch_optional::<i64>())
+            .await?;
+        Ok(newest.map(Version::from_millis))
+    }
+}

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 
 use crate::domain::{
-    PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern, Version, VersionCursor,
+    IfMatch, PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern, Version,
+    VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager};
@@ -22,42 +23,6 @@ use crate::store::{
     ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
     StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
 };
-
-/// An `If-Match` precondition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum IfMatch {
-    Any,
-    OneOf(Vec<String>),
-}
-
-impl IfMatch {
-    /// Parses the header value: `*` or a comma-separated list of entity tags.
-    pub fn parse(raw: &str) -> Option<Self> {
-        let raw = raw.trim();
-        if raw == "*" {
-            return Some(Self::Any);
-        }
-        let tags: Vec<String> = raw
-            .split(',')
-            .map(|tag| tag.trim().to_owned())
-            .filter(|tag| !tag.is_empty())
-            .collect();
-        let well_formed = !tags.is_empty()
-            && tags
-                .iter()
-                .all(|t| t.len() >= 2 && t.starts_with(['"', 'W']) && t.ends_with('"'));
-        well_formed.then_some(Self::OneOf(tags))
-    }
-
-    /// RFC 9110: If-Match uses the strong comparison, so a weak tag never matches.
-    fn holds_for(&self, current: Option<&StoredRow>) -> bool {
-        match (self, current) {
-            (_, None) => false,
-            (Self::Any, Some(_)) => true,
-            (Self::OneOf(tags), Some(row)) => tags.contains(&row.etag()),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -249,7 +214,7 @@ impl States {
         let claim = self.locks.authority_claim(id);
         let current = self.current(id, claim).await?;
         if let Some(precondition) = &conditions.if_match
-            && !precondition.holds_for(current.as_ref())
+            && !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref())
         {
             return Err(precondition_failed(current.is_some()));
         }
@@ -315,7 +280,7 @@ impl States {
         let claim = self.locks.authority_claim(id);
         if let Some(precondition) = &conditions.if_match {
             let current = self.current(id, claim).await?;
-            if !precondition.holds_for(current.as_ref()) {
+            if !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref()) {
                 return Err(precondition_failed(current.is_some()));
             }
         }
@@ -476,21 +441,4 @@ fn precondition_failed(exists: bool) -> StateError {
     } else {
         "If-Match was given but the state does not exist"
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_if_match() {
-        assert_eq!(IfMatch::parse(" * "), Some(IfMatch::Any));
-        assert_eq!(
-            IfMatch::parse("\"a\", W/\"b\""),
-            Some(IfMatch::OneOf(vec!["\"a\"".into(), "W/\"b\"".into()]))
-        );
-        for bad in ["", "abc", "\"", ",", "\"a\", b"] {
-            assert_eq!(IfMatch::parse(bad), None, "{bad}");
-        }
-    }
 }

@@ -1,6 +1,7 @@
 //! The service's vocabulary, parsed at the edge so the rest never re-checks it.
 
 mod document;
+mod etag;
 mod json;
 mod lease;
 mod page;
@@ -10,6 +11,7 @@ mod state_id;
 mod version;
 
 pub use document::{CorruptState, DocumentError, StateDocument};
+pub use etag::{ETag, IfMatch, IfNoneMatch};
 pub use json::JsonObject;
 pub use lease::Lease;
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};

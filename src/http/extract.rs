@@ -14,8 +14,8 @@ use uuid::Uuid;
 use super::error::ApiError;
 use crate::AppContext;
 use crate::auth::Actor;
-use crate::domain::{Provenance, StateDocument, StateId};
-use crate::states::{IfMatch, WriteConditions};
+use crate::domain::{IfMatch, Provenance, StateDocument, StateId};
+use crate::states::WriteConditions;
 
 /// The header that carries a lease on writes to a locked state.
 pub const LEASE_ID: HeaderName = HeaderName::from_static("lease-id");

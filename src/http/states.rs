@@ -12,7 +12,9 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{JsonObject, PageCursor, PageLimit, Provenance, StateIdError, StatePattern};
+use crate::domain::{
+    IfNoneMatch, JsonObject, PageCursor, PageLimit, Provenance, StateIdError, StatePattern,
+};
 use crate::locks::FORWARDED_BY;
 use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
@@ -59,7 +61,7 @@ fn representation(state: &StoredState, status: StatusCode) -> Response {
         updated_at: rfc3339_millis(state.updated_at_ms),
     };
     let mut response = (status, Json(body)).into_response();
-    if let Ok(etag) = HeaderValue::from_str(&state.etag) {
+    if let Ok(etag) = HeaderValue::from_str(state.etag.as_str()) {
         response.headers_mut().insert(header::ETAG, etag);
     }
     response
@@ -146,18 +148,13 @@ pub async fn get(
         .get(&id)
         .await?
         .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
-    let etag = &state.etag;
     let unchanged = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .map(str::trim)
-                .any(|t| t == "*" || t.trim_start_matches("W/") == etag)
-        });
+        .is_some_and(|v| IfNoneMatch::new(v).unchanged(&state.etag));
     if unchanged {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
-        if let Ok(value) = HeaderValue::from_str(etag) {
+        if let Ok(value) = HeaderValue::from_str(state.etag.as_str()) {
             response.headers_mut().insert(header::ETAG, value);
         }
         return Ok(response);

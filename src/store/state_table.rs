@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ClickHouse, StoreError, now_ms};
-use crate::domain::{PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
+use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a
 /// replacing write needs only its version, and should succeed even over a
@@ -26,20 +26,12 @@ impl StoredRow {
             .sum()
     }
 
-    /// A strong validator: changes whenever the version or the content does.
-    pub fn etag(&self) -> String {
-        let mut hash = Fnv1a::default();
-        hash.write(&self.updated_at_ms.to_le_bytes());
-        for text in [&self.completed, &self.partial] {
-            match text {
-                Some(text) => {
-                    hash.write(&[1]);
-                    hash.write(text.as_bytes());
-                }
-                None => hash.write(&[0]),
-            }
-        }
-        format!("\"{:016x}\"", hash.0)
+    pub fn etag(&self) -> ETag {
+        ETag::of(
+            self.updated_at_ms,
+            self.completed.as_deref(),
+            self.partial.as_deref(),
+        )
     }
 
     pub fn parse(self) -> Result<StoredState, StoreError> {
@@ -63,7 +55,7 @@ pub struct StoredState {
     pub id: StateId,
     pub doc: StateDocument,
     pub updated_at_ms: i64,
-    pub etag: String,
+    pub etag: ETag,
 }
 
 /// One entry of a listing.
@@ -321,23 +313,4 @@ pub fn next_version(replacing: Option<&StoredRow>, at_least: Option<Version>) ->
     let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
     let floor = floor.max(at_least.map_or(i64::MIN, Version::millis));
     Version::from_millis(now_ms().max(floor))
-}
-
-/// FNV-1a, 64 bit: stable across builds and platforms, which ETags need
-/// (std's hasher may change between Rust releases).
-struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
 }

@@ -285,6 +285,17 @@ async fn a_failed_change_may_leave_a_version_that_is_never_current() {
         );
     }
     assert_eq!(app.get_state(id).await.json()["completed"]["v"], 3);
+
+    // A change whose version cannot be recorded is not made at all.
+    let history_insert = format!("INSERT INTO `{}`.`state_history`", app.schema);
+    proxy.refuse_requests_containing(Some(&history_insert));
+    let unrecorded = app.put_state(id, &json!({"completed": {"v": 4}})).await;
+    assert_eq!(unrecorded.status, StatusCode::SERVICE_UNAVAILABLE);
+    let undeleted = app.delete_state(id).await;
+    assert_eq!(undeleted.status, StatusCode::SERVICE_UNAVAILABLE);
+    proxy.refuse_requests_containing(None);
+    assert_eq!(app.get_state(id).await.json()["completed"]["v"], 3);
+    assert_eq!(history(&app, id).await.len(), 3);
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use crate::AppContext;
 use crate::auth::Actor;
-use crate::domain::{IfMatch, Provenance, StateDocument, StateId};
+use crate::domain::{IfMatch, PageLimit, Provenance, StateDocument, StateId};
 use crate::states::WriteConditions;
 
 /// The header that carries a lease on writes to a locked state.
@@ -34,6 +34,17 @@ impl<S: Send + Sync> FromRequestParts<S> for StatePath {
             })?;
         Ok(Self(StateId::parse(raw)?))
     }
+}
+
+/// A page's `limit` query parameter: 1 to 1000, 100 when absent.
+pub fn page_limit(raw: Option<String>) -> Result<PageLimit, ApiError> {
+    let limit = raw
+        .map(|raw| {
+            raw.parse::<u32>()
+                .map_err(|_| ApiError::InvalidQuery(format!("limit {raw:?} is not a whole number")))
+        })
+        .transpose()?;
+    PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))
 }
 
 /// A query string deserialized into `T`; unknown or malformed parameters are a 400.

@@ -8,10 +8,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use super::error::ApiError;
-use super::extract::{ApiQuery, OptionalJson, StatePath};
+use super::extract::{ApiQuery, OptionalJson, StatePath, page_limit};
 use super::states::written_response;
 use crate::AppContext;
-use crate::domain::{JsonObject, PageLimit, Provenance, StateId, Version, VersionCursor};
+use crate::domain::{JsonObject, Provenance, StateId, Version, VersionCursor};
 use crate::states::WriteConditions;
 use crate::store::VersionMeta;
 
@@ -76,14 +76,7 @@ pub async fn list(
     StatePath(id): StatePath,
     ApiQuery(params): ApiQuery<HistoryParams>,
 ) -> Result<Response, ApiError> {
-    let limit = params
-        .limit
-        .map(|raw| {
-            raw.parse::<u32>()
-                .map_err(|_| ApiError::InvalidQuery(format!("limit {raw:?} is not a whole number")))
-        })
-        .transpose()?;
-    let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
+    let limit = page_limit(params.limit)?;
     let cursor = params
         .cursor
         .map(|raw| {

@@ -9,12 +9,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::extract::{ApiQuery, StateBody, StatePath};
+use super::extract::{ApiQuery, StateBody, StatePath, page_limit};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{
-    IfNoneMatch, JsonObject, PageCursor, PageLimit, Provenance, StateIdError, StatePattern,
-};
+use crate::domain::{IfNoneMatch, JsonObject, PageCursor, Provenance, StateIdError, StatePattern};
 use crate::locks::FORWARDED_BY;
 use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
@@ -77,14 +75,7 @@ pub async fn list(
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<Value>, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
-    let limit = params
-        .limit
-        .map(|raw| {
-            raw.parse::<u32>()
-                .map_err(|_| ApiError::InvalidQuery(format!("limit {raw:?} is not a whole number")))
-        })
-        .transpose()?;
-    let limit = PageLimit::parse(limit).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
+    let limit = page_limit(params.limit)?;
     let cursor = params
         .cursor
         .map(|raw| {

@@ -88,19 +88,7 @@ struct HistoryRowOut<'a> {
     user_agent: &'a str,
 }
 
-#[derive(clickhouse::Row, Deserialize)]
-struct MetaRowIn {
-    version_ms: i64,
-    operation: String,
-    deleted: u8,
-    changed_streams: Vec<String>,
-    actor: String,
-    lease_owner: String,
-    fencing_token: u64,
-    request_id: String,
-    user_agent: String,
-}
-
+/// A version as read; listings read no document (NULL halves).
 #[derive(clickhouse::Row, Deserialize)]
 struct VersionRowIn {
     version_ms: i64,
@@ -125,9 +113,22 @@ const STREAMS_OF_ROW: &str = "arraySort(arrayDistinct(arrayConcat(\
     JSONExtractKeys(ifNull(completed_state, ''), 'singer_state', 'bookmarks'), \
     JSONExtractKeys(ifNull(partial_state, ''), 'singer_state', 'bookmarks'))))";
 
-impl MetaRowIn {
-    fn into_meta(self) -> VersionMeta {
-        VersionMeta {
+impl VersionRowIn {
+    /// The version of `id`, with its document unless it is a tombstone.
+    fn into_version(self, id: &StateId) -> Result<StoredVersion, StoreError> {
+        let doc = (self.deleted == 0)
+            .then(|| {
+                StateDocument::from_stored(
+                    self.completed_state.as_deref(),
+                    self.partial_state.as_deref(),
+                )
+            })
+            .transpose()
+            .map_err(|source| StoreError::Corrupt {
+                id: id.as_str().to_owned(),
+                source,
+            })?;
+        let meta = VersionMeta {
             version: Version::from_millis(self.version_ms),
             operation: self.operation,
             deleted: self.deleted != 0,
@@ -138,7 +139,8 @@ impl MetaRowIn {
             fencing_token: Some(self.fencing_token).filter(|t| *t != 0),
             request_id: self.request_id,
             user_agent: self.user_agent,
-        }
+        };
+        Ok(StoredVersion { meta, doc })
     }
 }
 
@@ -299,7 +301,8 @@ impl HistoryStore {
         limit: u32,
     ) -> Result<(Vec<VersionMeta>, bool), StoreError> {
         let sql = format!(
-            "SELECT {META_COLUMNS} FROM {}
+            "SELECT {META_COLUMNS}, CAST(NULL, 'Nullable(String)') AS completed_state,
+                CAST(NULL, 'Nullable(String)') AS partial_state FROM {}
              WHERE state_id = {{id:String}} AND version < fromUnixTimestamp64Milli({{before:Int64}})
              ORDER BY version DESC LIMIT {{limit:UInt32}}",
             self.table
@@ -313,14 +316,14 @@ impl HistoryStore {
             .param("limit", limit + 1);
         let rows = self
             .ch
-            .timed("history_list", query.fetch_all::<MetaRowIn>())
+            .timed("history_list", query.fetch_all::<VersionRowIn>())
             .await?;
         let has_more = rows.len() > limit as usize;
         let metas = rows
             .into_iter()
             .take(limit as usize)
-            .map(MetaRowIn::into_meta)
-            .collect();
+            .map(|row| row.into_version(id).map(|v| v.meta))
+            .collect::<Result<_, _>>()?;
         Ok((metas, has_more))
     }
 
@@ -351,33 +354,7 @@ impl HistoryStore {
         else {
             return Ok(None);
         };
-        let doc = if row.deleted != 0 {
-            None
-        } else {
-            Some(
-                StateDocument::from_stored(
-                    row.completed_state.as_deref(),
-                    row.partial_state.as_deref(),
-                )
-                .map_err(|source| StoreError::Corrupt {
-                    id: id.as_str().to_owned(),
-                    source,
-                })?,
-            )
-        };
-        let meta = MetaRowIn {
-            version_ms: row.version_ms,
-            operation: row.operation,
-            deleted: row.deleted,
-            changed_streams: row.changed_streams,
-            actor: row.actor,
-            lease_owner: row.lease_owner,
-            fencing_token: row.fencing_token,
-            request_id: row.request_id,
-            user_agent: row.user_agent,
-        }
-        .into_meta();
-        Ok(Some(StoredVersion { meta, doc }))
+        row.into_version(id).map(Some)
     }
 
     /// The newest tombstone of `id`: the current version of a state that

@@ -185,6 +185,21 @@ impl States {
         self.store.list(pattern, cursor, limit).await
     }
 
+    /// As [`States::list`], with each state's document.
+    pub async fn list_documents(
+        &self,
+        pattern: &StatePattern,
+        cursor: Option<&PageCursor>,
+        limit: PageLimit,
+    ) -> Result<(Vec<StoredState>, bool), StoreError> {
+        let (rows, has_more) = self.store.list_rows(pattern, cursor, limit).await?;
+        let states = rows
+            .into_iter()
+            .map(StoredRow::parse)
+            .collect::<Result<_, _>>()?;
+        Ok((states, has_more))
+    }
+
     /// Meltano `set` (`Change::Replace`) or `update` (`Change::Update`).
     pub async fn write(
         &self,

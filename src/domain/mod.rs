@@ -12,7 +12,7 @@ mod version;
 
 pub use document::{CorruptState, DocumentError, StateDocument};
 pub use etag::{ETag, IfMatch, IfNoneMatch};
-pub use json::JsonObject;
+pub use json::{Json, JsonObject};
 pub use lease::Lease;
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};

@@ -2,6 +2,7 @@
 
 mod admission;
 mod auth;
+mod bookmarks;
 mod error;
 mod extract;
 mod forward;
@@ -90,6 +91,7 @@ fn operations() -> Vec<Operation> {
         op!(GET "/v1/states/{state_id}/history" => history::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/states/{state_id}/history/{version}" => history::get, Needs(Read), Request, Anywhere),
         op!(POST "/v1/states/{state_id}/rollback" => history::rollback, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/bookmarks" => bookmarks::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),
         op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request, ByAuthority),

@@ -65,9 +65,20 @@ fn representation(state: &StoredState, status: StatusCode) -> Response {
     response
 }
 
-fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
+pub(super) fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
     StatePattern::parse(raw.unwrap_or_else(|| "*".to_owned()))
         .map_err(|e| ApiError::InvalidQuery(e.to_string()))
+}
+
+/// A listing's `cursor`, bound to its `pattern`.
+pub(super) fn page_cursor(
+    raw: Option<String>,
+    pattern: &StatePattern,
+) -> Result<Option<PageCursor>, ApiError> {
+    raw.map(|raw| {
+        PageCursor::decode(&raw, pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
+    })
+    .transpose()
 }
 
 pub async fn list(
@@ -76,12 +87,7 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
     let limit = page_limit(params.limit)?;
-    let cursor = params
-        .cursor
-        .map(|raw| {
-            PageCursor::decode(&raw, &pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
-        })
-        .transpose()?;
+    let cursor = page_cursor(params.cursor, &pattern)?;
     let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
     let next_cursor = has_more
         .then(|| {

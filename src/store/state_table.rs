@@ -81,6 +81,14 @@ struct StateRowIn {
 }
 
 #[derive(clickhouse::Row, Deserialize)]
+struct ListedRow {
+    state_id: String,
+    partial_state: Option<String>,
+    completed_state: Option<String>,
+    updated_at_ms: i64,
+}
+
+#[derive(clickhouse::Row, Deserialize)]
 struct SummaryRow {
     state_id: String,
     updated_at_ms: i64,
@@ -240,10 +248,69 @@ impl StateStore {
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StateSummary>, bool), StoreError> {
+        let (rows, has_more) = self
+            .page::<SummaryRow>(
+                "state_id, toUnixTimestamp64Milli(updated_at) AS updated_at_ms",
+                pattern,
+                cursor,
+                limit,
+            )
+            .await?;
+        let summaries = rows
+            .into_iter()
+            .filter_map(|row| {
+                // Another writer may have stored an empty id, which no request can name.
+                StateId::parse(row.state_id).ok().map(|id| StateSummary {
+                    id,
+                    updated_at_ms: row.updated_at_ms,
+                })
+            })
+            .collect();
+        Ok((summaries, has_more))
+    }
+
+    /// As [`StateStore::list`], with each state's stored row.
+    pub async fn list_rows(
+        &self,
+        pattern: &StatePattern,
+        cursor: Option<&PageCursor>,
+        limit: PageLimit,
+    ) -> Result<(Vec<StoredRow>, bool), StoreError> {
+        let (rows, has_more) = self
+            .page::<ListedRow>(
+                "state_id, partial_state, completed_state, \
+                 toUnixTimestamp64Milli(updated_at) AS updated_at_ms",
+                pattern,
+                cursor,
+                limit,
+            )
+            .await?;
+        let rows = rows
+            .into_iter()
+            .filter_map(|row| {
+                StateId::parse(row.state_id).ok().map(|id| StoredRow {
+                    id,
+                    completed: row.completed_state,
+                    partial: row.partial_state,
+                    updated_at_ms: row.updated_at_ms,
+                })
+            })
+            .collect();
+        Ok((rows, has_more))
+    }
+
+    /// One page of `columns` of the states matching `pattern` after `cursor`,
+    /// in byte order of their ids, and whether another page follows.
+    async fn page<T: clickhouse::RowOwned + clickhouse::RowRead>(
+        &self,
+        columns: &str,
+        pattern: &StatePattern,
+        cursor: Option<&PageCursor>,
+        limit: PageLimit,
+    ) -> Result<(Vec<T>, bool), StoreError> {
         let filter = Selection::Matching(pattern.clone());
         let sql = format!(
-            "SELECT state_id, toUnixTimestamp64Milli(updated_at) AS updated_at_ms
-             FROM {} FINAL
+            "SELECT {columns} FROM {} FINAL
              WHERE state_id > {{after:String}} AND {}
              ORDER BY state_id LIMIT {{limit:UInt32}}",
             self.table,
@@ -255,23 +322,10 @@ impl StateStore {
             .param("after", after)
             // One more than asked tells whether another page exists.
             .param("limit", limit.get() + 1);
-        let rows = self
-            .ch
-            .timed("list", query.fetch_all::<SummaryRow>())
-            .await?;
+        let mut rows = self.ch.timed("list", query.fetch_all::<T>()).await?;
         let has_more = rows.len() > limit.get() as usize;
-        let summaries = rows
-            .into_iter()
-            .take(limit.get() as usize)
-            .filter_map(|row| {
-                // Another writer may have stored an empty id, which no request can name.
-                StateId::parse(row.state_id).ok().map(|id| StateSummary {
-                    id,
-                    updated_at_ms: row.updated_at_ms,
-                })
-            })
-            .collect();
-        Ok((summaries, has_more))
+        rows.truncate(limit.get() as usize);
+        Ok((rows, has_more))
     }
 }
 

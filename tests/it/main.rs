@@ -4,6 +4,7 @@
 mod auth;
 mod bad_input;
 mod balancer;
+mod bookmarks;
 mod cli;
 mod clickhouse_faults;
 mod contract;

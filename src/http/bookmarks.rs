@@ -1,0 +1,97 @@
+//! `/v1/bookmarks`: one row per (state_id, stream) of the effective state, the
+//! flat shape dashboards (Grafana's Infinity data source, the page at `/`)
+//! read without walking documents.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::extract::{ApiQuery, page_limit};
+use super::rfc3339_millis;
+use super::states::{page_cursor, parse_pattern};
+use crate::AppContext;
+use crate::domain::{self, PageCursor};
+use crate::store::StoredState;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BookmarkParams {
+    pattern: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BookmarkRow {
+    state_id: String,
+    /// Null for a state without `singer_state.bookmarks`.
+    stream: Option<String>,
+    replication_key: Option<domain::Json>,
+    replication_key_value: Option<domain::Json>,
+    /// The stream's bookmark object as it is.
+    bookmark: Option<domain::Json>,
+    updated_at: String,
+    age_seconds: f64,
+}
+
+#[derive(Serialize)]
+struct BookmarkListing {
+    bookmarks: Vec<BookmarkRow>,
+    next_cursor: Option<String>,
+}
+
+/// `limit` counts states, as in `/v1/states`; each gives one row per stream.
+pub async fn list(
+    State(ctx): State<AppContext>,
+    ApiQuery(params): ApiQuery<BookmarkParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let pattern = parse_pattern(params.pattern)?;
+    let limit = page_limit(params.limit)?;
+    let cursor = page_cursor(params.cursor, &pattern)?;
+    let (states, has_more) = ctx
+        .states
+        .list_documents(&pattern, cursor.as_ref(), limit)
+        .await?;
+    let next_cursor = has_more
+        .then(|| states.last())
+        .flatten()
+        .map(|last| PageCursor::after(last.id.clone()).encode(&pattern));
+    let now_ms = crate::store::now_ms();
+    let bookmarks = states
+        .iter()
+        .flat_map(|state| rows_of(state, now_ms))
+        .collect();
+    let listing = BookmarkListing {
+        bookmarks,
+        next_cursor,
+    };
+    Ok(Json(
+        serde_json::to_value(listing).expect("a listing always serializes"),
+    ))
+}
+
+fn rows_of(state: &StoredState, now_ms: i64) -> Vec<BookmarkRow> {
+    let row = |stream: Option<&String>, bookmark: Option<&domain::Json>| {
+        let field = |name: &str| match bookmark {
+            Some(domain::Json::Object(fields)) => fields.get(name).cloned(),
+            _ => None,
+        };
+        BookmarkRow {
+            state_id: state.id.as_str().to_owned(),
+            stream: stream.cloned(),
+            replication_key: field("replication_key"),
+            replication_key_value: field("replication_key_value"),
+            bookmark: bookmark.cloned(),
+            updated_at: rfc3339_millis(state.updated_at_ms),
+            age_seconds: (now_ms - state.updated_at_ms).max(0) as f64 / 1000.0,
+        }
+    };
+    match state.doc.bookmarks() {
+        Some(streams) if !streams.is_empty() => streams
+            .iter()
+            .map(|(stream, bookmark)| row(Some(stream), Some(bookmark)))
+            .collect(),
+        _ => vec![row(None, None)],
+    }
+}

@@ -15,16 +15,25 @@ start_local_clickhouse() {
   export LOCALCH_URL="clickhouse://default@127.0.0.1:$LOCALCH_PORT/default"
 }
 
-# The shim's venv with its pinned test dependencies (meltano among them) and
-# the shim itself, editable; made anew when the pins change. Sets SHIM_VENV.
-shim_venv() {
-  local root=$1
-  SHIM_VENV=$root/.venvs/shim
-  if ! cmp -s "$SHIM_VENV/.installed" "$root/shim/requirements-test.txt"; then
-    rm -rf "$SHIM_VENV"
-    python3 -m venv "$SHIM_VENV"
-    "$SHIM_VENV/bin/pip" install --quiet -r "$root/shim/requirements-test.txt"
-    "$SHIM_VENV/bin/pip" install --quiet --no-deps -e "$root/shim"
-    cp "$root/shim/requirements-test.txt" "$SHIM_VENV/.installed"
+# A venv at $1 with the pinned requirements file $2 (and the package at $3,
+# editable, if given); made anew when the pins change. Sets VENV.
+pinned_venv() {
+  VENV=$1
+  local requirements=$2 editable=${3:-}
+  if ! cmp -s "$VENV/.installed" "$requirements"; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet -r "$requirements"
+    if [ -n "$editable" ]; then
+      "$VENV/bin/pip" install --quiet --no-deps -e "$editable"
+    fi
+    cp "$requirements" "$VENV/.installed"
   fi
+}
+
+# The shim's venv: its pinned test dependencies (meltano among them) and the
+# shim itself, editable. Sets SHIM_VENV.
+shim_venv() {
+  pinned_venv "$1/.venvs/shim" "$1/shim/requirements-test.txt" "$1/shim"
+  SHIM_VENV=$VENV
 }

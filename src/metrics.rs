@@ -62,6 +62,19 @@ pub enum LockEvent {
 }
 
 impl LockEvent {
+    const ALL: [Self; 10] = [
+        Self::Grant,
+        Self::Wait,
+        Self::Timeout,
+        Self::ClaimWin,
+        Self::ClaimLoss,
+        Self::ClaimLost,
+        Self::Renewal,
+        Self::Expiry,
+        Self::Release,
+        Self::ForcedRelease,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Self::Grant => "grant",
@@ -143,6 +156,19 @@ impl Default for Metrics {
             "Connections the gateway closed on a client, by reason (header_timeout, idle_timeout)",
             connections_closed.clone(),
         );
+        // Counters exist at zero from the start, so that a dashboard's rate()
+        // sees their first increment and shows 0 instead of no data.
+        for event in LockEvent::ALL {
+            let _ = lock_events.get_or_create(&LockLabels {
+                event: event.label(),
+            });
+        }
+        for limit in ["requests", "lock_waiters"] {
+            let _ = shed.get_or_create(&ShedLabels { limit });
+        }
+        for reason in ["header_timeout", "idle_timeout"] {
+            let _ = connections_closed.get_or_create(&ClosedLabels { reason });
+        }
         Self {
             lock_events,
             shed,
@@ -177,8 +203,10 @@ impl Metrics {
     pub fn observe_query(&self, operation: &'static str, seconds: f64, ok: bool) {
         let labels = QueryLabels { operation };
         self.query_seconds.get_or_create(&labels).observe(seconds);
+        // Created at zero by the operation's first query, failed or not.
+        let errors = self.query_errors.get_or_create(&labels);
         if !ok {
-            self.query_errors.get_or_create(&labels).inc();
+            errors.inc();
         }
     }
 

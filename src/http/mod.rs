@@ -3,6 +3,7 @@
 mod admission;
 mod auth;
 mod bookmarks;
+mod dashboard;
 mod error;
 mod extract;
 mod forward;
@@ -98,6 +99,7 @@ fn operations() -> Vec<Operation> {
         op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), Request, ByAuthority),
         op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request, ByAuthority),
+        op!(GET "/" => dashboard::page, Open, Request, Anywhere),
         op!(GET "/healthz" => health::healthz, Open, Nothing, Anywhere),
         op!(GET "/readyz" => health::readyz, Open, Nothing, Anywhere),
         op!(GET "/metrics" => health::metrics, Metrics, Nothing, Anywhere),

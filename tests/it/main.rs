@@ -8,6 +8,7 @@ mod bookmarks;
 mod cli;
 mod clickhouse_faults;
 mod contract;
+mod dashboards;
 mod first_start;
 mod gateways;
 mod helpers;

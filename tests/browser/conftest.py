@@ -1,0 +1,116 @@
+"""Fixtures: a gateway process on the local ClickHouse, and the page at its
+`/` in a real headless Chromium (Debian's, driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import requests
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("STATEHOUSE_CHROMIUM", "/usr/bin/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Gateway:
+    base: str
+    process: subprocess.Popen
+    token: str | None = None
+
+    def call(self, method: str, path: str, token: str | None = None, **kwargs) -> requests.Response:
+        headers = kwargs.pop("headers", {})
+        if token or self.token:
+            headers["Authorization"] = f"Bearer {token or self.token}"
+        return requests.request(method, self.base + path, headers=headers, timeout=10, **kwargs)
+
+    def put(self, state_id: str, document: dict) -> dict:
+        reply = self.call("PUT", f"/v1/states/{quote(state_id, safe='')}", json=document)
+        reply.raise_for_status()
+        return reply.json()
+
+
+def start_gateway(tokens: str | None = None) -> Gateway:
+    clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
+    if not clickhouse:
+        pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
+    binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
+    port = free_port()
+    env = {**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn"}
+    if tokens:
+        env["STATEHOUSE_TOKENS"] = tokens
+    process = subprocess.Popen(
+        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", f"browser_{uuid.uuid4().hex}",
+         "--claim-settle", "200ms"],
+        env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"statehouse exited with {process.returncode}")
+        try:
+            if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return Gateway(base=base, process=process)
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail("statehouse was not ready within 30 s")
+
+
+def stop(gateway: Gateway) -> None:
+    gateway.process.terminate()
+    gateway.process.wait(timeout=30)
+
+
+@pytest.fixture
+def gateway():
+    gw = start_gateway()
+    yield gw
+    stop(gw)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            # The machine's network is closed: no background fetches.
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(params=[(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def page(browser, request):
+    width, height = request.param
+    context = browser.new_context(viewport={"width": width, "height": height})
+    tab = context.new_page()
+    # Every confirmation the page asks for is accepted, and recorded.
+    tab.confirmations = []
+
+    def accept(dialog):
+        tab.confirmations.append(dialog.message)
+        dialog.accept()
+
+    tab.on("dialog", accept)
+    yield tab
+    context.close()

@@ -20,8 +20,8 @@ use crate::domain::{
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager};
 use crate::store::{
-    ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
-    StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
+    ChangeContext, HistoryStore, NewVersion, Operation, Selection, StateStore, StateSummary,
+    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +32,22 @@ pub enum StateError {
     PreconditionFailed(&'static str),
     #[error(transparent)]
     Lock(#[from] LockError),
+    #[error("no state with id {0:?}")]
+    NotFound(String),
+    #[error("the state has no bookmark for stream {0:?} in completed or partial")]
+    NoBookmark(String),
+    #[error("entry {index} (state_id {state_id:?}): {source}")]
+    InBatch {
+        index: usize,
+        state_id: String,
+        source: Box<StateError>,
+    },
+    #[error("entry {index}: state_id {state_id:?} is in the batch twice (first at entry {first})")]
+    Duplicate {
+        index: usize,
+        first: usize,
+        state_id: String,
+    },
     #[error("history is off on this gateway (--history=false), so no versions are kept")]
     HistoryOff,
     #[error("this state has no version {}", .0.to_rfc3339())]
@@ -44,6 +60,22 @@ pub enum Change {
     Replace(StateDocument),
     /// Meltano `update`: see [`StateDocument::updated_by`]; a missing state is created.
     Update(StateDocument),
+    /// Remove one stream's bookmark from both halves of an existing state.
+    ResetStream(String),
+}
+
+/// What a batch write did.
+pub struct Imported {
+    pub written: usize,
+    pub created: usize,
+}
+
+fn in_batch(index: usize, state_id: &str, source: StateError) -> StateError {
+    StateError::InBatch {
+        index,
+        state_id: state_id.to_owned(),
+        source: Box::new(source),
+    }
 }
 
 pub struct Written {
@@ -211,6 +243,7 @@ impl States {
         let operation = match change {
             Change::Replace(_) => Operation::Put,
             Change::Update(_) => Operation::Patch,
+            Change::ResetStream(_) => Operation::ResetStream,
         };
         self.write_as(id, change, conditions, provenance, operation)
             .await
@@ -241,6 +274,16 @@ impl States {
                 let stored = current.clone().map(StoredRow::parse).transpose()?;
                 StateDocument::updated_by(stored.map(|s| s.doc), doc)
             }
+            Change::ResetStream(stream) => {
+                let Some(stored) = current.clone() else {
+                    return Err(StateError::NotFound(id.as_str().to_owned()));
+                };
+                stored
+                    .parse()?
+                    .doc
+                    .without_stream(&stream)
+                    .ok_or(StateError::NoBookmark(stream))?
+            }
         };
         let version = next_version(current.as_ref(), self.failed_version(id));
         if let Some(history) = &self.history {
@@ -250,9 +293,15 @@ impl States {
                 provenance: provenance.clone(),
                 lease,
             };
-            history
-                .record(id, version, operation, Some(&doc), changed, &context)
-                .await?;
+            let new = NewVersion {
+                id,
+                version,
+                operation,
+                doc: Some(&doc),
+                changed_streams: changed,
+                lease: None,
+            };
+            history.record(&new, &context).await?;
         }
         let (row, state) = match self.store.put(id, doc, version).await {
             Ok(written) => written,
@@ -269,6 +318,120 @@ impl States {
             state,
             created: current.is_none(),
         })
+    }
+
+    /// Writes every state of a batch as a PUT would, checking each against its
+    /// lock, or none of them: one read of the current rows, one INSERT of their
+    /// versions, one INSERT of the states.
+    pub async fn import(
+        &self,
+        entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
+        provenance: &Provenance,
+    ) -> Result<Imported, StateError> {
+        if entries.is_empty() {
+            return Ok(Imported {
+                written: 0,
+                created: 0,
+            });
+        }
+        let mut first_seen: HashMap<&StateId, usize> = HashMap::new();
+        for (index, (id, _, _)) in entries.iter().enumerate() {
+            if let Some(first) = first_seen.insert(id, index) {
+                return Err(StateError::Duplicate {
+                    index,
+                    first,
+                    state_id: id.as_str().to_owned(),
+                });
+            }
+        }
+        let mut ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
+        ids.sort();
+        // In one order for every batch, so two batches never wait on each other.
+        let mut _writing = Vec::with_capacity(ids.len());
+        for id in &ids {
+            _writing.push(self.writers.lock(id).await);
+        }
+        let checks: Vec<(&StateId, Option<Uuid>)> =
+            entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
+        let leases = self
+            .locks
+            .check_writes(&checks)
+            .await
+            .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
+        let current: HashMap<StateId, StoredRow> = self
+            .store
+            .get_many(&ids)
+            .await?
+            .into_iter()
+            .map(|row| (row.id.clone(), row))
+            .collect();
+        let writes: Vec<(StateId, StateDocument, Version)> = entries
+            .into_iter()
+            .map(|(id, doc, _)| {
+                let version = next_version(current.get(&id), self.failed_version(&id));
+                (id, doc, version)
+            })
+            .collect();
+        if let Some(history) = &self.history {
+            let befores: Vec<Option<StateDocument>> = writes
+                .iter()
+                .map(|(id, _, _)| {
+                    current
+                        .get(id)
+                        .and_then(|row| row.clone().parse().ok())
+                        .map(|s| s.doc)
+                })
+                .collect();
+            let versions: Vec<NewVersion<'_>> = writes
+                .iter()
+                .zip(&befores)
+                .zip(&leases)
+                .map(|(((id, doc, version), before), lease)| NewVersion {
+                    id,
+                    version: *version,
+                    operation: Operation::Import,
+                    doc: Some(doc),
+                    changed_streams: StateDocument::changed_streams(before.as_ref(), Some(doc)),
+                    lease: lease.as_ref(),
+                })
+                .collect();
+            let context = ChangeContext {
+                provenance: provenance.clone(),
+                lease: None,
+            };
+            history.record_many(&versions, &context).await?;
+        }
+        let rows = match self.store.put_many(&writes).await {
+            Ok(rows) => rows,
+            Err(err) => {
+                for (id, _, version) in &writes {
+                    self.remember_failed(id, *version);
+                }
+                return Err(err.into());
+            }
+        };
+        let created = writes
+            .iter()
+            .filter(|(id, _, _)| !current.contains_key(id))
+            .count();
+        for row in rows {
+            self.forget_failed(&row.id);
+            match self.locks.authority_claim(&row.id) {
+                Some(claim) => self
+                    .known
+                    .put(&row.id.clone(), claim, Some(row), &self.locks),
+                None => self.known.forget(|known| *known == row.id),
+            }
+        }
+        Ok(Imported {
+            written: writes.len(),
+            created,
+        })
+    }
+
+    /// Forgets what this gateway knew of `ids`: another gateway wrote them.
+    pub fn forget(&self, ids: &[StateId]) {
+        self.known.forget(|id| ids.contains(id));
     }
 
     /// Deleting what does not exist succeeds: the outcome is the same (and

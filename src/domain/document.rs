@@ -17,6 +17,96 @@ pub enum DocumentError {
     NotAState(String),
 }
 
+/// One state of a batch write.
+#[derive(Clone, Debug)]
+pub struct BatchEntry {
+    pub state_id: String,
+    pub doc: StateDocument,
+    /// The entry's `lease_id`, when the state is locked.
+    pub lease_id: Option<String>,
+}
+
+/// Why a batch is refused: the entry (by index, with its state_id when it
+/// has one), or the whole body.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{error}", entry_name(*.index, .state_id.as_deref()))]
+pub struct BatchError {
+    pub index: Option<usize>,
+    pub state_id: Option<String>,
+    pub error: DocumentError,
+}
+
+fn entry_name(index: Option<usize>, state_id: Option<&str>) -> String {
+    match (index, state_id) {
+        (Some(index), Some(id)) => format!("entry {index} (state_id {id:?}): "),
+        (Some(index), None) => format!("entry {index}: "),
+        _ => String::new(),
+    }
+}
+
+impl BatchEntry {
+    fn parse(item: Json) -> Result<Self, (Option<String>, DocumentError)> {
+        let Json::Object(fields) = item else {
+            return Err((
+                None,
+                DocumentError::NotAState(format!("expected an object, got {}", item.kind())),
+            ));
+        };
+        let (doc, others) =
+            StateDocument::from_fields(fields, &["state_id", "lease_id"]).map_err(|e| (None, e))?;
+        let text = |name: &str| {
+            others
+                .iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| {
+                    value.as_str().ok_or_else(|| {
+                        DocumentError::NotAState(format!("\"{name}\" must be a string"))
+                    })
+                })
+        };
+        let state_id = match text("state_id") {
+            Some(Ok(id)) => id,
+            Some(Err(e)) => return Err((None, e)),
+            None => {
+                return Err((
+                    None,
+                    DocumentError::NotAState("\"state_id\" is missing".into()),
+                ));
+            }
+        };
+        let lease_id = text("lease_id")
+            .transpose()
+            .map_err(|e| (Some(state_id.clone()), e))?;
+        Ok(Self {
+            state_id,
+            doc,
+            lease_id,
+        })
+    }
+}
+
+fn parse_body(body: &[u8]) -> Result<Json, DocumentError> {
+    Json::parse(body).map_err(|err| match err {
+        // Valid JSON, but not a document whose meaning is clear.
+        JsonError::DuplicateKey { .. } => DocumentError::NotAState(err.to_string()),
+        JsonError::Syntax(_)
+        | JsonError::NotUtf8(_)
+        | JsonError::TooDeep
+        | JsonError::LoneSurrogate { .. } => DocumentError::InvalidJson(err),
+    })
+}
+
+/// Removes `stream` from `half`'s `singer_state.bookmarks`; answers whether it was there.
+fn remove_bookmark(half: &mut JsonObject, stream: &str) -> bool {
+    let Some(Json::Object(singer)) = half.get_mut("singer_state") else {
+        return false;
+    };
+    let Some(Json::Object(bookmarks)) = singer.get_mut("bookmarks") else {
+        return false;
+    };
+    bookmarks.remove(stream)
+}
+
 /// What ClickHouse holds for a state_id is not a state another writer could have meant.
 #[derive(Debug, thiserror::Error)]
 #[error("stored {column} is not a JSON object: {reason}")]
@@ -31,25 +121,32 @@ impl StateDocument {
     /// so that a typo cannot silently store an empty state, and so is a key
     /// given twice in any object, where one of the two would silently be lost.
     pub fn from_request(body: &[u8]) -> Result<Self, DocumentError> {
-        let value = Json::parse(body).map_err(|err| match err {
-            // Valid JSON, but not a document whose meaning is clear.
-            JsonError::DuplicateKey { .. } => DocumentError::NotAState(err.to_string()),
-            JsonError::Syntax(_)
-            | JsonError::NotUtf8(_)
-            | JsonError::TooDeep
-            | JsonError::LoneSurrogate { .. } => DocumentError::InvalidJson(err),
-        })?;
+        let value = parse_body(body)?;
         let Json::Object(fields) = value else {
             return Err(DocumentError::NotAState(format!(
                 "expected a JSON object with \"completed\" and/or \"partial\", got {}",
                 value.kind()
             )));
         };
+        Self::from_fields(fields, &[]).map(|(doc, _)| doc)
+    }
+
+    /// A document from an object's `completed` and `partial`, besides which
+    /// only the keys in `also` may be there; answers those keys' values too.
+    fn from_fields(
+        fields: JsonObject,
+        also: &[&str],
+    ) -> Result<(Self, Vec<(String, Json)>), DocumentError> {
         let mut doc = Self::default();
+        let mut others = Vec::new();
         for (key, value) in fields {
             let half = match key.as_str() {
                 "completed" => &mut doc.completed,
                 "partial" => &mut doc.partial,
+                other if also.contains(&other) => {
+                    others.push((key, value));
+                    continue;
+                }
                 other => {
                     return Err(DocumentError::NotAState(format!(
                         "unknown field {other:?}; a state document has only \"completed\" and \"partial\""
@@ -67,7 +164,45 @@ impl StateDocument {
                 }
             };
         }
-        Ok(doc)
+        Ok((doc, others))
+    }
+
+    /// Parses a batch: a JSON array of `{"state_id", "completed", "partial",
+    /// "lease_id"}` objects. A bad entry is named by its index.
+    pub fn batch_from_request(body: &[u8]) -> Result<Vec<BatchEntry>, BatchError> {
+        let whole = |error| BatchError {
+            index: None,
+            state_id: None,
+            error,
+        };
+        let Json::Array(items) = parse_body(body).map_err(whole)? else {
+            return Err(whole(DocumentError::NotAState(
+                "expected a JSON array of {\"state_id\", \"completed\", \"partial\"} objects"
+                    .into(),
+            )));
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(index, item)| {
+                BatchEntry::parse(item).map_err(|(state_id, error)| BatchError {
+                    index: Some(index),
+                    state_id,
+                    error,
+                })
+            })
+            .collect()
+    }
+
+    /// This document without `stream`'s bookmark in either half; None when
+    /// neither half has one.
+    pub fn without_stream(&self, stream: &str) -> Option<Self> {
+        let mut doc = self.clone();
+        let removed = [&mut doc.completed, &mut doc.partial]
+            .into_iter()
+            .map(|half| remove_bookmark(half, stream))
+            .fold(false, |any, one| any | one);
+        removed.then_some(doc)
     }
 
     /// Reads the two stored columns; NULL (or empty text) reads back as `{}`.

@@ -84,6 +84,14 @@ impl Json {
         }
     }
 
+    /// The string's value, if this is a string.
+    pub fn as_str(&self) -> Option<String> {
+        match self {
+            Self::Scalar(raw) if raw.get().starts_with('"') => serde_json::from_str(raw.get()).ok(),
+            _ => None,
+        }
+    }
+
     pub fn is_null(&self) -> bool {
         matches!(self, Self::Scalar(raw) if raw.get() == "null")
     }
@@ -125,6 +133,11 @@ impl JsonObject {
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
         self.0.get_mut(key)
+    }
+
+    /// Removes `key`, keeping the order of the rest; answers whether it was there.
+    pub fn remove(&mut self, key: &str) -> bool {
+        self.0.shift_remove(key).is_some()
     }
 
     /// A new key goes last; an existing one keeps its place and takes the value.

@@ -10,7 +10,7 @@ mod provenance;
 mod state_id;
 mod version;
 
-pub use document::{CorruptState, DocumentError, StateDocument};
+pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};
 pub use etag::{ETag, IfMatch, IfNoneMatch};
 pub use json::{Json, JsonObject};
 pub use lease::Lease;

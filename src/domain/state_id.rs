@@ -11,7 +11,8 @@ pub const MAX_STATE_ID_BYTES: usize = 900;
 /// so every query binds it as a parameter and never splices it into SQL.
 /// For the same reason its `Display` is the log form ([`ClientText`]: quoted
 /// and escaped unless plain); the id itself is [`StateId::as_str`].
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
 pub struct StateId(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -35,6 +35,15 @@ pub enum ApiError {
     #[error("{0}")]
     HistoryOff(String),
     #[error("{0}")]
+    BookmarkNotFound(String),
+    /// One entry of a batch refused the whole batch.
+    #[error("entry {index} (state_id {state_id:?}): {inner}")]
+    InBatch {
+        index: usize,
+        state_id: String,
+        inner: Box<ApiError>,
+    },
+    #[error("{0}")]
     PreconditionFailed(&'static str),
     #[error("request body is larger than the limit of {0} bytes")]
     PayloadTooLarge(usize),
@@ -90,6 +99,7 @@ problem_types! {
     StateNotFound => NOT_FOUND, "state-not-found", "State not found";
     LockNotFound => NOT_FOUND, "lock-not-found", "No lock held";
     VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
+    BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
@@ -190,6 +200,8 @@ impl ApiError {
             Self::StateNotFound(_) => ProblemType::StateNotFound,
             Self::VersionNotFound(_) => ProblemType::VersionNotFound,
             Self::HistoryOff(_) => ProblemType::HistoryOff,
+            Self::BookmarkNotFound(_) => ProblemType::BookmarkNotFound,
+            Self::InBatch { inner, .. } => inner.kind(),
             Self::PreconditionFailed(_) => ProblemType::PreconditionFailed,
             Self::PayloadTooLarge(_) => ProblemType::PayloadTooLarge,
             Self::BodyTimeout(_) => ProblemType::BodyTimeout,
@@ -267,6 +279,18 @@ impl From<StateError> for ApiError {
             StateError::Lock(lock) => lock.into(),
             StateError::HistoryOff => Self::HistoryOff(text),
             StateError::VersionNotFound(_) => Self::VersionNotFound(text),
+            StateError::NotFound(id) => Self::StateNotFound(id),
+            StateError::NoBookmark(_) => Self::BookmarkNotFound(text),
+            StateError::Duplicate { .. } => Self::InvalidBody(text),
+            StateError::InBatch {
+                index,
+                state_id,
+                source,
+            } => Self::InBatch {
+                index,
+                state_id,
+                inner: Box::new((*source).into()),
+            },
         }
     }
 }

@@ -84,6 +84,7 @@ fn operations() -> Vec<Operation> {
     use Served::{Anywhere, ByAuthority};
     vec![
         op!(GET "/v1/states" => states::list, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/states" => states::import, Needs(Write), Request, Anywhere),
         op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Request, Anywhere),
         op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Request, Anywhere),
         op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), Request, ByAuthority),
@@ -92,6 +93,7 @@ fn operations() -> Vec<Operation> {
         op!(GET "/v1/states/{state_id}/history" => history::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/states/{state_id}/history/{version}" => history::get, Needs(Read), Request, Anywhere),
         op!(POST "/v1/states/{state_id}/rollback" => history::rollback, Needs(Write), Request, ByAuthority),
+        op!(DELETE "/v1/states/{state_id}/bookmarks/{stream}" => states::reset_stream, Needs(Write), Request, ByAuthority),
         op!(GET "/v1/bookmarks" => bookmarks::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),

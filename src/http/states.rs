@@ -2,20 +2,24 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::extract::{ApiQuery, StateBody, StatePath, page_limit};
+use super::extract::{ApiQuery, StateBody, StatePath, page_limit, read_body};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::domain::{IfNoneMatch, JsonObject, PageCursor, Provenance, StateIdError, StatePattern};
+use crate::domain::{
+    DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, StateDocument, StateId,
+    StateIdError, StatePattern,
+};
 use crate::locks::FORWARDED_BY;
 use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
+use uuid::Uuid;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +27,8 @@ pub struct ListParams {
     pattern: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    /// `documents`: each state with its `completed` and `partial` (bulk export).
+    include: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -39,8 +45,12 @@ struct StateListing {
 
 #[derive(Serialize)]
 struct ListedState {
-    state_id: String,
+    state_id: StateId,
     updated_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed: Option<JsonObject>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partial: Option<JsonObject>,
 }
 
 #[derive(Serialize)]
@@ -84,31 +94,124 @@ pub(super) fn page_cursor(
 pub async fn list(
     State(ctx): State<AppContext>,
     ApiQuery(params): ApiQuery<ListParams>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
     let limit = page_limit(params.limit)?;
     let cursor = page_cursor(params.cursor, &pattern)?;
-    let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
-    let next_cursor = has_more
-        .then(|| {
-            summaries
-                .last()
-                .map(|last| PageCursor::after(last.id.clone()).encode(&pattern))
-        })
-        .flatten();
-    let listing = StateListing {
-        states: summaries
+    let with_documents = match params.include.as_deref() {
+        None => false,
+        Some("documents") => true,
+        Some(other) => {
+            return Err(ApiError::InvalidQuery(format!(
+                "include {other:?} is not known; the one value is documents"
+            )));
+        }
+    };
+    // Serialized straight from the documents, so every number keeps its text.
+    let (states, has_more): (Vec<ListedState>, bool) = if with_documents {
+        let (states, has_more) = ctx
+            .states
+            .list_documents(&pattern, cursor.as_ref(), limit)
+            .await?;
+        let listed = states
             .into_iter()
             .map(|s| ListedState {
                 updated_at: rfc3339_millis(s.updated_at_ms),
-                state_id: s.id.as_str().to_owned(),
+                state_id: s.id,
+                completed: Some(s.doc.completed),
+                partial: Some(s.doc.partial),
             })
-            .collect(),
+            .collect();
+        (listed, has_more)
+    } else {
+        let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
+        let listed = summaries
+            .into_iter()
+            .map(|s| ListedState {
+                updated_at: rfc3339_millis(s.updated_at_ms),
+                state_id: s.id,
+                completed: None,
+                partial: None,
+            })
+            .collect();
+        (listed, has_more)
+    };
+    let next_cursor = has_more
+        .then(|| states.last())
+        .flatten()
+        .map(|last| PageCursor::after(last.state_id.clone()).encode(&pattern));
+    let listing = StateListing {
+        states,
         next_cursor,
     };
-    Ok(Json(
-        serde_json::to_value(listing).expect("a listing always serializes"),
-    ))
+    Ok(Json(listing).into_response())
+}
+
+/// `POST /v1/states`: many states at once (a JSON array), written as PUTs
+/// would be, or none of them. A request another gateway forwards after such
+/// a write only makes this one forget what it knew of those states.
+pub async fn import(
+    State(ctx): State<AppContext>,
+    provenance: Provenance,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(
+        Request::from_parts(parts.clone(), body),
+        &ctx,
+        ctx.body_limit,
+    )
+    .await?;
+    let entries = StateDocument::batch_from_request(&bytes).map_err(|err| match &err.error {
+        DocumentError::InvalidJson(_) => ApiError::InvalidJson(err.to_string()),
+        DocumentError::NotAState(_) => ApiError::InvalidDocument(err.to_string()),
+    })?;
+    let mut batch = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.into_iter().enumerate() {
+        let in_batch = |inner: ApiError| ApiError::InBatch {
+            index,
+            state_id: entry.state_id.clone(),
+            inner: Box::new(inner),
+        };
+        let id = StateId::parse(entry.state_id.clone()).map_err(|e| in_batch(e.into()))?;
+        let lease = entry
+            .lease_id
+            .as_deref()
+            .map(|raw| {
+                Uuid::parse_str(raw).map_err(|_| {
+                    in_batch(ApiError::InvalidDocument(format!(
+                        "lease_id {raw:?} is not a UUID"
+                    )))
+                })
+            })
+            .transpose()?;
+        batch.push((id, entry.doc, lease));
+    }
+    if parts.headers.contains_key(FORWARDED_BY) {
+        let ids: Vec<StateId> = batch.into_iter().map(|(id, _, _)| id).collect();
+        ctx.states.forget(&ids);
+        return Ok(Json(serde_json::json!({"written": 0, "created": 0})).into_response());
+    }
+    let imported = ctx.states.import(batch, &provenance).await?;
+    // Authorities keep their states in memory: they forget these before this answers.
+    ctx.locks.tell_peers(&parts, &bytes).await?;
+    let body = serde_json::json!({"written": imported.written, "created": imported.created});
+    Ok(Json(body).into_response())
+}
+
+/// `DELETE /v1/states/{state_id}/bookmarks/{stream}`: that stream starts over.
+pub async fn reset_stream(
+    State(ctx): State<AppContext>,
+    Path((raw_id, stream)): Path<(String, String)>,
+    conditions: WriteConditions,
+    provenance: Provenance,
+) -> Result<Response, ApiError> {
+    let id = StateId::parse(raw_id)?;
+    let written = ctx
+        .states
+        .write(&id, Change::ResetStream(stream), &conditions, &provenance)
+        .await?;
+    Ok(representation(&written.state, StatusCode::OK))
 }
 
 pub async fn delete_many(

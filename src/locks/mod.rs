@@ -552,14 +552,47 @@ impl LockManager {
         lease_id: Option<Uuid>,
     ) -> Result<Option<Lease>, LockError> {
         let current = self.current(id).await?;
-        match (current, lease_id) {
-            (None, None) => Ok(None),
-            (Some(lease), Some(given)) if lease.lease_id == given => Ok(Some(lease)),
-            (Some(holder), None) => Err(LockError::Locked {
-                state_id: id.clone(),
-                holder: Box::new(holder),
-            }),
-            (_, Some(given)) => Err(LockError::NotCurrent(given)),
-        }
+        lease_rule(id, current.as_ref(), lease_id)
+    }
+
+    /// [`LockManager::check_write`] for a batch, against every current
+    /// lease at once: this gateway's own, and the ones ClickHouse records for
+    /// the others. Answers each entry's lease, or the first entry refused.
+    pub async fn check_writes(
+        &self,
+        writes: &[(&StateId, Option<Uuid>)],
+    ) -> Result<Vec<Option<Lease>>, (usize, LockError)> {
+        let current: HashMap<String, Lease> = self
+            .all()
+            .await
+            .map_err(|err| (0, err))?
+            .into_iter()
+            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
+            .collect();
+        writes
+            .iter()
+            .enumerate()
+            .map(|(index, (id, lease_id))| {
+                lease_rule(id, current.get(id.as_str()), *lease_id).map_err(|err| (index, err))
+            })
+            .collect()
+    }
+}
+
+/// The lock rule of a write: while `id` is locked it needs the holder's
+/// lease, and a lease it carries must be the current one.
+fn lease_rule(
+    id: &StateId,
+    current: Option<&Lease>,
+    lease_id: Option<Uuid>,
+) -> Result<Option<Lease>, LockError> {
+    match (current, lease_id) {
+        (None, None) => Ok(None),
+        (Some(lease), Some(given)) if lease.lease_id == given => Ok(Some(lease.clone())),
+        (Some(holder), None) => Err(LockError::Locked {
+            state_id: id.clone(),
+            holder: Box::new(holder.clone()),
+        }),
+        (_, Some(given)) => Err(LockError::NotCurrent(given)),
     }
 }

@@ -27,6 +27,8 @@ pub enum Operation {
     Delete,
     DeleteByPattern,
     Rollback,
+    ResetStream,
+    Import,
 }
 
 impl Operation {
@@ -37,6 +39,8 @@ impl Operation {
             Self::Delete => "delete",
             Self::DeleteByPattern => "delete-by-pattern",
             Self::Rollback => "rollback",
+            Self::ResetStream => "reset-stream",
+            Self::Import => "import",
         }
     }
 }
@@ -47,6 +51,19 @@ pub struct ChangeContext {
     pub provenance: Provenance,
     /// The lease the write carried, when it carried the current one.
     pub lease: Option<Lease>,
+}
+
+/// A version about to be made.
+pub struct NewVersion<'a> {
+    pub id: &'a StateId,
+    pub version: Version,
+    pub operation: Operation,
+    /// None for a tombstone.
+    pub doc: Option<&'a StateDocument>,
+    pub changed_streams: Vec<String>,
+    /// The lease this change carried, when it differs from the context's
+    /// (each state of a batch has its own).
+    pub lease: Option<&'a Lease>,
 }
 
 /// One version as listed: everything but the document.
@@ -215,28 +232,20 @@ impl HistoryStore {
     /// Writes the version a change is about to make.
     pub async fn record(
         &self,
-        id: &StateId,
-        version: Version,
-        operation: Operation,
-        doc: Option<&StateDocument>,
-        changed_streams: Vec<String>,
+        version: &NewVersion<'_>,
+        context: &ChangeContext,
+    ) -> Result<(), StoreError> {
+        self.record_many(std::slice::from_ref(version), context)
+            .await
+    }
+
+    /// Writes the versions a batch of changes is about to make, in one INSERT.
+    pub async fn record_many(
+        &self,
+        versions: &[NewVersion<'_>],
         context: &ChangeContext,
     ) -> Result<(), StoreError> {
         let provenance = &context.provenance;
-        let row = HistoryRowOut {
-            state_id: id.as_str(),
-            version: version.millis(),
-            operation: operation.as_str(),
-            deleted: u8::from(doc.is_none()),
-            completed_state: doc.map(StateDocument::completed_json),
-            partial_state: doc.map(StateDocument::partial_json),
-            changed_streams,
-            actor: &provenance.actor,
-            lease_owner: context.lease.as_ref().map_or("", |l| l.owner.as_str()),
-            fencing_token: context.lease.as_ref().map_or(0, |l| l.fencing_token),
-            request_id: &provenance.request_id,
-            user_agent: &provenance.user_agent,
-        };
         self.ch
             .timed("history_record", async {
                 let mut insert = self
@@ -244,7 +253,25 @@ impl HistoryStore {
                     .client
                     .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
                     .await?;
-                insert.write(&row).await?;
+                for new in versions {
+                    let lease = new.lease.or(context.lease.as_ref());
+                    insert
+                        .write(&HistoryRowOut {
+                            state_id: new.id.as_str(),
+                            version: new.version.millis(),
+                            operation: new.operation.as_str(),
+                            deleted: u8::from(new.doc.is_none()),
+                            completed_state: new.doc.map(StateDocument::completed_json),
+                            partial_state: new.doc.map(StateDocument::partial_json),
+                            changed_streams: new.changed_streams.clone(),
+                            actor: &provenance.actor,
+                            lease_owner: lease.map_or("", |l| l.owner.as_str()),
+                            fencing_token: lease.map_or(0, |l| l.fencing_token),
+                            request_id: &provenance.request_id,
+                            user_agent: &provenance.user_agent,
+                        })
+                        .await?;
+                }
                 insert.end().await
             })
             .await

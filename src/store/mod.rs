@@ -18,7 +18,7 @@ use clickhouse::sql::Identifier as SqlIdentifier;
 
 pub use diagnosis::Blocker;
 pub use history_table::{
-    ChangeContext, History, HistoryStore, Operation, StoredVersion, VersionMeta,
+    ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
 pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};

@@ -34,6 +34,15 @@ impl StoredRow {
         )
     }
 
+    fn to_out(&self) -> StateRowOut {
+        StateRowOut {
+            state_id: self.id.as_str().to_owned(),
+            partial_state: self.partial.clone(),
+            completed_state: self.completed.clone(),
+            updated_at: self.updated_at_ms,
+        }
+    }
+
     pub fn parse(self) -> Result<StoredState, StoreError> {
         let doc = StateDocument::from_stored(self.completed.as_deref(), self.partial.as_deref())
             .map_err(|source| StoreError::Corrupt {
@@ -158,12 +167,7 @@ impl StateStore {
             partial: Some(doc.partial_json()),
             updated_at_ms: version.millis(),
         };
-        let out = StateRowOut {
-            state_id: id.as_str().to_owned(),
-            partial_state: row.partial.clone(),
-            completed_state: row.completed.clone(),
-            updated_at: row.updated_at_ms,
-        };
+        let out = row.to_out();
         self.ch
             .timed("put", async {
                 let mut insert = self
@@ -182,6 +186,63 @@ impl StateStore {
             updated_at_ms: row.updated_at_ms,
         };
         Ok((row, state))
+    }
+
+    /// The stored rows of `ids` (those that exist), in one round trip.
+    pub async fn get_many(&self, ids: &[StateId]) -> Result<Vec<StoredRow>, StoreError> {
+        let sql = format!(
+            "SELECT state_id, partial_state, completed_state,
+                toUnixTimestamp64Milli(updated_at) AS updated_at_ms
+             FROM {} FINAL WHERE state_id IN {{ids:Array(String)}}",
+            self.table
+        );
+        let names: Vec<&str> = ids.iter().map(StateId::as_str).collect();
+        let query = self.ch.client.query(&sql).param("ids", names);
+        let rows = self
+            .ch
+            .timed("get_many", query.fetch_all::<ListedRow>())
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                StateId::parse(row.state_id).ok().map(|id| StoredRow {
+                    id,
+                    completed: row.completed_state,
+                    partial: row.partial_state,
+                    updated_at_ms: row.updated_at_ms,
+                })
+            })
+            .collect())
+    }
+
+    /// Writes each document as its version, in one INSERT.
+    pub async fn put_many(
+        &self,
+        writes: &[(StateId, StateDocument, Version)],
+    ) -> Result<Vec<StoredRow>, StoreError> {
+        let rows: Vec<StoredRow> = writes
+            .iter()
+            .map(|(id, doc, version)| StoredRow {
+                id: id.clone(),
+                completed: Some(doc.completed_json()),
+                partial: Some(doc.partial_json()),
+                updated_at_ms: version.millis(),
+            })
+            .collect();
+        self.ch
+            .timed("put_many", async {
+                let mut insert = self
+                    .ch
+                    .client
+                    .insert_unescaped::<StateRowOut>(&self.table)
+                    .await?;
+                for row in &rows {
+                    insert.write(&row.to_out()).await?;
+                }
+                insert.end().await
+            })
+            .await?;
+        Ok(rows)
     }
 
     /// The current version of `id`, without its document.

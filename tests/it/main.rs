@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod balancer;
 mod bookmarks;
+mod bulk;
 mod cli;
 mod clickhouse_faults;
 mod contract;

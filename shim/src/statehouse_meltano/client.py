@@ -136,15 +136,27 @@ class GatewayClient:
     def delete_state(self, state_id: str, lease_id: str | None) -> None:
         self._call("DELETE", f"/v1/states/{_segment(state_id)}", expect=(204,), lease_id=lease_id)
 
-    def state_ids(self, pattern: str | None) -> t.Iterator[str]:
-        params: dict[str, t.Any] = {"pattern": pattern or "*", "limit": PAGE}
+    def _listing(self, pattern: str | None, **extra: str) -> t.Iterator[dict[str, t.Any]]:
+        params: dict[str, t.Any] = {"pattern": pattern or "*", "limit": PAGE, **extra}
         while True:
             page = self._call("GET", "/v1/states", expect=(200,), params=params).json()
-            for entry in page["states"]:
-                yield entry["state_id"]
+            yield from page["states"]
             if not page.get("next_cursor"):
                 return
             params["cursor"] = page["next_cursor"]
+
+    def state_ids(self, pattern: str | None) -> t.Iterator[str]:
+        for entry in self._listing(pattern):
+            yield entry["state_id"]
+
+    def states(self, pattern: str | None) -> t.Iterator[dict[str, t.Any]]:
+        """Every matching state with its document, a page of them per request."""
+        return self._listing(pattern, include="documents")
+
+    def import_states(self, entries: list[dict[str, t.Any]]) -> int:
+        """Writes a batch of {state_id, completed, partial[, lease_id]} at once, or none of it."""
+        response = self._call("POST", "/v1/states", expect=(200,), body=entries)
+        return int(response.json()["written"])
 
     def delete_matching(self, pattern: str) -> int:
         response = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern})

@@ -259,16 +259,23 @@ async fn history_costs(http: &reqwest::Client, base: &str, direct: &Client, sche
         .await
         .unwrap();
     assert!(reply.status().is_success());
-    // The older versions go in at once, straight into the table.
+    // The older versions go in at once, straight into the table, a second
+    // apart before now (inside the retention, which drops older ones).
+    let oldest_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - VERSIONS * 1000;
     let fill = format!(
         "INSERT INTO `{schema}`.`state_history` (state_id, version, operation, deleted, completed_state, partial_state, changed_streams, actor)
-         SELECT {{id:String}}, fromUnixTimestamp64Milli(toInt64(1700000000000 + number)), 'put', 0, {{doc:String}}, '{{}}', ['stream_0'], 'bench'
+         SELECT {{id:String}}, fromUnixTimestamp64Milli(toInt64({{oldest:Int64}} + number * 1000)), 'put', 0, {{doc:String}}, '{{}}', ['stream_0'], 'bench'
          FROM numbers({{n:UInt64}})"
     );
     direct
         .query(&fill)
         .param("id", id)
         .param("doc", document(1))
+        .param("oldest", oldest_ms)
         .param("n", VERSIONS - 1)
         .execute()
         .await

@@ -286,24 +286,32 @@ impl States {
             }
         };
         let version = next_version(current.as_ref(), self.failed_version(id));
-        if let Some(history) = &self.history {
-            let changed =
-                StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc));
-            let context = ChangeContext {
-                provenance: provenance.clone(),
-                lease,
-            };
-            let new = NewVersion {
-                id,
-                version,
-                operation,
-                doc: Some(&doc),
-                changed_streams: changed,
-                lease: None,
-            };
-            history.record(&new, &context).await?;
-        }
-        let (row, state) = match self.store.put(id, doc, version).await {
+        let written = match &self.history {
+            // The version's row carries the state row along (see store::history_table).
+            Some(history) => {
+                let context = ChangeContext {
+                    provenance: provenance.clone(),
+                    lease,
+                };
+                let new = NewVersion {
+                    id,
+                    version,
+                    operation,
+                    changed_streams: StateDocument::changed_streams(
+                        before.as_ref().map(|s| &s.doc),
+                        Some(&doc),
+                    ),
+                    doc: Some(&doc),
+                    lease: None,
+                };
+                history
+                    .record(&new, &context)
+                    .await
+                    .map(|()| StoredRow::written(id, doc, version))
+            }
+            None => self.store.put(id, doc, version).await,
+        };
+        let (row, state) = match written {
             Ok(written) => written,
             Err(err) => {
                 self.remember_failed(id, version);
@@ -321,8 +329,9 @@ impl States {
     }
 
     /// Writes every state of a batch as a PUT would, checking each against its
-    /// lock, or none of them: one read of the current rows, one INSERT of their
-    /// versions, one INSERT of the states.
+    /// lock, or none of them: one read of the current rows and one INSERT (of
+    /// their versions, which carry the states along; of the states alone
+    /// with history off).
     pub async fn import(
         &self,
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
@@ -372,36 +381,45 @@ impl States {
                 (id, doc, version)
             })
             .collect();
-        if let Some(history) = &self.history {
-            let befores: Vec<Option<StateDocument>> = writes
-                .iter()
-                .map(|(id, _, _)| {
-                    current
-                        .get(id)
-                        .and_then(|row| row.clone().parse().ok())
-                        .map(|s| s.doc)
+        let written = match &self.history {
+            // Each version's row carries its state row along.
+            Some(history) => {
+                let befores: Vec<Option<StateDocument>> = writes
+                    .iter()
+                    .map(|(id, _, _)| {
+                        current
+                            .get(id)
+                            .and_then(|row| row.clone().parse().ok())
+                            .map(|s| s.doc)
+                    })
+                    .collect();
+                let versions: Vec<NewVersion<'_>> = writes
+                    .iter()
+                    .zip(&befores)
+                    .zip(&leases)
+                    .map(|(((id, doc, version), before), lease)| NewVersion {
+                        id,
+                        version: *version,
+                        operation: Operation::Import,
+                        doc: Some(doc),
+                        changed_streams: StateDocument::changed_streams(before.as_ref(), Some(doc)),
+                        lease: lease.as_ref(),
+                    })
+                    .collect();
+                let context = ChangeContext {
+                    provenance: provenance.clone(),
+                    lease: None,
+                };
+                history.record_many(&versions, &context).await.map(|()| {
+                    writes
+                        .iter()
+                        .map(|(id, doc, version)| StoredRow::written(id, doc.clone(), *version).0)
+                        .collect()
                 })
-                .collect();
-            let versions: Vec<NewVersion<'_>> = writes
-                .iter()
-                .zip(&befores)
-                .zip(&leases)
-                .map(|(((id, doc, version), before), lease)| NewVersion {
-                    id,
-                    version: *version,
-                    operation: Operation::Import,
-                    doc: Some(doc),
-                    changed_streams: StateDocument::changed_streams(before.as_ref(), Some(doc)),
-                    lease: lease.as_ref(),
-                })
-                .collect();
-            let context = ChangeContext {
-                provenance: provenance.clone(),
-                lease: None,
-            };
-            history.record_many(&versions, &context).await?;
-        }
-        let rows = match self.store.put_many(&writes).await {
+            }
+            None => self.store.put_many(&writes).await,
+        };
+        let rows: Vec<StoredRow> = match written {
             Ok(rows) => rows,
             Err(err) => {
                 for (id, _, version) in &writes {

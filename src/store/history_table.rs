@@ -1,9 +1,14 @@
 //! The history table, `<table>_history`: one row per change made through the
 //! gateway, append-only (MergeTree, ORDER BY (state_id, version)), kept for
-//! the retention as a ClickHouse TTL. A version's row is written before the
-//! change it records, so every acknowledged change has one; a change that
-//! then fails leaves a row whose version the state never takes, and which
-//! is therefore never the current one.
+//! the retention as a ClickHouse TTL.
+//!
+//! A write is one INSERT into this table: a materialized view,
+//! `<table>_history_writes`, carries each row that is not a tombstone on into
+//! the state table, so history costs a write no round trip of its own.
+//! ClickHouse writes the history row first and the view's row after it, so
+//! every acknowledged change has its version, and a change whose state row
+//! then fails leaves a version the state never takes, which is therefore
+//! never the current one.
 
 use serde::{Deserialize, Serialize};
 
@@ -166,17 +171,43 @@ pub struct HistoryStore {
     ch: ClickHouse,
     /// `schema`.`table_history`.
     table: String,
+    /// `schema`.`table_history_writes`, the view that writes the state table.
+    view: String,
+    /// `schema`.`table`, which the view writes.
+    state_table: String,
     /// How long versions are kept (None: forever).
     retention: Option<std::time::Duration>,
 }
 
 impl HistoryStore {
-    pub fn new(ch: ClickHouse, table: String, retention: Option<std::time::Duration>) -> Self {
+    pub fn new(
+        ch: ClickHouse,
+        table: String,
+        view: String,
+        state_table: String,
+        retention: Option<std::time::Duration>,
+    ) -> Self {
         Self {
             ch,
             table,
+            view,
+            state_table,
             retention,
         }
+    }
+
+    /// The view that writes each version that is not a tombstone into the
+    /// state table, as the gateway's own INSERT did before history.
+    pub async fn ensure_view(&self) -> Result<(), StoreError> {
+        let create = format!(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS {} TO {} AS
+             SELECT state_id, partial_state, completed_state, version AS updated_at
+             FROM {} WHERE deleted = 0",
+            self.view, self.state_table, self.table
+        );
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .await
     }
 
     fn ttl_clause(&self) -> Option<String> {
@@ -229,7 +260,7 @@ impl HistoryStore {
             .await
     }
 
-    /// Writes the version a change is about to make.
+    /// Writes a change's version, and with it (through the view) its state row.
     pub async fn record(
         &self,
         version: &NewVersion<'_>,
@@ -239,7 +270,7 @@ impl HistoryStore {
             .await
     }
 
-    /// Writes the versions a batch of changes is about to make, in one INSERT.
+    /// Writes a batch of changes' versions, and with them their state rows, in one INSERT.
     pub async fn record_many(
         &self,
         versions: &[NewVersion<'_>],

@@ -180,6 +180,8 @@ impl Store {
                 History::Kept(retention) => Some(HistoryStore::new(
                     ch.clone(),
                     qualified(&history_table_name(table)),
+                    qualified(&history_view_name(table)),
+                    qualified(table.as_str()),
                     retention,
                 )),
             },
@@ -199,10 +201,16 @@ impl Store {
         ch.ensure_database(self.schema.as_str()).await?;
         let lease_table = lease_table_name(&self.table);
         let history_table = history_table_name(&self.table);
+        let history_view = history_view_name(&self.table);
         let present = ch
             .present_tables(
                 self.schema.as_str(),
-                &[self.table.as_str(), &lease_table, &history_table],
+                &[
+                    self.table.as_str(),
+                    &lease_table,
+                    &history_table,
+                    &history_view,
+                ],
             )
             .await?;
         let engine_of = |name: &str| {
@@ -225,6 +233,9 @@ impl Store {
                 None => history.ensure_table().await?,
                 Some(engine) => history.ensure_retention(engine).await?,
             }
+            if engine_of(&history_view).is_none() {
+                history.ensure_view().await?;
+            }
         }
         Ok(())
     }
@@ -232,6 +243,10 @@ impl Store {
 
 fn history_table_name(table: &Identifier) -> String {
     format!("{}_history", table.as_str())
+}
+
+fn history_view_name(table: &Identifier) -> String {
+    format!("{}_history_writes", table.as_str())
 }
 
 fn lease_table_name(table: &Identifier) -> String {

@@ -34,6 +34,23 @@ impl StoredRow {
         )
     }
 
+    /// The row and state that writing `doc` as `version` of `id` makes.
+    pub fn written(id: &StateId, doc: StateDocument, version: Version) -> (Self, StoredState) {
+        let row = Self {
+            id: id.clone(),
+            completed: Some(doc.completed_json()),
+            partial: Some(doc.partial_json()),
+            updated_at_ms: version.millis(),
+        };
+        let state = StoredState {
+            etag: row.etag(),
+            id: id.clone(),
+            doc,
+            updated_at_ms: row.updated_at_ms,
+        };
+        (row, state)
+    }
+
     fn to_out(&self) -> StateRowOut {
         StateRowOut {
             state_id: self.id.as_str().to_owned(),
@@ -161,12 +178,7 @@ impl StateStore {
         doc: StateDocument,
         version: Version,
     ) -> Result<(StoredRow, StoredState), StoreError> {
-        let row = StoredRow {
-            id: id.clone(),
-            completed: Some(doc.completed_json()),
-            partial: Some(doc.partial_json()),
-            updated_at_ms: version.millis(),
-        };
+        let (row, state) = StoredRow::written(id, doc, version);
         let out = row.to_out();
         self.ch
             .timed("put", async {
@@ -179,12 +191,6 @@ impl StateStore {
                 insert.end().await
             })
             .await?;
-        let state = StoredState {
-            etag: row.etag(),
-            id: row.id.clone(),
-            doc,
-            updated_at_ms: row.updated_at_ms,
-        };
         Ok((row, state))
     }
 
@@ -222,12 +228,7 @@ impl StateStore {
     ) -> Result<Vec<StoredRow>, StoreError> {
         let rows: Vec<StoredRow> = writes
             .iter()
-            .map(|(id, doc, version)| StoredRow {
-                id: id.clone(),
-                completed: Some(doc.completed_json()),
-                partial: Some(doc.partial_json()),
-                updated_at_ms: version.millis(),
-            })
+            .map(|(id, doc, version)| StoredRow::written(id, doc.clone(), *version).0)
             .collect();
         self.ch
             .timed("put_many", async {

@@ -36,6 +36,9 @@ struct Shared {
     /// A request whose first chunk, percent-decoded, contains this is cut
     /// before ClickHouse sees it: one kind of query fails, the rest pass.
     refuse: std::sync::Mutex<Option<String>>,
+    /// A request that contains this reaches ClickHouse, and its connection
+    /// is cut before the answer: it ran, but the gateway cannot know.
+    lose_answer: std::sync::Mutex<Option<String>>,
     delay_ms: AtomicU64,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
@@ -66,6 +69,7 @@ impl Proxy {
             upstream,
             down: AtomicBool::new(false),
             refuse: std::sync::Mutex::new(None),
+            lose_answer: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
             cut: watch::channel(0).0,
         });
@@ -95,6 +99,11 @@ impl Proxy {
         *self.shared.refuse.lock().unwrap() = text.map(str::to_owned);
     }
 
+    /// Lets every request that contains `text` run, and loses its answer.
+    pub fn lose_answers_to(&self, text: Option<&str>) {
+        *self.shared.lose_answer.lock().unwrap() = text.map(str::to_owned);
+    }
+
     /// Every chunk sent towards ClickHouse waits this long first.
     pub fn set_delay(&self, delay: Duration) {
         self.shared
@@ -110,6 +119,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let mut cut = shared.cut.subscribe();
+    let losing = AtomicBool::new(false);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let to_server = async {
@@ -119,13 +129,20 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             if n == 0 {
                 return;
             }
-            let refused = shared.refuse.lock().unwrap().clone();
-            if let Some(text) = refused {
-                let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
-                let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
-                if decoded.contains(&text) {
-                    return;
-                }
+            let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
+            let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
+            let matches = |needle: &std::sync::Mutex<Option<String>>| {
+                needle
+                    .lock()
+                    .unwrap()
+                    .as_ref()
+                    .is_some_and(|text| decoded.contains(text.as_str()))
+            };
+            if matches(&shared.refuse) {
+                return;
+            }
+            if matches(&shared.lose_answer) {
+                losing.store(true, Ordering::SeqCst);
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {
@@ -137,7 +154,17 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
         }
     };
     let to_client = async {
-        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = server_read.read(&mut buf).await.unwrap_or(0);
+            // ClickHouse has answered, so it ran the request; the answer is lost.
+            if n == 0 || losing.load(Ordering::SeqCst) {
+                return;
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
     };
     tokio::select! {
         () = to_server => {},

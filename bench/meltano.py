@@ -2,6 +2,7 @@
 gateway, on three gateways behind a per-request round-robin balancer, and on
 Meltano's own default backend (systemdb: SQLite in the project) for reference.
 
+One gateway runs with history on and once more with `--history=false`.
 Meltano persists state at every STATE message, under a lock. A run of LONG
 messages and one of SHORT cost the same start-up, so the cost of one STATE
 message is their difference over LONG - SHORT. The gateways, the balancer,
@@ -45,9 +46,11 @@ def timed_run(project, messages: int) -> float:
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="statehouse-meltano-bench-"))
     one = start_gateway(f"bench_{uuid.uuid4().hex}")
+    quiet = start_gateway(f"bench_{uuid.uuid4().hex}", extra_args=("--history=false",))
     three = start_cluster(3)
     projects = {
         "one gateway": make_project(work / "one", one.uri),
+        "one gateway, --history=false": make_project(work / "quiet", quiet.uri),
         "three gateways, round-robin balancer": make_project(work / "three", three.uri),
         "meltano systemdb (SQLite, local file)": make_project(work / "systemdb", "systemdb"),
     }
@@ -63,7 +66,7 @@ def main() -> None:
                 per_message[name].append((long - short) / (LONG - SHORT) * 1000)
     finally:
         three.balancer.stop()
-        for gateway in [one, *three.gateways]:
+        for gateway in [one, quiet, *three.gateways]:
             stop_gateway(gateway)
 
     ms = {name: statistics.median(samples) for name, samples in per_message.items()}
@@ -73,9 +76,10 @@ def main() -> None:
     for name, value in ms.items():
         rounds = " ".join(f"{s:.1f}" for s in per_message[name])
         print(f"{name:<40} {value:>9.1f}   {rounds}")
-    names = list(ms)
-    print(f"three gateways / one gateway: {ms[names[1]] / ms[names[0]]:.2f}x")
-    print(f"one gateway / systemdb: {ms[names[0]] / ms[names[2]]:.2f}x")
+    one_ms, quiet_ms, three_ms, systemdb_ms = ms.values()
+    print(f"three gateways / one gateway: {three_ms / one_ms:.2f}x")
+    print(f"history on / off: {one_ms / quiet_ms:.2f}x")
+    print(f"one gateway / systemdb: {one_ms / systemdb_ms:.2f}x")
 
 
 if __name__ == "__main__":

@@ -242,7 +242,7 @@ async fn history_costs(http: &reqwest::Client, base: &str, direct: &Client, sche
         ROUNDS * PER_ROUND
     );
     println!("{:<20} {:>9} {:>9}", "history", "p50 ms", "p99 ms");
-    println!("{:<20} {on50:>9.2} {on99:>9.2}", "on (two INSERTs)");
+    println!("{:<20} {on50:>9.2} {on99:>9.2}", "on (one INSERT + view)");
     println!("{:<20} {off50:>9.2} {off99:>9.2}", "off (--history=false)");
     println!(
         "on / off: p50 {:.2}x, p99 {:.2}x",

@@ -114,6 +114,18 @@ struct ListedRow {
     updated_at_ms: i64,
 }
 
+impl ListedRow {
+    /// None for a row whose state_id no request can name (another writer's).
+    fn into_row(self) -> Option<StoredRow> {
+        StateId::parse(self.state_id).ok().map(|id| StoredRow {
+            id,
+            completed: self.completed_state,
+            partial: self.partial_state,
+            updated_at_ms: self.updated_at_ms,
+        })
+    }
+}
+
 #[derive(clickhouse::Row, Deserialize)]
 struct SummaryRow {
     state_id: String,
@@ -208,17 +220,7 @@ impl StateStore {
             .ch
             .timed("get_many", query.fetch_all::<ListedRow>())
             .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|row| {
-                StateId::parse(row.state_id).ok().map(|id| StoredRow {
-                    id,
-                    completed: row.completed_state,
-                    partial: row.partial_state,
-                    updated_at_ms: row.updated_at_ms,
-                })
-            })
-            .collect())
+        Ok(rows.into_iter().filter_map(ListedRow::into_row).collect())
     }
 
     /// Writes each document as its version, in one INSERT.
@@ -347,17 +349,7 @@ impl StateStore {
                 limit,
             )
             .await?;
-        let rows = rows
-            .into_iter()
-            .filter_map(|row| {
-                StateId::parse(row.state_id).ok().map(|id| StoredRow {
-                    id,
-                    completed: row.completed_state,
-                    partial: row.partial_state,
-                    updated_at_ms: row.updated_at_ms,
-                })
-            })
-            .collect();
+        let rows = rows.into_iter().filter_map(ListedRow::into_row).collect();
         Ok((rows, has_more))
     }
 

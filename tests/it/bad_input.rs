@@ -221,11 +221,18 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
             "invalid-query",
         ),
         case(
-            Method::POST,
+            Method::PATCH,
             "/v1/states",
             Some("{}"),
             405,
             "method-not-allowed",
+        ),
+        case(
+            Method::POST,
+            "/v1/states",
+            Some("{}"),
+            400,
+            "invalid-state-document",
         ),
         case(
             Method::POST,
@@ -236,7 +243,8 @@ async fn a_battery_of_bad_requests_is_refused_and_writes_nothing() {
         ),
         case(Method::PUT, "/healthz", None, 405, "method-not-allowed"),
         case(Method::GET, "/v2/states", None, 404, "not-found"),
-        case(Method::DELETE, "/", None, 404, "not-found"),
+        case(Method::DELETE, "/", None, 405, "method-not-allowed"),
+        case(Method::GET, "/nothing-here", None, 404, "not-found"),
         case(
             Method::GET,
             "/v1/states/existing/extra",

@@ -52,7 +52,10 @@ async fn the_quickstart_uri_creates_its_missing_database_and_serves() {
         "SELECT name FROM system.tables WHERE database = 'meltano' ORDER BY name",
     )
     .await;
-    assert_eq!(tables, "state\nstate_history\nstate_lease\n");
+    assert_eq!(
+        tables,
+        "state\nstate_history\nstate_history_writes\nstate_lease\n"
+    );
 }
 
 #[tokio::test]

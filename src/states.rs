@@ -329,9 +329,9 @@ impl States {
     }
 
     /// Writes every state of a batch as a PUT would, checking each against its
-    /// lock, or none of them: one read of the current rows and one INSERT (of
-    /// their versions, which carry the states along; of the states alone
-    /// with history off).
+    /// lock, or none of them: one read of every current lease, one of the
+    /// batch's current rows and one INSERT (of their versions, which carry the
+    /// states along; of the states alone with history off).
     pub async fn import(
         &self,
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,

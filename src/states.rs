@@ -266,20 +266,27 @@ impl States {
         {
             return Err(precondition_failed(current.is_some()));
         }
-        // Unreadable (written by something else): it changed every stream.
-        let before = current.clone().and_then(|row| row.parse().ok());
+        // The current state, parsed once: PATCH and a stream reset build on it
+        // (and refuse one that is unreadable); history's changed streams
+        // compare against it (an unreadable one, written by something else,
+        // changed every stream). A PUT without history needs none of it.
+        let before = match &change {
+            Change::Replace(_) if self.history.is_none() => None,
+            Change::Replace(_) => current.clone().and_then(|row| row.parse().ok()),
+            Change::Update(_) | Change::ResetStream(_) => {
+                current.clone().map(StoredRow::parse).transpose()?
+            }
+        };
         let doc = match change {
             Change::Replace(doc) => doc,
             Change::Update(doc) => {
-                let stored = current.clone().map(StoredRow::parse).transpose()?;
-                StateDocument::updated_by(stored.map(|s| s.doc), doc)
+                StateDocument::updated_by(before.as_ref().map(|s| s.doc.clone()), doc)
             }
             Change::ResetStream(stream) => {
-                let Some(stored) = current.clone() else {
+                let Some(stored) = &before else {
                     return Err(StateError::NotFound(id.as_str().to_owned()));
                 };
                 stored
-                    .parse()?
                     .doc
                     .without_stream(&stream)
                     .ok_or(StateError::NoBookmark(stream))?

@@ -2,7 +2,6 @@
 //! raw SQL against the local ClickHouse, and an HTTP client that checks every
 //! response against openapi.yaml.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -353,10 +352,11 @@ pub async fn raw_sql(sql: &str) -> String {
 
 /// Sends SQL to the ClickHouse of `url`, as its user.
 pub async fn raw_sql_at(url: &str, sql: &str) -> String {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    // A client per call: each test has its own runtime, and a connection
+    // pooled by one that has ended fails the next test that picks it up
+    // ("runtime dropped the dispatch task").
     let target = parse_clickhouse_url(url).expect("a valid ClickHouse URI");
-    let response = CLIENT
-        .get_or_init(reqwest::Client::new)
+    let response = reqwest::Client::new()
         .post(format!("{}/", target.endpoint()))
         .basic_auth(&target.user, Some(&target.password))
         .body(sql.to_owned())

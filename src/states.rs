@@ -18,7 +18,7 @@ use crate::domain::{
     VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
-use crate::locks::{LockError, LockManager};
+use crate::locks::{LockError, LockManager, SeenLease};
 use crate::store::{
     ChangeContext, HistoryStore, NewVersion, Operation, Selection, StateStore, StateSummary,
     StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
@@ -151,6 +151,8 @@ pub struct WriteConditions {
     pub if_match: Option<IfMatch>,
     /// The `Lease-Id` header: required while the state_id is locked.
     pub lease_id: Option<Uuid>,
+    /// The lease ClickHouse records, as routing the request read it.
+    pub seen_lease: Option<SeenLease>,
 }
 
 /// A state's history, as the API shows it.
@@ -258,7 +260,10 @@ impl States {
         operation: Operation,
     ) -> Result<Written, StateError> {
         let _writing = self.writers.lock(id).await;
-        let lease = self.locks.check_write(id, conditions.lease_id).await?;
+        let lease = self
+            .locks
+            .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
+            .await?;
         let claim = self.locks.authority_claim(id);
         let current = self.current(id, claim).await?;
         if let Some(precondition) = &conditions.if_match
@@ -479,7 +484,10 @@ impl States {
         operation: Operation,
     ) -> Result<(), StateError> {
         let _writing = self.writers.lock(id).await;
-        let lease = self.locks.check_write(id, conditions.lease_id).await?;
+        let lease = self
+            .locks
+            .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
+            .await?;
         let claim = self.locks.authority_claim(id);
         if let Some(precondition) = &conditions.if_match {
             let current = self.current(id, claim).await?;

@@ -15,6 +15,7 @@ use super::error::ApiError;
 use crate::AppContext;
 use crate::auth::Actor;
 use crate::domain::{IfMatch, PageLimit, Provenance, StateDocument, StateId};
+use crate::locks::SeenLease;
 use crate::states::WriteConditions;
 
 /// The header that carries a lease on writes to a locked state.
@@ -158,7 +159,11 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
                     })?,
             ),
         };
-        Ok(Self { if_match, lease_id })
+        Ok(Self {
+            if_match,
+            lease_id,
+            seen_lease: parts.extensions.get::<SeenLease>().cloned(),
+        })
     }
 }
 

@@ -48,7 +48,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
         Ok(body) => body,
         Err(err) => return err.into_response(),
     };
-    let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
+    let rebuild = |parts: &Parts| Request::from_parts(parts.clone(), Body::from(body.clone()));
     let deadline = if parts.method == Method::POST {
         Duration::from_secs_f64(MAX_WAIT_SECONDS) + FORWARD_DEADLINE
     } else {
@@ -62,8 +62,13 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
             Err(err) => return ApiError::from(err).into_response(),
             Ok(Route::Peer(peer)) if forwarded => return misdirected(&peer),
             Ok(Route::Peer(peer)) => peer,
-            Ok(Route::Here) => {
-                let mut response = next.clone().run(rebuild()).await;
+            Ok(Route::Here(seen)) => {
+                // The lock check of the handler goes by what routing read.
+                let mut here = rebuild(&parts);
+                if let Some(seen) = seen {
+                    here.extensions_mut().insert(seen);
+                }
+                let mut response = next.clone().run(here).await;
                 let Some(Misrouted(peer)) = response.extensions_mut().remove::<Misrouted>() else {
                     return response;
                 };
@@ -74,7 +79,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 continue;
             }
         };
-        let response = send(&ctx, &peer, rebuild(), deadline).await;
+        let response = send(&ctx, &peer, rebuild(&parts), deadline).await;
         if response.status() != StatusCode::MISDIRECTED_REQUEST {
             return response;
         }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -12,7 +12,7 @@ use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::locks::Lease;
+use crate::locks::{Lease, SeenLease};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
@@ -139,8 +139,9 @@ pub async fn release(
 pub async fn get(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
+    seen: Option<Extension<SeenLease>>,
 ) -> Result<Json<LockView>, ApiError> {
-    match ctx.locks.current(&id).await? {
+    match ctx.locks.current(&id, seen.as_deref()).await? {
         Some(lease) => Ok(Json(LockView::from(&lease))),
         None => Err(ApiError::LockNotFound(id.as_str().to_owned())),
     }

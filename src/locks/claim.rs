@@ -11,7 +11,7 @@ use super::forward::Peer;
 use super::slot::{HeldClaim, LocalLease, TokenBlock};
 use crate::domain::{Lease, StateId};
 use crate::metrics::LockEvent;
-use crate::store::{Candidate, LeaseState, StoreError, now_ms};
+use crate::store::{Candidate, IdLocks, LeaseState, StoreError, StoredLease, now_ms};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
@@ -102,7 +102,7 @@ impl LockManager {
             .await?;
         tokio::time::sleep(self.settings.settle).await;
         loop {
-            let candidates = self.leases.candidates(id).await?;
+            let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
             let Some(mine) = candidates
                 .iter()
                 .find(|c| c.claim_id == proposed.candidate.claim_id)
@@ -127,7 +127,13 @@ impl LockManager {
                 .any(|c| c.claim_id != proposed.candidate.claim_id && c.advertise_url.is_empty());
             if candidates.first().map(|c| c.claim_id) == Some(proposed.candidate.claim_id) {
                 let mut won = self
-                    .won(id, proposed.candidate.clone(), written_at, others_waiting)
+                    .won(
+                        id,
+                        proposed.candidate.clone(),
+                        written_at,
+                        others_waiting,
+                        lease,
+                    )
                     .await?;
                 // Won late (a slow ClickHouse, a long line): renew before the
                 // winner's grant, so that its lease is not dead on arrival.
@@ -163,15 +169,18 @@ impl LockManager {
 
     /// Takes over a claim just won: a block of fencing tokens above every
     /// token before, and a lease handed on by a gateway that shut down.
+    /// `latest` was read with the candidates that showed the win: a gateway
+    /// hands its leases on before it withdraws its claims, so a read that
+    /// sees the withdrawal sees the hand-over too.
     async fn won(
         &self,
         id: &StateId,
         candidate: Candidate,
         written_at: Instant,
         others_waiting: bool,
+        latest: Option<StoredLease>,
     ) -> Result<WonClaim, StoreError> {
         let tokens = self.reserve_tokens(id, 0).await?;
-        let latest = self.leases.latest_lease(id).await?;
         self.metrics.lock_event(LockEvent::ClaimWin);
         let adopted = latest
             .filter(|s| s.live && s.record.state == LeaseState::HandedOver)

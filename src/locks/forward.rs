@@ -19,8 +19,8 @@ use hyper_util::rt::TokioExecutor;
 use uuid::Uuid;
 
 use super::{LockError, LockManager};
-use crate::domain::StateId;
-use crate::store::{Candidate, now_ms};
+use crate::domain::{Lease, StateId};
+use crate::store::{Candidate, IdLocks, now_ms};
 
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
 
@@ -50,10 +50,20 @@ impl Peer {
 }
 
 /// Where a request about a state_id is served.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Route {
-    Here,
+    /// With the lease ClickHouse records, when finding the route read it.
+    Here(Option<SeenLease>),
     Peer(Peer),
+}
+
+/// The lease in force on a state_id that no gateway holds a claim on, as a
+/// request's routing read it: its lock check need not read it again (see
+/// `LockManager::recorded_lease`).
+#[derive(Clone, Debug)]
+pub struct SeenLease {
+    pub(super) lease: Option<Lease>,
+    pub(super) at: Instant,
 }
 
 /// Authorities looked up lately, so that a non-authority forwards without a
@@ -112,17 +122,19 @@ impl LockManager {
     /// ClickHouse.
     pub async fn route(&self, id: &StateId, remembered: bool) -> Result<Route, LockError> {
         if self.holds_claim(id) {
-            return Ok(Route::Here);
+            return Ok(Route::Here(None));
         }
         if remembered && let Some(peer) = self.authorities.cached(id) {
             return Ok(Route::Peer(peer));
         }
-        let candidates = self.leases.candidates(id).await?;
+        let at = Instant::now();
+        let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
         let Some(first) = candidates.first() else {
-            return Ok(Route::Here);
+            let lease = lease.filter(|s| s.live).map(|s| s.record.lease);
+            return Ok(Route::Here(Some(SeenLease { lease, at })));
         };
         if first.gateway_id == self.settings.gateway_id {
-            return Ok(Route::Here);
+            return Ok(Route::Here(None));
         }
         if first.advertise_url.is_empty() {
             tracing::info!(
@@ -130,7 +142,7 @@ impl LockManager {
                 gateway_id = %first.gateway_id,
                 "the gateway holding this claim advertises no URL (--advertise-url), so requests cannot be forwarded to it; serving here"
             );
-            return Ok(Route::Here);
+            return Ok(Route::Here(None));
         }
         let peer = Peer::of(first);
         self.authorities

@@ -46,7 +46,7 @@ use uuid::Uuid;
 
 use self::claim::ClaimOutcome;
 use self::forward::{Authorities, PeerClient};
-pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route};
+pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route, SeenLease};
 use self::record::Recorder;
 use self::slot::{ClaimAttempt, InLine, Slot, SlotState, millis};
 pub use crate::config::LockSettings;
@@ -269,10 +269,10 @@ impl LockManager {
                         }
                         ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
                         ClaimOutcome::Lost if Instant::now() >= deadline => {
-                            let holder = self.leases.latest_lease(id).await?;
+                            let holder = self.recorded_lease(id, None).await?;
                             return Err(LockError::Held {
                                 state_id: id.clone(),
-                                holder: holder.filter(|s| s.live).map(|s| Box::new(s.record.lease)),
+                                holder: holder.map(Box::new),
                             });
                         }
                         // Our candidate lapsed in line: stand in line again.
@@ -443,7 +443,7 @@ impl LockManager {
 
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
-        match self.leases.latest_lease(id).await {
+        match self.leases.id_locks(id).await.map(|locks| locks.lease) {
             Ok(Some(stored))
                 if stored.live
                     && stored.record.lease.lease_id == lease_id
@@ -484,7 +484,7 @@ impl LockManager {
         // No claim here: a lease handed on at a shutdown, or one held through
         // a gateway that cannot be forwarded to, which sees the mark at its
         // next maintenance tick and stops honouring the lease.
-        match self.leases.latest_lease(id).await? {
+        match self.leases.id_locks(id).await?.lease {
             Some(stored) if stored.live => {
                 let record = stored.record;
                 self.leases
@@ -502,8 +502,13 @@ impl LockManager {
     }
 
     /// The current lease of `id`: this gateway's own when it is the
-    /// authority, else what ClickHouse records.
-    pub async fn current(&self, id: &StateId) -> Result<Option<Lease>, LockError> {
+    /// authority, else what ClickHouse records (as `seen` while routing the
+    /// request, if that is fresh).
+    pub async fn current(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+    ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.existing_slot(id) {
             let mut st = slot.lock();
             st.expire(id, Instant::now(), &self.metrics);
@@ -511,7 +516,23 @@ impl LockManager {
                 return Ok(st.lease.as_ref().map(|l| l.lease.clone()));
             }
         }
-        let latest = self.leases.latest_lease(id).await?;
+        Ok(self.recorded_lease(id, seen).await?)
+    }
+
+    /// The lease in force on `id` by ClickHouse's record: `seen`'s while it
+    /// is fresh, else read now. A lease that a routing read did not see
+    /// needs a claim it did not see either (a gateway hands its leases on
+    /// before it withdraws its claims), and a new claim grants nothing for
+    /// the settle time; half of that is the freshness kept.
+    async fn recorded_lease(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+    ) -> Result<Option<Lease>, StoreError> {
+        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.settings.settle / 2) {
+            return Ok(seen.lease.clone());
+        }
+        let latest = self.leases.id_locks(id).await?.lease;
         Ok(latest.filter(|s| s.live).map(|s| s.record.lease))
     }
 
@@ -550,8 +571,9 @@ impl LockManager {
         &self,
         id: &StateId,
         lease_id: Option<Uuid>,
+        seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
-        let current = self.current(id).await?;
+        let current = self.current(id, seen).await?;
         lease_rule(id, current.as_ref(), lease_id)
     }
 

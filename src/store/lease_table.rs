@@ -96,15 +96,6 @@ pub struct StoredLease {
     pub live: bool,
 }
 
-#[derive(clickhouse::Row, Deserialize)]
-struct CandidateRow {
-    claim_id: String,
-    gateway_id: String,
-    created_ms: i64,
-    advertise_url: String,
-    expires_ms: i64,
-}
-
 /// Every column, for batched lease writes.
 #[derive(clickhouse::Row, Serialize)]
 struct LeaseRowOut {
@@ -125,20 +116,26 @@ struct LeaseRowOut {
     advertise_url: String,
 }
 
+const KIND_CLAIM: i8 = 1;
 const KIND_LEASE: i8 = 2;
 
+/// A claim or lease row as read: the columns of both kinds.
 #[derive(clickhouse::Row, Deserialize)]
-struct LeaseRowIn {
+struct LockRowIn {
+    kind_code: i8,
     state_id: String,
+    claim_id: String,
     lease_id: String,
     gateway_id: String,
     owner: String,
     fencing_token: u64,
-    acquired_ms: i64,
+    created_ms: i64,
     expires_ms: i64,
     released: u8,
     version: u64,
-    live: u8,
+    advertise_url: String,
+    /// Not expired by ClickHouse's clock.
+    unexpired: u8,
 }
 
 const KIND_TYPE: &str = "Enum8('claim' = 1, 'lease' = 2, 'tokens' = 3)";
@@ -153,28 +150,67 @@ fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
     })
 }
 
-impl LeaseRowIn {
-    /// None for a row whose state_id this version cannot serve.
-    fn into_stored(self) -> Result<Option<StoredLease>, StoreError> {
-        let Ok(state_id) = StateId::parse(self.state_id) else {
-            return Ok(None);
+/// What ClickHouse records of one state_id's locks: its live claim
+/// candidates and its latest lease row, read together in one query.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdLocks {
+    /// Earliest (server time, then id) first: the first is the claim
+    /// holder, or about to be.
+    pub candidates: Vec<Candidate>,
+    pub lease: Option<StoredLease>,
+}
+
+impl IdLocks {
+    /// Sorts rows of one state_id into candidates and its lease row, and
+    /// decides whether that lease is in force: this is the one place that
+    /// rule is written (see [`StoredLease::live`]).
+    fn assemble(rows: Vec<LockRowIn>) -> Result<Self, StoreError> {
+        let mut locks = Self::default();
+        let mut lease = None;
+        for row in rows {
+            if row.kind_code == KIND_CLAIM {
+                locks.candidates.push(Candidate {
+                    claim_id: parse_uuid(&row.claim_id)?,
+                    gateway_id: parse_uuid(&row.gateway_id)?,
+                    created_ms: row.created_ms,
+                    advertise_url: row.advertise_url,
+                    expires_ms: row.expires_ms,
+                });
+            } else {
+                lease = Some(row);
+            }
+        }
+        let Some(row) = lease else {
+            return Ok(locks);
         };
-        Ok(Some(StoredLease {
-            record: LeaseRecord {
-                lease: Lease {
-                    state_id,
-                    lease_id: parse_uuid(&self.lease_id)?,
-                    gateway_id: parse_uuid(&self.gateway_id)?,
-                    owner: self.owner,
-                    fencing_token: self.fencing_token,
-                    acquired_ms: self.acquired_ms,
-                    expires_ms: self.expires_ms,
-                },
-                version: LeaseVersion(self.version),
-                state: LeaseState::from_column(self.released),
+        let Ok(state_id) = StateId::parse(row.state_id) else {
+            return Ok(locks);
+        };
+        let record = LeaseRecord {
+            lease: Lease {
+                state_id,
+                lease_id: parse_uuid(&row.lease_id)?,
+                gateway_id: parse_uuid(&row.gateway_id)?,
+                owner: row.owner,
+                fencing_token: row.fencing_token,
+                acquired_ms: row.created_ms,
+                expires_ms: row.expires_ms,
             },
-            live: self.live != 0,
-        }))
+            version: LeaseVersion(row.version),
+            state: LeaseState::from_column(row.released),
+        };
+        let claim_live = locks
+            .candidates
+            .iter()
+            .any(|c| c.gateway_id == record.lease.gateway_id);
+        let live = row.unexpired != 0
+            && match record.state {
+                LeaseState::HandedOver => true,
+                LeaseState::Held => claim_live,
+                LeaseState::Released => false,
+            };
+        locks.lease = Some(StoredLease { record, live });
+        Ok(locks)
     }
 }
 
@@ -416,36 +452,6 @@ impl LeaseStore {
         Ok(())
     }
 
-    /// Live claim candidates of a state_id, earliest (server time, then id)
-    /// first: the first is the claim holder, or about to be.
-    pub async fn candidates(&self, id: &StateId) -> Result<Vec<Candidate>, StoreError> {
-        let sql = format!(
-            "SELECT toString(claim_id) AS claim_id, toString(gateway_id) AS gateway_id,
-                    toUnixTimestamp64Milli(created_at) AS created_ms, advertise_url,
-                    toUnixTimestamp64Milli(expires_at) AS expires_ms
-             FROM {} FINAL
-             WHERE state_id = {{id:String}} AND kind = 'claim' AND released = 0 AND expires_at > now64(3)
-             ORDER BY created_at, claim_id",
-            self.table
-        );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
-        let rows = self
-            .ch
-            .timed("claim_candidates", query.fetch_all::<CandidateRow>())
-            .await?;
-        rows.into_iter()
-            .map(|row| {
-                Ok(Candidate {
-                    claim_id: parse_uuid(&row.claim_id)?,
-                    gateway_id: parse_uuid(&row.gateway_id)?,
-                    created_ms: row.created_ms,
-                    advertise_url: row.advertise_url,
-                    expires_ms: row.expires_ms,
-                })
-            })
-            .collect()
-    }
-
     /// The other gateways holding live claims that peers can reach: (gateway, URL).
     pub async fn peers(&self, gateway_id: Uuid) -> Result<Vec<(Uuid, String)>, StoreError> {
         let sql = format!(
@@ -468,54 +474,52 @@ impl LeaseStore {
             .collect()
     }
 
-    /// The lease columns, and whether the lease is in force (see [`StoredLease`]).
-    fn lease_columns(&self) -> String {
+    /// The live claim rows and the lease rows of the state_ids `filter`
+    /// selects, in state_id order, each id's candidates earliest first.
+    fn lock_rows_sql(&self, filter: &str) -> String {
         format!(
-            "state_id, toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
-             fencing_token, toUnixTimestamp64Milli(created_at) AS acquired_ms,
-             toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
-             expires_at > now64(3) AND (released = 2 OR (released = 0 AND (state_id, gateway_id) IN (
-                 SELECT state_id, gateway_id FROM {} FINAL
-                 WHERE kind = 'claim' AND released = 0 AND expires_at > now64(3)))) AS live",
+            "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
+                    toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+                    fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
+                    toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
+                    advertise_url, expires_at > now64(3) AS unexpired
+             FROM {} FINAL
+             WHERE {filter}
+               AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
+             ORDER BY state_id, created_at, claim_id",
             self.table
         )
     }
 
-    /// The latest lease row of a state_id.
-    pub async fn latest_lease(&self, id: &StateId) -> Result<Option<StoredLease>, StoreError> {
-        let sql = format!(
-            "SELECT {} FROM {} FINAL WHERE state_id = {{id:String}} AND kind = 'lease' LIMIT 1",
-            self.lease_columns(),
-            self.table
-        );
+    /// One state_id's live claim candidates and latest lease, in one round trip.
+    pub async fn id_locks(&self, id: &StateId) -> Result<IdLocks, StoreError> {
+        let sql = self.lock_rows_sql("state_id = {id:String}");
         let query = self.ch.client.query(&sql).param("id", id.as_str());
-        match self
+        let rows = self
             .ch
-            .timed("lease_read", query.fetch_optional::<LeaseRowIn>())
-            .await?
-        {
-            Some(row) => row.into_stored(),
-            None => Ok(None),
-        }
+            .timed("lock_read", query.fetch_all::<LockRowIn>())
+            .await?;
+        IdLocks::assemble(rows)
     }
 
     /// Every lease in force, through any gateway, in state_id order.
     pub async fn live_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let sql = format!(
-            "SELECT * FROM (SELECT {} FROM {} FINAL WHERE kind = 'lease') WHERE live ORDER BY state_id",
-            self.lease_columns(),
-            self.table
-        );
+        let sql = self.lock_rows_sql("1");
         let rows = self
             .ch
             .timed(
                 "lease_list",
-                self.ch.client.query(&sql).fetch_all::<LeaseRowIn>(),
+                self.ch.client.query(&sql).fetch_all::<LockRowIn>(),
             )
             .await?;
-        let mut leases = Vec::with_capacity(rows.len());
-        for row in rows {
-            if let Some(stored) = row.into_stored()? {
+        let mut leases = Vec::new();
+        let mut rows = rows.into_iter().peekable();
+        while let Some(first) = rows.next() {
+            let mut of_id = vec![first];
+            while let Some(row) = rows.next_if(|row| row.state_id == of_id[0].state_id) {
+                of_id.push(row);
+            }
+            if let Some(stored) = IdLocks::assemble(of_id)?.lease.filter(|s| s.live) {
                 leases.push(stored.record.lease);
             }
         }
@@ -589,4 +593,84 @@ const CLAIMS_PER_QUERY: usize = 500;
 
 fn uuid_texts(ids: &[Uuid]) -> Vec<String> {
     ids.iter().map(Uuid::to_string).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLDER: &str = "11111111-1111-1111-1111-111111111111";
+    const OTHER: &str = "22222222-2222-2222-2222-222222222222";
+
+    fn claim(gateway: &str) -> LockRowIn {
+        LockRowIn {
+            kind_code: KIND_CLAIM,
+            state_id: "id".into(),
+            claim_id: Uuid::new_v4().to_string(),
+            lease_id: NIL_UUID.into(),
+            gateway_id: gateway.into(),
+            owner: String::new(),
+            fencing_token: 0,
+            created_ms: 1,
+            expires_ms: 2,
+            released: 0,
+            version: 1,
+            advertise_url: "http://peer".into(),
+            unexpired: 1,
+        }
+    }
+
+    fn lease(state: LeaseState, unexpired: bool) -> LockRowIn {
+        LockRowIn {
+            kind_code: KIND_LEASE,
+            claim_id: NIL_UUID.into(),
+            lease_id: Uuid::new_v4().to_string(),
+            gateway_id: HOLDER.into(),
+            owner: "worker".into(),
+            fencing_token: 7,
+            released: state as u8,
+            advertise_url: String::new(),
+            unexpired: u8::from(unexpired),
+            ..claim(HOLDER)
+        }
+    }
+
+    fn live(rows: Vec<LockRowIn>) -> bool {
+        IdLocks::assemble(rows).unwrap().lease.unwrap().live
+    }
+
+    #[test]
+    fn a_held_lease_is_live_only_while_its_gateway_holds_a_live_claim() {
+        assert!(live(vec![claim(HOLDER), lease(LeaseState::Held, true)]));
+        assert!(!live(vec![claim(OTHER), lease(LeaseState::Held, true)]));
+        assert!(!live(vec![lease(LeaseState::Held, true)]));
+    }
+
+    #[test]
+    fn a_handed_over_lease_is_live_with_no_claim_until_it_expires() {
+        assert!(live(vec![lease(LeaseState::HandedOver, true)]));
+        assert!(!live(vec![lease(LeaseState::HandedOver, false)]));
+    }
+
+    #[test]
+    fn released_and_expired_leases_are_not_live() {
+        assert!(!live(vec![
+            claim(HOLDER),
+            lease(LeaseState::Released, true)
+        ]));
+        assert!(!live(vec![claim(HOLDER), lease(LeaseState::Held, false)]));
+    }
+
+    #[test]
+    fn candidates_keep_their_order_and_the_lease_row_is_apart() {
+        let rows = vec![claim(OTHER), claim(HOLDER), lease(LeaseState::Held, true)];
+        let locks = IdLocks::assemble(rows).unwrap();
+        let gateways: Vec<String> = locks
+            .candidates
+            .iter()
+            .map(|c| c.gateway_id.to_string())
+            .collect();
+        assert_eq!(gateways, [OTHER, HOLDER]);
+        assert_eq!(locks.lease.unwrap().record.lease.fencing_token, 7);
+    }
 }

@@ -20,7 +20,9 @@ pub use diagnosis::Blocker;
 pub use history_table::{
     ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
-pub use lease_table::{Candidate, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease};
+pub use lease_table::{
+    Candidate, IdLocks, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease,
+};
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 

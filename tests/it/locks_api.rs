@@ -471,6 +471,32 @@ async fn a_state_message_cycle_on_the_authority_costs_one_clickhouse_round_trip(
     );
 }
 
+/// A write to an id no gateway holds a claim on reads the id's claims and
+/// lease once, while it is routed, and its lock check goes by that read:
+/// three round trips in all (that read, the state's, the INSERT). A lock
+/// read of such an id costs the routing read alone.
+#[tokio::test]
+async fn an_unlocked_write_reads_the_lock_table_once() {
+    // The routing read is trusted for half the settle time: a long settle
+    // keeps it fresh on a slow machine.
+    let mut config = test_config(&unique_schema());
+    config.locks.settle = Duration::from_secs(20);
+    let app = spawn_configured(config).await;
+    app.put_state("cold", &json!({"completed": {"n": 0}})).await;
+    let lock_reads = queries(&app, "lock_read").await;
+    let state_reads = queries(&app, "get").await;
+    let inserts = queries(&app, "history_record").await;
+    let write = app.put_state("cold", &json!({"completed": {"n": 1}})).await;
+    assert_eq!(write.status, StatusCode::OK, "{}", write.text);
+    assert_eq!(queries(&app, "lock_read").await, lock_reads + 1);
+    assert_eq!(queries(&app, "get").await, state_reads + 1);
+    assert_eq!(queries(&app, "history_record").await, inserts + 1);
+
+    let lock = app.get("/v1/locks/cold").await;
+    assert_eq!(lock.status, StatusCode::NOT_FOUND, "{}", lock.text);
+    assert_eq!(queries(&app, "lock_read").await, lock_reads + 2);
+}
+
 /// An authority keeps its ids' state in memory; a delete by pattern through
 /// another gateway reaches it before that delete is answered.
 #[tokio::test]

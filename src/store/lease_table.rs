@@ -504,7 +504,12 @@ impl LeaseStore {
 
     /// Every lease in force, through any gateway, in state_id order.
     pub async fn live_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let sql = self.lock_rows_sql("1");
+        // Every id ever locked keeps a lease row: leave in ClickHouse those
+        // that cannot be in force (released or expired), so that the listing
+        // carries what is locked now, not the table. `IdLocks::assemble`
+        // still decides for the rest.
+        let sql = self
+            .lock_rows_sql("(kind = 'claim' OR (released IN (0, 2) AND expires_at > now64(3)))");
         let rows = self
             .ch
             .timed(

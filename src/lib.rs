@@ -113,6 +113,7 @@ impl App {
         prepare_clickhouse(&store, config).await?;
         let locks = Arc::new(LockManager::new(
             config.locks.clone(),
+            config.query_timeout,
             store.leases,
             metrics.clone(),
         ));

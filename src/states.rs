@@ -18,7 +18,7 @@ use crate::domain::{
     VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
-use crate::locks::{LockError, LockManager, SeenLease};
+use crate::locks::{LockError, LockManager, SeenLease, Sending};
 use crate::store::{
     ChangeContext, HistoryStore, NewVersion, Operation, Selection, StateStore, StateSummary,
     StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
@@ -260,11 +260,11 @@ impl States {
         operation: Operation,
     ) -> Result<Written, StateError> {
         let _writing = self.writers.lock(id).await;
-        let lease = self
+        let admitted = self
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
             .await?;
-        let claim = self.locks.authority_claim(id);
+        let claim = admitted.claim();
         let current = self.current(id, claim).await?;
         if let Some(precondition) = &conditions.if_match
             && !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref())
@@ -298,12 +298,13 @@ impl States {
             }
         };
         let version = next_version(current.as_ref(), self.failed_version(id));
+        let sending = admitted.sending()?;
         let written = match &self.history {
             // The version's row carries the state row along (see store::history_table).
             Some(history) => {
                 let context = ChangeContext {
                     provenance: provenance.clone(),
-                    lease,
+                    lease: admitted.lease().cloned(),
                 };
                 let new = NewVersion {
                     id,
@@ -316,12 +317,12 @@ impl States {
                     doc: Some(&doc),
                     lease: None,
                 };
-                history
-                    .record(&new, &context)
+                sending
+                    .run(history.record(&new, &context))
                     .await
                     .map(|()| StoredRow::written(id, doc, version))
             }
-            None => self.store.put(id, doc, version).await,
+            None => sending.run(self.store.put(id, doc, version)).await,
         };
         let (row, state) = match written {
             Ok(written) => written,
@@ -374,7 +375,7 @@ impl States {
         }
         let checks: Vec<(&StateId, Option<Uuid>)> =
             entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
-        let leases = self
+        let admitted = self
             .locks
             .check_writes(&checks)
             .await
@@ -393,6 +394,8 @@ impl States {
                 (id, doc, version)
             })
             .collect();
+        let sending = Sending::all(&admitted)
+            .map_err(|(index, err)| in_batch(index, writes[index].0.as_str(), err.into()))?;
         let written = match &self.history {
             // Each version's row carries its state row along.
             Some(history) => {
@@ -408,28 +411,33 @@ impl States {
                 let versions: Vec<NewVersion<'_>> = writes
                     .iter()
                     .zip(&befores)
-                    .zip(&leases)
-                    .map(|(((id, doc, version), before), lease)| NewVersion {
+                    .zip(&admitted)
+                    .map(|(((id, doc, version), before), admitted)| NewVersion {
                         id,
                         version: *version,
                         operation: Operation::Import,
                         doc: Some(doc),
                         changed_streams: StateDocument::changed_streams(before.as_ref(), Some(doc)),
-                        lease: lease.as_ref(),
+                        lease: admitted.lease(),
                     })
                     .collect();
                 let context = ChangeContext {
                     provenance: provenance.clone(),
                     lease: None,
                 };
-                history.record_many(&versions, &context).await.map(|()| {
-                    writes
-                        .iter()
-                        .map(|(id, doc, version)| StoredRow::written(id, doc.clone(), *version).0)
-                        .collect()
-                })
+                sending
+                    .run(history.record_many(&versions, &context))
+                    .await
+                    .map(|()| {
+                        writes
+                            .iter()
+                            .map(|(id, doc, version)| {
+                                StoredRow::written(id, doc.clone(), *version).0
+                            })
+                            .collect()
+                    })
             }
-            None => self.store.put_many(&writes).await,
+            None => sending.run(self.store.put_many(&writes)).await,
         };
         let rows: Vec<StoredRow> = match written {
             Ok(rows) => rows,
@@ -484,11 +492,11 @@ impl States {
         operation: Operation,
     ) -> Result<(), StateError> {
         let _writing = self.writers.lock(id).await;
-        let lease = self
+        let admitted = self
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
             .await?;
-        let claim = self.locks.authority_claim(id);
+        let claim = admitted.claim();
         if let Some(precondition) = &conditions.if_match {
             let current = self.current(id, claim).await?;
             if !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref()) {
@@ -498,9 +506,18 @@ impl States {
         // Forgotten first: a delete that fails midway leaves nothing known.
         self.known.forget(|known| known == id);
         let selection = Selection::One(id.clone());
-        self.record_deletions(&selection, operation, lease, provenance)
+        // Each step goes out only while the lease still stands: one refused
+        // after the tombstone leaves a version that is never current.
+        admitted
+            .sending()?
+            .run(self.record_deletions(
+                &selection,
+                operation,
+                admitted.lease().cloned(),
+                provenance,
+            ))
             .await?;
-        self.store.delete(id).await?;
+        admitted.sending()?.run(self.store.delete(id)).await?;
         if let Some(claim) = claim {
             self.known.put(id, claim, None, &self.locks);
         }

@@ -216,9 +216,9 @@ impl ApiError {
             Self::Lock(LockError::HeldElsewhere { .. }) => ProblemType::LeaseHeldElsewhere,
             Self::Lock(LockError::Locked { .. }) => ProblemType::StateLocked,
             Self::Lock(LockError::Elsewhere(_)) => ProblemType::Misdirected,
-            Self::AuthorityUnreachable(_) | Self::AuthorityMoving => {
-                ProblemType::AuthorityUnreachable
-            }
+            Self::AuthorityUnreachable(_)
+            | Self::AuthorityMoving
+            | Self::Lock(LockError::Moving(_)) => ProblemType::AuthorityUnreachable,
         }
     }
 }
@@ -248,6 +248,15 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if matches!(
+            self,
+            Self::AuthorityMoving | Self::Lock(LockError::Moving(_))
+        ) {
+            // The claim is between gateways for a moment only.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let Self::Lock(LockError::Elsewhere(peer)) = self {
             // For the forwarding layer, which sends the request on to `peer`.
@@ -299,6 +308,7 @@ impl From<LockError> for ApiError {
     fn from(err: LockError) -> Self {
         match err {
             LockError::Store(store) => store.into(),
+            LockError::Moving(_) => Self::AuthorityMoving,
             other => Self::Lock(other),
         }
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode, header};
@@ -80,6 +80,9 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
             }
         };
         let response = send(&ctx, &peer, rebuild(&parts), deadline).await;
+        if response.status() == StatusCode::CREATED && is_acquire(&parts) {
+            return confirm_grant(&ctx, &peer, &parts, &body, response).await;
+        }
         if response.status() != StatusCode::MISDIRECTED_REQUEST {
             return response;
         }
@@ -93,15 +96,77 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     unreachable!("every attempt returns or continues")
 }
 
+fn is_acquire(parts: &Parts) -> bool {
+    parts.method == Method::POST && parts.uri.path().starts_with("/v1/locks/")
+}
+
+/// The authority grants a forwarded acquire for a few seconds only
+/// (`UNCONFIRMED_TTL`); the grant has reached this gateway, so it renews the
+/// lease to the TTL its client asked for and answers with that. A client
+/// gone meanwhile (its future dropped here) leaves a lease that ends soon.
+async fn confirm_grant(
+    ctx: &AppContext,
+    peer: &Peer,
+    acquire: &Parts,
+    acquire_body: &Bytes,
+    granted: Response,
+) -> Response {
+    let Some(lease_id) = lease_id_of(granted).await else {
+        return ApiError::AuthorityMoving.into_response();
+    };
+    let ttl = serde_json::from_slice::<serde_json::Value>(acquire_body)
+        .ok()
+        .and_then(|body| body.get("ttl_seconds").cloned())
+        .filter(|ttl| !ttl.is_null());
+    let mut renew = acquire.clone();
+    renew.method = Method::PUT;
+    let path = format!("{}/{lease_id}", acquire.uri.path());
+    renew.uri = match path.parse() {
+        Ok(uri) => uri,
+        Err(_) => return ApiError::AuthorityMoving.into_response(),
+    };
+    renew.headers.remove(header::CONTENT_LENGTH);
+    let body = match ttl {
+        Some(ttl) => Body::from(serde_json::json!({ "ttl_seconds": ttl }).to_string()),
+        None => Body::empty(),
+    };
+    let confirmed = send(
+        ctx,
+        peer,
+        Request::from_parts(renew, body),
+        FORWARD_DEADLINE,
+    )
+    .await;
+    match confirmed.status() {
+        StatusCode::OK => {
+            let (mut parts, body) = confirmed.into_parts();
+            parts.status = StatusCode::CREATED;
+            Response::from_parts(parts, body)
+        }
+        // The grant ended before it was confirmed: the hop was too slow.
+        StatusCode::CONFLICT => ApiError::AuthorityMoving.into_response(),
+        _ => confirmed,
+    }
+}
+
+async fn lease_id_of(granted: Response) -> Option<String> {
+    let bytes = axum::body::to_bytes(granted.into_body(), LOCK_BODY_LIMIT)
+        .await
+        .ok()?;
+    let body: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let lease_id = body.get("lease_id")?.as_str()?;
+    uuid::Uuid::parse_str(lease_id)
+        .ok()
+        .map(|id| id.to_string())
+}
+
 /// A 421 goes back to the gateway that forwarded the request; a client gets
 /// a 503 to retry shortly instead, since the authority is moving.
 fn moving(response: Response, forwarded: bool) -> Response {
     if forwarded {
         return response;
     }
-    let mut response = ApiError::AuthorityMoving.into_response();
-    retry_after(&mut response, Duration::from_secs(1));
-    response
+    ApiError::AuthorityMoving.into_response()
 }
 
 async fn send(ctx: &AppContext, peer: &Peer, request: Request, deadline: Duration) -> Response {

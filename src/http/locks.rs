@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Extension, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -12,12 +12,18 @@ use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::locks::{Lease, SeenLease};
+use crate::locks::{FORWARDED_BY, Lease, SeenLease};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
 pub const MAX_WAIT_SECONDS: f64 = 300.0;
 pub const MAX_OWNER_BYTES: usize = 256;
+
+/// How long a lease granted to a forwarded acquire lasts until the
+/// forwarding gateway confirms it, by renewing it to the TTL its client
+/// asked for (see `http::forward`): a grant whose answer never reaches its
+/// client then frees the id after this, not after the whole TTL.
+pub const UNCONFIRMED_TTL: Duration = Duration::from_secs(3);
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +100,7 @@ fn ttl(raw: Option<f64>) -> Result<Duration, ApiError> {
 pub async fn acquire(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
+    headers: HeaderMap,
     OptionalJson(request): OptionalJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     let owner = request.owner.unwrap_or_default();
@@ -102,7 +109,10 @@ pub async fn acquire(
             "owner is required: who takes the lock, 1 to {MAX_OWNER_BYTES} bytes"
         )));
     }
-    let ttl = ttl(request.ttl_seconds)?;
+    let mut ttl = ttl(request.ttl_seconds)?;
+    if headers.contains_key(FORWARDED_BY) {
+        ttl = ttl.min(UNCONFIRMED_TTL);
+    }
     let wait = request.wait_seconds.unwrap_or(0.0);
     if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {
         return Err(ApiError::InvalidBody(format!(

@@ -39,7 +39,7 @@ impl LockManager {
                 .last_used
                 .map_or(Duration::MAX, |t| now.duration_since(t));
             let drop_claim = st.claim.as_ref().is_some_and(|claim| {
-                st.lease.is_none()
+                st.claim_can_go()
                     && (claim.handover
                         || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
             });
@@ -154,6 +154,7 @@ impl LockManager {
     /// written, and only then are the claims withdrawn, so that no other
     /// gateway waits for them to lapse. The caller bounds how long this takes.
     pub async fn hand_back(&self) {
+        self.writes_landed().await;
         let mut claims = Vec::new();
         for (_, slot) in self.snapshot() {
             let mut st = slot.lock();
@@ -183,6 +184,25 @@ impl LockManager {
             .await
         {
             tracing::warn!(error = %err, claims = claims.len(), "could not withdraw claims; they lapse by themselves");
+        }
+    }
+
+    /// Waits until no write sent under a claim here may still land: each has
+    /// an end of its own, within the query timeout.
+    async fn writes_landed(&self) {
+        loop {
+            let now = Instant::now();
+            let landing = self
+                .snapshot()
+                .into_iter()
+                .filter_map(|(id, slot)| {
+                    let mut st = slot.lock();
+                    st.expire(&id, now, &self.metrics);
+                    st.landing_until()
+                })
+                .max();
+            let Some(until) = landing else { return };
+            tokio::time::sleep_until(until.into()).await;
         }
     }
 }

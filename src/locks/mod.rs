@@ -28,15 +28,29 @@
 //!   authority does not adopt it. A gateway that shuts down hands its leases
 //!   on (their rows marked handed over, written before its claims are
 //!   withdrawn) and the next authority adopts them.
+//! - A lease's end waits for its admitted writes: a write is checked again
+//!   as it goes out, and refused (409) if its lease ended meanwhile; one
+//!   that went out in time keeps the next grant here, and the hand-over of
+//!   the claim, waiting until it has landed or failed, within the query
+//!   timeout and the claim's validity ([`write`]). So the next holder reads
+//!   every acknowledged write.
+//! - A grant to a forwarded acquire lasts a few seconds until the forwarding
+//!   gateway confirms it reached its client: an answer lost on the way does
+//!   not hold the id for the whole TTL (`http::forward`).
 //! - An acquire abandoned at any await point (its client hung up) leaves the
 //!   line, clears its claim attempt and withdraws its candidate: guards in
-//!   [`slot`] and [`claim`].
+//!   [`slot`] and [`claim`]. A write abandoned in flight keeps its id from
+//!   the next grant until its time budget is spent, since it may still land.
+//! - What a waiter does next is decided by a pure function of the slot's
+//!   state and the time (`SlotState::next_step`); its effects (grants' rows,
+//!   withdrawals) are carried out by the caller, outside the slot's lock.
 
 mod claim;
 mod forward;
 mod maintain;
 mod record;
 mod slot;
+mod write;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,7 +62,8 @@ use self::claim::ClaimOutcome;
 use self::forward::{Authorities, PeerClient};
 pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route, SeenLease};
 use self::record::Recorder;
-use self::slot::{ClaimAttempt, InLine, Slot, SlotState, millis};
+use self::slot::{ClaimAttempt, InLine, Rules, Slot, Step, Waiter, millis};
+pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 pub use crate::domain::Lease;
 use crate::domain::StateId;
@@ -73,6 +88,10 @@ pub enum LockError {
         state_id: StateId,
         holder: Box<Lease>,
     },
+    /// The claim a write was admitted under went before the write went out
+    /// (a hand-over or a lapse): the id's authority is moving.
+    #[error("the claim on {0} moved while the write was on its way; retry shortly")]
+    Moving(StateId),
     /// Another gateway won the claim: the request belongs there.
     #[error("gateway {} is the authority for this state_id", .0.gateway_id)]
     Elsewhere(Peer),
@@ -80,9 +99,16 @@ pub enum LockError {
     Store(#[from] StoreError),
 }
 
+/// How often a 409 looks again for a holder that another gateway granted a
+/// moment ago (see [`LockManager::held_elsewhere`]).
+const HOLDER_POLL: Duration = Duration::from_millis(25);
+
 /// The lock handle every request shares.
 pub struct LockManager {
     settings: LockSettings,
+    /// The longest one ClickHouse round trip may take: what a write under a
+    /// lease that just ended may keep the next grant waiting.
+    query_timeout: Duration,
     leases: LeaseStore,
     metrics: Arc<Metrics>,
     /// One slot per state_id this gateway has business with; the map's lock
@@ -95,26 +121,16 @@ pub struct LockManager {
     peers: PeerClient,
 }
 
-/// What a waiter does next, decided under the slot's lock and done outside it.
-enum Step {
-    /// Granted: the lease is installed and its row is on its way.
-    Granted(Lease),
-    /// The claim has too little validity left to grant under: renew it first.
-    RenewClaim(Uuid),
-    /// The token block is spent: reserve the next one.
-    ReserveTokens { claim_id: Uuid, first: u64 },
-    /// Run a claim attempt.
-    Claim,
-    /// Give up: the wait ran out.
-    GiveUp(Option<Lease>),
-    /// Sleep until woken or until this instant.
-    Wait(Instant),
-}
-
 impl LockManager {
-    pub fn new(settings: LockSettings, leases: LeaseStore, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        settings: LockSettings,
+        query_timeout: Duration,
+        leases: LeaseStore,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             settings,
+            query_timeout,
             recorder: Recorder::new(leases.clone()),
             leases,
             metrics,
@@ -192,7 +208,14 @@ impl LockManager {
         deadline: Instant,
     ) -> Result<Lease, LockError> {
         let slot = in_line.slot();
-        let mut attempted_claim = false;
+        let rules = self.rules();
+        let mut waiter = Waiter {
+            ticket: in_line.ticket,
+            owner,
+            ttl,
+            deadline,
+            attempted_claim: false,
+        };
         let mut counted_wait = false;
         loop {
             let notified = slot.changed.notified();
@@ -200,24 +223,24 @@ impl LockManager {
             notified.as_mut().enable();
 
             let mut attempt = None;
-            let step = {
+            let decision = {
                 let mut st = slot.lock();
-                let step = self.next_step(
-                    id,
-                    &mut st,
-                    in_line.ticket,
-                    owner,
-                    ttl,
-                    deadline,
-                    attempted_claim,
-                );
-                if matches!(step, Step::Claim) {
+                let now = Instant::now();
+                st.expire(id, now, &self.metrics);
+                let decision = st.next_step(id, &waiter, &rules, now, now_ms());
+                if decision.step == Step::Claim {
                     attempt = Some(ClaimAttempt::begin(&mut st, slot));
                 }
-                step
+                decision
             };
-            match step {
-                Step::Granted(lease) => return Ok(lease),
+            if let Some(candidate) = decision.withdraw {
+                self.withdraw_in_background(id.clone(), candidate);
+            }
+            match decision.step {
+                Step::Granted(lease, version) => {
+                    self.record_held(&lease, version);
+                    return Ok(lease);
+                }
                 Step::RenewClaim(claim_id) => {
                     let started = Instant::now();
                     self.leases
@@ -244,47 +267,50 @@ impl LockManager {
                     let outcome = self.try_claim(id, deadline).await;
                     // Cleared before the outcome is applied: the guard takes the lock.
                     drop(attempt);
-                    attempted_claim = true;
+                    waiter.attempted_claim = true;
                     match outcome? {
                         ClaimOutcome::Won(won) => {
                             let mut st = slot.lock();
                             st.claim = Some(won.claim);
                             st.tokens = won.tokens;
                             if let Some(adopted) = won.adopted {
-                                self.recorder.record(LeaseRecord {
-                                    lease: adopted.lease.clone(),
-                                    version: adopted.version,
-                                    state: LeaseState::Held,
-                                });
+                                self.record_held(&adopted.lease, adopted.version);
                                 st.lease = Some(adopted);
                             }
                             slot.changed.notify_waiters();
                             // The winner gets a lease before any hand-over,
                             // unless a lease from before is still running.
                             if st.lease.is_none()
-                                && let Some(lease) = self.grant(id, &mut st, owner, ttl)
+                                && let Some((lease, version)) = st.grant(
+                                    id,
+                                    &waiter,
+                                    self.settings.gateway_id,
+                                    now_ms(),
+                                    Instant::now(),
+                                )
                             {
+                                drop(st);
+                                self.record_held(&lease, version);
                                 return Ok(lease);
                             }
                         }
                         ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
                         ClaimOutcome::Lost if Instant::now() >= deadline => {
-                            let holder = self.recorded_lease(id, None).await?;
-                            return Err(LockError::Held {
-                                state_id: id.clone(),
-                                holder: holder.map(Box::new),
-                            });
+                            return Err(self.held_elsewhere(id).await);
                         }
                         // Our candidate lapsed in line: stand in line again.
                         ClaimOutcome::Lost => {}
                     }
                 }
-                Step::GiveUp(holder) => {
+                Step::GiveUp(Some(holder)) => {
                     return Err(LockError::Held {
                         state_id: id.clone(),
-                        holder: holder.map(Box::new),
+                        holder: Some(Box::new(holder)),
                     });
                 }
+                // A claim attempt ahead of this waiter is still in line at
+                // ClickHouse: the holder is whoever ClickHouse records.
+                Step::GiveUp(None) => return Err(self.held_elsewhere(id).await),
                 Step::Wait(wake_at) => {
                     if !counted_wait {
                         counted_wait = true;
@@ -299,73 +325,50 @@ impl LockManager {
         }
     }
 
-    /// Decides, under the slot's lock, what the waiter holding `ticket` does next.
-    #[allow(clippy::too_many_arguments)]
-    fn next_step(
-        &self,
-        id: &StateId,
-        st: &mut SlotState,
-        ticket: u64,
-        owner: &str,
-        ttl: Duration,
-        deadline: Instant,
-        attempted_claim: bool,
-    ) -> Step {
-        let now = Instant::now();
-        st.expire(id, now, &self.metrics);
-        let my_turn = st.queue.front() == Some(&ticket) && st.lease.is_none() && !st.claiming;
-        if my_turn {
-            if st.claim.as_ref().is_some_and(|c| c.handover) {
-                // Another gateway is waiting: let it go first.
-                let claim = st.claim.take().expect("checked above");
-                self.withdraw_in_background(id.clone(), claim.candidate);
-            }
-            match &st.claim {
-                Some(claim)
-                    if claim.valid_until.saturating_duration_since(now) < self.grant_margin() =>
-                {
-                    return Step::RenewClaim(claim.candidate.claim_id);
-                }
-                Some(claim) => {
-                    let claim_id = claim.candidate.claim_id;
-                    return match self.grant(id, st, owner, ttl) {
-                        Some(lease) => Step::Granted(lease),
-                        None => Step::ReserveTokens {
-                            claim_id,
-                            first: st.tokens.next,
-                        },
-                    };
-                }
-                None if attempted_claim && now >= deadline => {}
-                None => return Step::Claim,
-            }
+    fn rules(&self) -> Rules {
+        Rules {
+            gateway_id: self.settings.gateway_id,
+            grant_margin: self.grant_margin(),
+            // A claim attempt takes the settle and a few round trips; a write
+            // under way, one.
+            holder_grace: self.settings.settle + 2 * self.query_timeout,
         }
-        if now >= deadline && (attempted_claim || st.claim.is_some() || !my_turn) {
-            return Step::GiveUp(st.lease.as_ref().map(|l| l.lease.clone()));
-        }
-        Step::Wait(
-            st.lease
-                .as_ref()
-                .map_or(deadline, |l| l.deadline.min(deadline)),
-        )
     }
 
-    /// Grants under the held claim, in memory; None when the token block is spent.
-    fn grant(&self, id: &StateId, st: &mut SlotState, owner: &str, ttl: Duration) -> Option<Lease> {
-        let (lease, version) = st.grant(
-            id,
-            owner,
-            ttl,
-            self.settings.gateway_id,
-            now_ms(),
-            Instant::now(),
-        )?;
+    /// The 409 for an id that another gateway holds the claim on. Its lease
+    /// row is written behind its grant, so a lease granted a moment ago may
+    /// not be recorded yet: the record is read again for up to the settle
+    /// time (a gateway that just won a claim grants at once).
+    async fn held_elsewhere(&self, id: &StateId) -> LockError {
+        let started = Instant::now();
+        loop {
+            match self.recorded_lease(id, None).await {
+                Ok(Some(holder)) => {
+                    return LockError::Held {
+                        state_id: id.clone(),
+                        holder: Some(Box::new(holder)),
+                    };
+                }
+                Ok(None) if started.elapsed() < self.settings.settle => {
+                    tokio::time::sleep(HOLDER_POLL).await;
+                }
+                Ok(None) => {
+                    return LockError::Held {
+                        state_id: id.clone(),
+                        holder: None,
+                    };
+                }
+                Err(err) => return err.into(),
+            }
+        }
+    }
+
+    fn record_held(&self, lease: &Lease, version: LeaseVersion) {
         self.recorder.record(LeaseRecord {
             lease: lease.clone(),
             version,
             state: LeaseState::Held,
         });
-        Some(lease)
     }
 
     /// Extends the current lease by `ttl` from now.
@@ -385,11 +388,7 @@ impl LockManager {
                 local.version = local.version.renewed();
                 local.deadline = Instant::now() + ttl;
                 let renewed = local.lease.clone();
-                self.recorder.record(LeaseRecord {
-                    lease: renewed.clone(),
-                    version: local.version,
-                    state: LeaseState::Held,
-                });
+                self.record_held(&renewed, local.version);
                 st.last_used = Some(Instant::now());
                 self.metrics.lock_event(LockEvent::Renewal);
                 return Ok(renewed);
@@ -412,8 +411,11 @@ impl LockManager {
                 {
                     let local = st.lease.take().expect("checked above");
                     st.last_used = Some(Instant::now());
-                    let handover =
-                        st.claim.as_ref().is_some_and(|c| c.handover) && st.queue.is_empty();
+                    // Writes sent under the lease may still land: until they
+                    // have, the claim stays (maintenance hands it over then).
+                    let handover = st.claim.as_ref().is_some_and(|c| c.handover)
+                        && st.queue.is_empty()
+                        && st.claim_can_go();
                     let claim = if handover { st.claim.take() } else { None };
                     Some((local, claim))
                 } else {
@@ -565,29 +567,56 @@ impl LockManager {
         Ok(by_id.into_values().collect())
     }
 
-    /// Whether a write to `id` carrying `lease_id` (or none) may go ahead
-    /// now; answers the lease it carries when that is the current one.
+    /// Admits a write to `id` carrying `lease_id` (or none) if the lock rule
+    /// lets it go ahead now; it is checked again as it goes out
+    /// ([`Admitted::sending`]).
     pub async fn check_write(
         &self,
         id: &StateId,
         lease_id: Option<Uuid>,
         seen: Option<&SeenLease>,
-    ) -> Result<Option<Lease>, LockError> {
-        let current = self.current(id, seen).await?;
-        lease_rule(id, current.as_ref(), lease_id)
+    ) -> Result<Admitted, LockError> {
+        if let Some(admitted) = self.admit_here(id, lease_id) {
+            return admitted;
+        }
+        let current = self.recorded_lease(id, seen).await?;
+        let lease = lease_rule(id, current.as_ref(), lease_id)?;
+        Ok(Admitted::recorded(id.clone(), lease, self.query_timeout))
     }
 
-    /// [`LockManager::check_write`] for a batch, against every current
-    /// lease at once: this gateway's own, and the ones ClickHouse records for
-    /// the others. Answers each entry's lease, or the first entry refused.
+    /// The lock rule applied by this gateway as the id's authority; None
+    /// when it is not the authority.
+    fn admit_here(
+        &self,
+        id: &StateId,
+        lease_id: Option<Uuid>,
+    ) -> Option<Result<Admitted, LockError>> {
+        let slot = self.existing_slot(id)?;
+        let mut st = slot.lock();
+        st.expire(id, Instant::now(), &self.metrics);
+        let claim_id = st.claim.as_ref()?.candidate.claim_id;
+        let current = st.lease.as_ref().map(|l| l.lease.clone());
+        drop(st);
+        Some(
+            lease_rule(id, current.as_ref(), lease_id).map(|lease| {
+                Admitted::local(id.clone(), lease, slot, claim_id, self.query_timeout)
+            }),
+        )
+    }
+
+    /// [`LockManager::check_write`] for a batch: against this gateway's own
+    /// leases where it is the authority, and the ones ClickHouse records
+    /// for the others, read once. Answers each entry's admission, or the
+    /// first entry refused.
     pub async fn check_writes(
         &self,
         writes: &[(&StateId, Option<Uuid>)],
-    ) -> Result<Vec<Option<Lease>>, (usize, LockError)> {
-        let current: HashMap<String, Lease> = self
-            .all()
+    ) -> Result<Vec<Admitted>, (usize, LockError)> {
+        let recorded: HashMap<String, Lease> = self
+            .leases
+            .live_leases()
             .await
-            .map_err(|err| (0, err))?
+            .map_err(|err| (0, err.into()))?
             .into_iter()
             .map(|lease| (lease.state_id.as_str().to_owned(), lease))
             .collect();
@@ -595,7 +624,11 @@ impl LockManager {
             .iter()
             .enumerate()
             .map(|(index, (id, lease_id))| {
-                lease_rule(id, current.get(id.as_str()), *lease_id).map_err(|err| (index, err))
+                let admitted = self.admit_here(id, *lease_id).unwrap_or_else(|| {
+                    lease_rule(id, recorded.get(id.as_str()), *lease_id)
+                        .map(|lease| Admitted::recorded((*id).clone(), lease, self.query_timeout))
+                });
+                admitted.map_err(|err| (index, err))
             })
             .collect()
     }

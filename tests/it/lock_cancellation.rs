@@ -32,6 +32,7 @@ async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
     store.ensure_schema().await.expect("tables");
     let locks = Arc::new(LockManager::new(
         config.locks.clone(),
+        config.query_timeout,
         store.leases,
         metrics,
     ));

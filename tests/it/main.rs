@@ -16,6 +16,7 @@ mod helpers;
 mod history;
 mod lock_cancellation;
 mod lock_concurrency;
+mod lock_faults;
 mod locks_api;
 mod logs;
 mod overload;

@@ -21,6 +21,10 @@ AUTHENTICATION_FAILED (516, HTTP 403); a `readonly` user may only read, and
 anything else gets ClickHouse's ACCESS_DENIED (497, HTTP 403) naming the grant.
 chDB allows one process per data directory and one statement at a time per
 connection, so queries are serialized behind one lock.
+
+With `--zookeeper HOST:PORT` chDB runs with a server config naming that
+ZooKeeper and `keeper_map_path_prefix` `/statehouse`, so KeeperMap tables work;
+processes on one ZooKeeper share those tables' keys (and nothing else).
 """
 
 from __future__ import annotations
@@ -180,8 +184,8 @@ def denied_grant(sql: str, database: str) -> str | None:
 class Engine:
     """One chDB connection, used by one request at a time."""
 
-    def __init__(self, path: str):
-        self.conn = chdb.connect(f"file:{path}")
+    def __init__(self, path: str, config_file: str | None = None):
+        self.conn = chdb.connect(f"file:{path}?config-file={config_file}" if config_file else f"file:{path}")
         self.lock = threading.Lock()
 
     def execute(self, sql: str, params: dict, settings: dict, database: str, fmt: str, data: bytes | None) -> bytes:
@@ -363,6 +367,22 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
+def write_keeper_config(data: str, zookeeper: str) -> str:
+    """A chDB server config naming the ZooKeeper at `zookeeper` (HOST:PORT); its path."""
+    host, _, port = zookeeper.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"localch: --zookeeper wants HOST:PORT, got {zookeeper!r}")
+    path = os.path.join(data, "keeper-config.xml")
+    with open(path, "w") as config:
+        config.write(
+            "<clickhouse>\n"
+            f"  <zookeeper><node><host>{host}</host><port>{port}</port></node></zookeeper>\n"
+            "  <keeper_map_path_prefix>/statehouse</keeper_map_path_prefix>\n"
+            "</clickhouse>\n"
+        )
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -379,10 +399,12 @@ def main() -> int:
         metavar="NAME:PASSWORD[:readonly]",
         help="only let these users in (repeatable); without it any credentials are accepted",
     )
+    parser.add_argument("--zookeeper", metavar="HOST:PORT", help="run KeeperMap on this ZooKeeper")
     args = parser.parse_args()
 
     os.makedirs(args.data, exist_ok=True)
-    Handler.engine = Engine(args.data)
+    config_file = write_keeper_config(args.data, args.zookeeper) if args.zookeeper else None
+    Handler.engine = Engine(args.data, config_file)
     Handler.verbose = args.verbose
     if args.user:
         Handler.users = {user.name: user for user in args.user}

@@ -15,6 +15,21 @@ start_local_clickhouse() {
   export LOCALCH_URL="clickhouse://default@127.0.0.1:$LOCALCH_PORT/default"
 }
 
+# Installs Debian's ZooKeeper when missing, starts it on a free loopback port
+# with its data in $2, and points the local ClickHouse started next at it (its
+# KeeperMap tables). Sets and exports ZOOKEEPER_PORT, ZOOKEEPER_DATA and
+# LOCALCH_ZOOKEEPER; the caller stops it (`localch/zookeeper stop`).
+start_zookeeper() {
+  local root=$1 data=$2
+  if ! dpkg -s zookeeper >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null
+  fi
+  export ZOOKEEPER_PORT=${ZOOKEEPER_PORT:-$(free_port)}
+  export ZOOKEEPER_DATA=$data
+  "$root/localch/zookeeper" start
+  export LOCALCH_ZOOKEEPER=127.0.0.1:$ZOOKEEPER_PORT
+}
+
 # A venv at $1 with the pinned requirements file $2 (and the package at $3,
 # editable, if given); made anew when the pins change. Sets VENV.
 pinned_venv() {

@@ -11,7 +11,8 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::auth::{TokenError, Tokens};
-pub use crate::store::{ClickHouseTarget, History, Identifier};
+pub use crate::domain::Coordination;
+pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -169,6 +170,21 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
+    /// How gateways agree on who holds a state_id's lock claim: table (claim
+    /// candidates settle in the lease table; correct only while every gateway
+    /// reaches one ClickHouse node) or keeper (claims in KeeperMap tables:
+    /// for clusters and ClickHouse Cloud; needs the server's Keeper and its
+    /// keeper_map_path_prefix setting). Gateways on one set of tables must agree.
+    #[arg(long, env = "STATEHOUSE_COORDINATION", value_enum, default_value_t = Coordination::Table)]
+    pub coordination: Coordination,
+
+    /// ClickHouse cluster to create the tables on: every MergeTree table is
+    /// made with ON CLUSTER and its Replicated engine, and reads that must see
+    /// the latest write ask for select_sequential_consistency. In a database
+    /// with the Replicated engine (ClickHouse Cloud) the DDL goes without ON CLUSTER.
+    #[arg(long, env = "STATEHOUSE_CLUSTER")]
+    pub cluster: Option<String>,
+
     /// Keep a version of every change made through the gateway in
     /// `<table>_history` (see --history-retention); false records none, and
     /// the history endpoints answer 404 saying so.
@@ -217,6 +233,8 @@ pub struct LockSettings {
     /// How peer gateways reach this one (`http://host:port`), stored with
     /// its claims so they can forward to it.
     pub advertise_url: Option<String>,
+    /// Where claims are kept and how they are won.
+    pub coordination: Coordination,
 }
 
 /// How much work the gateway takes on at once; beyond it, requests are shed.
@@ -241,6 +259,8 @@ pub struct Config {
     pub clickhouse: ClickHouseTarget,
     pub schema: Identifier,
     pub table: Identifier,
+    /// `--cluster`: ON CLUSTER and Replicated engines (see `store::Placement`).
+    pub cluster: Option<ClusterName>,
     pub query_timeout: Duration,
     pub startup_timeout: Duration,
     pub body_limit: usize,
@@ -269,6 +289,10 @@ pub enum ConfigError {
         "invalid {what} {value:?}: use letters, digits and underscores, starting with a letter or underscore"
     )]
     Identifier { what: String, value: String },
+    #[error(
+        "invalid --cluster / STATEHOUSE_CLUSTER {0:?}: use the cluster's name as in system.clusters (letters, digits, _ - . and macros such as {{cluster}})"
+    )]
+    Cluster(String),
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
     #[error("--claim-ttl must be at least 300ms")]
@@ -359,6 +383,11 @@ impl TryFrom<ServeArgs> for Config {
             clickhouse: target,
             schema: identifier("schema", &args.schema)?,
             table: identifier("table", &args.table)?,
+            cluster: args
+                .cluster
+                .as_deref()
+                .map(|raw| ClusterName::parse(raw).map_err(|e| ConfigError::Cluster(e.0)))
+                .transpose()?,
             query_timeout: args.query_timeout,
             startup_timeout: args.startup_timeout,
             body_limit: args.body_limit,
@@ -383,6 +412,7 @@ impl TryFrom<ServeArgs> for Config {
                     .as_deref()
                     .map(parse_advertise_url)
                     .transpose()?,
+                coordination: args.coordination,
             },
             history: match (args.history, args.history_retention) {
                 (false, _) => History::Off,
@@ -624,6 +654,48 @@ mod tests {
             ("meltano", "state")
         );
         assert_eq!(cfg.body_limit, 16_777_216);
+    }
+
+    #[test]
+    fn coordination_is_table_and_no_cluster_unless_asked() {
+        use clap::CommandFactory;
+        // Read from the flags' definitions, not a parse: the environment may
+        // set STATEHOUSE_COORDINATION for a whole test run.
+        let command = ServeOnly::command();
+        let default_of = |id: &str| {
+            command
+                .get_arguments()
+                .find(|arg| arg.get_id() == id)
+                .map(|arg| arg.get_default_values().to_vec())
+                .unwrap()
+        };
+        assert_eq!(default_of("coordination"), ["table"]);
+        assert!(default_of("cluster").is_empty());
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://h",
+            "--coordination=keeper",
+            "--cluster={cluster}",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.locks.coordination, Coordination::Keeper);
+        assert_eq!(cfg.cluster.unwrap().as_str(), "{cluster}");
+        let cfg = Config::try_from(args(&[
+            "--clickhouse-url=clickhouse://h",
+            "--coordination",
+            "table",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.locks.coordination, Coordination::Table);
+    }
+
+    #[test]
+    fn bad_coordination_and_cluster_values_are_errors() {
+        let argv = ["statehouse serve", "--coordination=zookeeper"];
+        assert!(ServeOnly::try_parse_from(argv).is_err());
+        for bad in ["--cluster=a b", "--cluster=x'y", "--cluster="] {
+            let result = Config::try_from(args(&["--clickhouse-url=clickhouse://h", bad]));
+            assert!(matches!(result, Err(ConfigError::Cluster(_))), "{bad}");
+        }
     }
 
     #[test]

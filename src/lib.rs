@@ -4,6 +4,7 @@
 //! rules, per-id write serialization) or `locks` (claims and leases) →
 //! `store` (ClickHouse tables).
 
+pub mod agreement;
 pub mod auth;
 pub mod config;
 pub mod domain;
@@ -23,13 +24,14 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use crate::agreement::{Disagreement, Registration};
 use crate::auth::Tokens;
 use crate::config::{ClientTimeouts, Config};
 use crate::http::Admission;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::{Blocker, ClickHouse, Store, StoreError};
+use crate::store::{Blocker, ClickHouse, Layout, Store, StoreError};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
@@ -84,6 +86,27 @@ pub enum StartError {
         endpoint: String,
         source: StoreError,
     },
+    #[error(
+        "ClickHouse at {endpoint} cannot keep lock claims for --coordination keeper, the server setting {setting} is missing: {source}; ask its administrator to set {setting} in the server's config (KeeperMap needs both <zookeeper> or <keeper>, naming a reachable ClickHouse Keeper or ZooKeeper, and keeper_map_path_prefix), or use --coordination table (STATEHOUSE_COORDINATION) with a single ClickHouse node"
+    )]
+    Keeper {
+        endpoint: String,
+        setting: &'static str,
+        source: StoreError,
+    },
+    #[error(
+        "ClickHouse at {endpoint} did not reach its Keeper for --coordination keeper within {waited:?}: {source}; check the server setting <zookeeper> (the ClickHouse Keeper or ZooKeeper nodes it names must be up and reachable from ClickHouse), or use --coordination table (STATEHOUSE_COORDINATION) with a single ClickHouse node"
+    )]
+    KeeperUnreachable {
+        endpoint: String,
+        waited: Duration,
+        source: StoreError,
+    },
+    #[error("ClickHouse at {endpoint}: {source}")]
+    Coordination {
+        endpoint: String,
+        source: Disagreement,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -96,6 +119,8 @@ pub enum StartError {
 pub struct App {
     listener: TcpListener,
     ctx: AppContext,
+    /// None for a user that may not write (see [`Registration::join`]).
+    registration: Option<Registration>,
     client_timeouts: ClientTimeouts,
     shutdown_timeout: Duration,
 }
@@ -104,13 +129,27 @@ impl App {
     pub async fn build(config: &Config) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::default());
         let clickhouse = ClickHouse::new(&config.clickhouse, config.query_timeout, metrics.clone());
-        let store = Store::new(
+        let store = Store::with_layout(
             clickhouse.clone(),
             config.schema.clone(),
             &config.table,
             config.history,
+            Layout {
+                coordination: config.locks.coordination,
+                cluster: config.cluster.clone(),
+            },
         );
         prepare_clickhouse(&store, config).await?;
+        let registration = Registration::join(
+            store.gateways.clone(),
+            config.locks.gateway_id,
+            config.locks.coordination,
+        )
+        .await
+        .map_err(|source| StartError::Coordination {
+            endpoint: config.clickhouse.endpoint(),
+            source,
+        })?;
         let locks = Arc::new(LockManager::new(
             config.locks.clone(),
             config.query_timeout,
@@ -132,6 +171,7 @@ impl App {
         })?;
         Ok(Self {
             listener,
+            registration,
             ctx: AppContext {
                 states: Arc::new(States::new(store.states, store.history, locks.clone())),
                 locks,
@@ -168,6 +208,10 @@ impl App {
         };
         let locks = self.ctx.locks.clone();
         let maintenance = tokio::spawn(locks.clone().maintain());
+        let heartbeat = self
+            .registration
+            .clone()
+            .map(|registration| tokio::spawn(registration.heartbeat()));
         let metrics = self.ctx.metrics.clone();
         let server = http::serve(
             self.listener,
@@ -191,11 +235,17 @@ impl App {
             }
         };
         maintenance.abort();
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
+        }
         // Hand the claims back so other gateways need not wait for them to
         // lapse; the next claim holder adopts the leases.
         let handed_back = tokio::time::timeout(self.shutdown_timeout, locks.hand_back()).await;
         if handed_back.is_err() {
             tracing::warn!("claims not all handed back at shutdown; the rest lapse by themselves");
+        }
+        if let Some(registration) = &self.registration {
+            registration.leave().await;
         }
         result
     }
@@ -231,26 +281,38 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     loop {
+        // Which step failed: ClickHouse itself, or (keeper mode) its Keeper.
         let attempt = async {
-            store.clickhouse.ping().await?;
-            store.ensure_schema().await
+            store.clickhouse.ping().await.map_err(|e| (false, e))?;
+            store.ensure_schema().await.map_err(|e| (false, e))?;
+            store.ensure_claims().await.map_err(|e| (true, e))
         };
-        let source = match attempt.await {
+        let (keeper_step, source) = match attempt.await {
             Ok(()) => return Ok(()),
-            Err(source) => source,
+            Err(failed) => failed,
         };
         if let Some(blocker) = source.blocker() {
             return Err(blocked(blocker, config, source));
         }
         let remaining = config.startup_timeout.saturating_sub(started.elapsed());
         if remaining.is_zero() {
-            return Err(StartError::ClickHouse {
-                endpoint: config.clickhouse.endpoint(),
-                // Milliseconds are enough for people reading it.
-                waited: Duration::from_millis(
-                    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                ),
-                source,
+            let endpoint = config.clickhouse.endpoint();
+            // Milliseconds are enough for people reading it.
+            let waited = Duration::from_millis(
+                u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            );
+            return Err(if keeper_step {
+                StartError::KeeperUnreachable {
+                    endpoint,
+                    waited,
+                    source,
+                }
+            } else {
+                StartError::ClickHouse {
+                    endpoint,
+                    waited,
+                    source,
+                }
             });
         }
         let delay_now = delay.min(remaining);
@@ -276,6 +338,16 @@ fn blocked(blocker: Blocker, config: &Config, source: StoreError) -> StartError 
         },
         Blocker::UntrustedCertificate => StartError::UntrustedCertificate { endpoint, source },
         Blocker::NotClickHouse => StartError::NotClickHouse { endpoint, source },
+        Blocker::NoKeeperMapPrefix => StartError::Keeper {
+            endpoint,
+            setting: "keeper_map_path_prefix",
+            source,
+        },
+        Blocker::NoKeeper => StartError::Keeper {
+            endpoint,
+            setting: "<zookeeper>",
+            source,
+        },
     }
 }
 

@@ -1,5 +1,6 @@
 //! The service's vocabulary, parsed at the edge so the rest never re-checks it.
 
+mod coordination;
 mod document;
 mod etag;
 mod json;
@@ -10,6 +11,7 @@ mod provenance;
 mod state_id;
 mod version;
 
+pub use coordination::Coordination;
 pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};
 pub use etag::{ETag, IfMatch, IfNoneMatch};
 pub use json::{Json, JsonObject};

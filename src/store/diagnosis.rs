@@ -17,6 +17,10 @@ pub enum Blocker {
     UntrustedCertificate,
     /// The endpoint does not speak ClickHouse's HTTP interface (nor TLS, when asked to).
     NotClickHouse,
+    /// KeeperMap is off: the server has no `keeper_map_path_prefix`.
+    NoKeeperMapPrefix,
+    /// The server has no `<zookeeper>` (or `<keeper>`) section to reach Keeper through.
+    NoKeeper,
 }
 
 const UNKNOWN_USER: u32 = 192;
@@ -25,6 +29,9 @@ const REQUIRED_PASSWORD: u32 = 194;
 const AUTHENTICATION_FAILED: u32 = 516;
 const READONLY: u32 = 164;
 const ACCESS_DENIED: u32 = 497;
+const BAD_ARGUMENTS: u32 = 36;
+const NO_ELEMENTS_IN_CONFIG: u32 = 139;
+const NO_ZOOKEEPER: u32 = 225;
 
 impl StoreError {
     /// ClickHouse's exception code, from the `X-ClickHouse-Exception-Code`
@@ -38,6 +45,11 @@ impl StoreError {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(digits.len());
         digits[..end].parse().ok()
+    }
+
+    /// Whether ClickHouse's error text holds `words`.
+    fn names(&self, words: &str) -> bool {
+        matches!(self, Self::ClickHouse(clickhouse::error::Error::BadResponse(text)) if text.contains(words))
     }
 
     /// What makes this failure permanent, if anything: `None` for what may
@@ -54,6 +66,13 @@ impl StoreError {
                     Some(Blocker::Credentials)
                 }
                 Some(ACCESS_DENIED | READONLY) => Some(Blocker::Permission),
+                Some(BAD_ARGUMENTS) if self.names("keeper_map_path_prefix") => {
+                    Some(Blocker::NoKeeperMapPrefix)
+                }
+                Some(NO_ZOOKEEPER) => Some(Blocker::NoKeeper),
+                Some(NO_ELEMENTS_IN_CONFIG) if self.names("Zookeeper configuration") => {
+                    Some(Blocker::NoKeeper)
+                }
                 Some(_) => None,
                 None => causes(err).find_map(transport_blocker),
             },
@@ -125,6 +144,31 @@ mod tests {
             (
                 "Code: 241. DB::Exception: Memory limit exceeded",
                 Some(241),
+                None,
+            ),
+            (
+                "Code: 36. DB::Exception: KeeperMap is disabled because 'keeper_map_path_prefix' config is not defined. (BAD_ARGUMENTS)",
+                Some(36),
+                Some(Blocker::NoKeeperMapPrefix),
+            ),
+            (
+                "Code: 36. DB::Exception: Bad arguments of something else. (BAD_ARGUMENTS)",
+                Some(36),
+                None,
+            ),
+            (
+                "Code: 139. DB::Exception: There is no Zookeeper configuration in server config. (NO_ELEMENTS_IN_CONFIG)",
+                Some(139),
+                Some(Blocker::NoKeeper),
+            ),
+            (
+                "Code: 225. DB::Exception: Cannot use ZooKeeper without a ZooKeeper section. (NO_ZOOKEEPER)",
+                Some(225),
+                Some(Blocker::NoKeeper),
+            ),
+            (
+                "Code: 999. DB::Exception: All connection tries failed while connecting to ZooKeeper. (KEEPER_EXCEPTION)",
+                Some(999),
                 None,
             ),
             ("503 Service Unavailable", None, None),

@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ddl::Placement;
 use super::state_table::Selection;
 use super::{ClickHouse, StoreError};
 use crate::domain::{Lease, Provenance, StateDocument, StateId, Version};
@@ -166,6 +167,78 @@ impl VersionRowIn {
     }
 }
 
+fn ttl_clause(retention: Option<std::time::Duration>) -> Option<String> {
+    // Whole seconds, at least one: a TTL of 0 would drop every version.
+    retention.map(|r| {
+        format!(
+            "TTL toDateTime(version) + toIntervalSecond({})",
+            r.as_secs().max(1)
+        )
+    })
+}
+
+/// The history table's DDL (see [`Placement`]).
+pub(super) fn create_table_sql(
+    table: &str,
+    retention: Option<std::time::Duration>,
+    placement: &Placement,
+) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table}{} (
+            state_id String,
+            version DateTime64(3),
+            operation LowCardinality(String),
+            deleted UInt8,
+            completed_state Nullable(String),
+            partial_state Nullable(String),
+            changed_streams Array(String),
+            actor String,
+            lease_owner String,
+            fencing_token UInt64,
+            request_id String,
+            user_agent String
+        ) ENGINE = {} ORDER BY (state_id, version) {}",
+        placement.on_cluster(),
+        placement.merge_tree("MergeTree", ""),
+        ttl_clause(retention).unwrap_or_default()
+    )
+}
+
+/// The view's DDL: it has no engine of its own, it writes the state table.
+pub(super) fn create_view_sql(
+    view: &str,
+    state_table: &str,
+    table: &str,
+    placement: &Placement,
+) -> String {
+    format!(
+        "CREATE MATERIALIZED VIEW IF NOT EXISTS {view}{} TO {state_table} AS
+         SELECT state_id, partial_state, completed_state, version AS updated_at
+         FROM {table} WHERE deleted = 0",
+        placement.on_cluster()
+    )
+}
+
+/// The ALTER that brings a table whose engine is `engine_full` to the
+/// retention, if it needs one.
+pub(super) fn retention_sql(
+    table: &str,
+    retention: Option<std::time::Duration>,
+    engine_full: &str,
+    placement: &Placement,
+) -> Option<String> {
+    let has = engine_full.contains(" TTL ");
+    let alter = match ttl_clause(retention) {
+        Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
+        None if has => "REMOVE TTL".to_owned(),
+        _ => return None,
+    };
+    Some(format!(
+        "ALTER TABLE {table}{} {alter}",
+        placement.on_cluster()
+    ))
+}
+
 #[derive(Clone)]
 pub struct HistoryStore {
     ch: ClickHouse,
@@ -198,47 +271,15 @@ impl HistoryStore {
 
     /// The view that writes each version that is not a tombstone into the
     /// state table, as the gateway's own INSERT did before history.
-    pub async fn ensure_view(&self) -> Result<(), StoreError> {
-        let create = format!(
-            "CREATE MATERIALIZED VIEW IF NOT EXISTS {} TO {} AS
-             SELECT state_id, partial_state, completed_state, version AS updated_at
-             FROM {} WHERE deleted = 0",
-            self.view, self.state_table, self.table
-        );
+    pub async fn ensure_view(&self, placement: &Placement) -> Result<(), StoreError> {
+        let create = create_view_sql(&self.view, &self.state_table, &self.table, placement);
         self.ch
             .timed("ensure_schema", self.ch.client.query(&create).execute())
             .await
     }
 
-    fn ttl_clause(&self) -> Option<String> {
-        // Whole seconds, at least one: a TTL of 0 would drop every version.
-        self.retention.map(|r| {
-            format!(
-                "TTL toDateTime(version) + toIntervalSecond({})",
-                r.as_secs().max(1)
-            )
-        })
-    }
-
-    pub async fn ensure_table(&self) -> Result<(), StoreError> {
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {} (
-                state_id String,
-                version DateTime64(3),
-                operation LowCardinality(String),
-                deleted UInt8,
-                completed_state Nullable(String),
-                partial_state Nullable(String),
-                changed_streams Array(String),
-                actor String,
-                lease_owner String,
-                fencing_token UInt64,
-                request_id String,
-                user_agent String
-            ) ENGINE = MergeTree ORDER BY (state_id, version) {}",
-            self.table,
-            self.ttl_clause().unwrap_or_default()
-        );
+    pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
+        let create = create_table_sql(&self.table, self.retention, placement);
         self.ch
             .timed("ensure_schema", self.ch.client.query(&create).execute())
             .await
@@ -246,15 +287,14 @@ impl HistoryStore {
 
     /// Brings an existing table's TTL to the configured retention; a table
     /// that has it already is left alone (its user may lack ALTER).
-    pub async fn ensure_retention(&self, engine_full: &str) -> Result<(), StoreError> {
-        let wanted = self.ttl_clause();
-        let has = engine_full.contains(" TTL ");
-        let alter = match &wanted {
-            Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
-            None if has => "REMOVE TTL".to_owned(),
-            _ => return Ok(()),
+    pub async fn ensure_retention(
+        &self,
+        engine_full: &str,
+        placement: &Placement,
+    ) -> Result<(), StoreError> {
+        let Some(sql) = retention_sql(&self.table, self.retention, engine_full, placement) else {
+            return Ok(());
         };
-        let sql = format!("ALTER TABLE {} {alter}", self.table);
         self.ch
             .timed("ensure_schema", self.ch.client.query(&sql).execute())
             .await

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::ddl::Placement;
 use super::{ClickHouse, StoreError};
 use crate::domain::{Lease, StateId};
 
@@ -214,6 +215,32 @@ impl IdLocks {
     }
 }
 
+/// The lease table's DDL (see [`Placement`]). Claims are only needed while
+/// they can matter; lease and token rows stay, since they carry the last
+/// fencing token of their state_id.
+pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table}{} (
+            state_id String,
+            kind {KIND_TYPE},
+            claim_id UUID,
+            lease_id UUID,
+            gateway_id UUID,
+            owner String,
+            fencing_token UInt64,
+            created_at DateTime64(3),
+            expires_at DateTime64(3),
+            released UInt8,
+            version UInt64,
+            advertise_url String DEFAULT ''
+        ) ENGINE = {}
+        ORDER BY (state_id, kind, claim_id)
+        TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
+        placement.on_cluster(),
+        placement.merge_tree("ReplacingMergeTree", "version"),
+    )
+}
+
 #[derive(Clone)]
 pub struct LeaseStore {
     ch: ClickHouse,
@@ -225,28 +252,8 @@ impl LeaseStore {
         Self { ch, table }
     }
 
-    /// Claims are only needed while they can matter; lease and token rows
-    /// stay, since they carry the last fencing token of their state_id.
-    pub async fn ensure_table(&self) -> Result<(), StoreError> {
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {} (
-                state_id String,
-                kind {KIND_TYPE},
-                claim_id UUID,
-                lease_id UUID,
-                gateway_id UUID,
-                owner String,
-                fencing_token UInt64,
-                created_at DateTime64(3),
-                expires_at DateTime64(3),
-                released UInt8,
-                version UInt64,
-                advertise_url String DEFAULT ''
-            ) ENGINE = ReplacingMergeTree(version)
-            ORDER BY (state_id, kind, claim_id)
-            TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
-            self.table
-        );
+    pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
+        let create = create_table_sql(&self.table, placement);
         self.ch
             .timed("ensure_schema", self.ch.client.query(&create).execute())
             .await
@@ -254,7 +261,11 @@ impl LeaseStore {
 
     /// A table an earlier version made gains the token kind and the URL
     /// column; one that has them is left alone (its user may lack ALTER).
-    pub async fn upgrade_table(&self, columns: &[(String, String)]) -> Result<(), StoreError> {
+    pub async fn upgrade_table(
+        &self,
+        columns: &[(String, String)],
+        placement: &Placement,
+    ) -> Result<(), StoreError> {
         let has_urls = columns.iter().any(|(name, _)| name == "advertise_url");
         let has_tokens = columns
             .iter()
@@ -269,7 +280,12 @@ impl LeaseStore {
         if changes.is_empty() {
             return Ok(());
         }
-        let alter = format!("ALTER TABLE {} {}", self.table, changes.join(", "));
+        let alter = format!(
+            "ALTER TABLE {}{} {}",
+            self.table,
+            placement.on_cluster(),
+            changes.join(", ")
+        );
         self.ch
             .timed("ensure_schema", self.ch.client.query(&alter).execute())
             .await
@@ -379,8 +395,7 @@ impl LeaseStore {
             );
             let query = self
                 .ch
-                .client
-                .query(&sql)
+                .latest_read(&sql)
                 .param(
                     "ids",
                     chunk
@@ -494,7 +509,7 @@ impl LeaseStore {
     /// One state_id's live claim candidates and latest lease, in one round trip.
     pub async fn id_locks(&self, id: &StateId) -> Result<IdLocks, StoreError> {
         let sql = self.lock_rows_sql("state_id = {id:String}");
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.latest_read(&sql).param("id", id.as_str());
         let rows = self
             .ch
             .timed("lock_read", query.fetch_all::<LockRowIn>())
@@ -570,7 +585,7 @@ impl LeaseStore {
             "SELECT max(fencing_token) FROM {} WHERE state_id = {{id:String}} AND kind IN ('lease', 'tokens')",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.latest_read(&sql).param("id", id.as_str());
         self.ch.timed("token_read", query.fetch_one::<u64>()).await
     }
 

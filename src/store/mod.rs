@@ -1,9 +1,12 @@
 //! ClickHouse: one client, every round trip under the query timeout and
 //! measured, every value a bound parameter. One module per table.
 
+mod ddl;
 mod diagnosis;
+mod gateways_table;
 mod history_table;
 mod http_client;
+mod keeper_claims;
 mod lease_table;
 mod ping;
 mod state_table;
@@ -16,17 +19,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clickhouse::Client;
 use clickhouse::sql::Identifier as SqlIdentifier;
 
+pub use ddl::{ClusterName, InvalidClusterName, Placement};
 pub use diagnosis::Blocker;
+pub use gateways_table::GatewayStore;
 pub use history_table::{
     ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
+pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
 pub use lease_table::{
     Candidate, IdLocks, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease,
 };
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
-use crate::domain::CorruptState;
+use crate::domain::{Coordination, CorruptState};
 use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +59,9 @@ pub struct ClickHouse {
     pinger: Arc<ping::Pinger>,
     timeout: Duration,
     metrics: Arc<Metrics>,
+    /// Reads that must see the latest committed write ask for it
+    /// (`select_sequential_consistency`): set when tables have replicas.
+    sequential_reads: bool,
 }
 
 impl ClickHouse {
@@ -75,7 +84,29 @@ impl ClickHouse {
             pinger: Arc::new(ping::Pinger::new(target)),
             timeout,
             metrics,
+            sequential_reads: false,
         }
+    }
+
+    /// A query for a read that must see every write acknowledged before it
+    /// (what a state or lease row holds now), on any replica.
+    fn latest_read(&self, sql: &str) -> clickhouse::query::Query {
+        let query = self.client.query(sql);
+        if self.sequential_reads {
+            query.with_setting("select_sequential_consistency", "1")
+        } else {
+            query
+        }
+    }
+
+    /// The engine of database `name` (`Atomic`, `Replicated`, ...); empty if it does not exist.
+    async fn database_engine(&self, name: &str) -> Result<String, StoreError> {
+        let query = self
+            .bootstrap
+            .query("SELECT any(engine) FROM system.databases WHERE name = {name:String}")
+            .param("name", name);
+        self.timed("ensure_schema", query.fetch_one::<String>())
+            .await
     }
 
     /// Runs one ClickHouse round trip under the query timeout and records it.
@@ -159,24 +190,65 @@ impl ClickHouse {
     }
 }
 
+/// How the gateway's tables are laid out beyond their names: the claim
+/// protocol (keeper mode adds the claims table) and the `--cluster`.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub coordination: Coordination,
+    pub cluster: Option<ClusterName>,
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Self {
+            coordination: Coordination::Table,
+            cluster: None,
+        }
+    }
+}
+
 /// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease`
-/// for locks, `schema`.`table_history` for versions (unless history is off).
+/// for locks, `schema`.`table_history` for versions (unless history is off),
+/// `schema`.`table_gateways` for the gateways serving them, and in keeper
+/// mode `schema`.`table_claims` (KeeperMap) for claims.
 #[derive(Clone)]
 pub struct Store {
     pub clickhouse: ClickHouse,
     pub states: StateStore,
     pub leases: LeaseStore,
     pub history: Option<HistoryStore>,
+    pub gateways: GatewayStore,
+    pub claims: KeeperClaimStore,
     schema: Identifier,
     table: Identifier,
+    layout: Layout,
 }
 
 impl Store {
+    /// The tables of a single node in table mode.
     pub fn new(ch: ClickHouse, schema: Identifier, table: &Identifier, history: History) -> Self {
+        Self::with_layout(ch, schema, table, history, Layout::default())
+    }
+
+    pub fn with_layout(
+        mut ch: ClickHouse,
+        schema: Identifier,
+        table: &Identifier,
+        history: History,
+        layout: Layout,
+    ) -> Self {
+        ch.sequential_reads = layout.cluster.is_some();
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
+        let claims_table = claims_table_name(table);
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
             leases: LeaseStore::new(ch.clone(), qualified(&lease_table_name(table))),
+            gateways: GatewayStore::new(ch.clone(), qualified(&gateways_table_name(table))),
+            claims: KeeperClaimStore::new(
+                ch.clone(),
+                qualified(&claims_table),
+                keeper_claims::keeper_path(schema.as_str(), &claims_table),
+            ),
             history: match history {
                 History::Off => None,
                 History::Kept(retention) => Some(HistoryStore::new(
@@ -190,6 +262,7 @@ impl Store {
             clickhouse: ch,
             schema,
             table: table.clone(),
+            layout,
         }
     }
 
@@ -201,9 +274,14 @@ impl Store {
             ch.ensure_database(&ch.database).await?;
         }
         ch.ensure_database(self.schema.as_str()).await?;
+        let placement = Placement::new(
+            self.layout.cluster.clone(),
+            &ch.database_engine(self.schema.as_str()).await?,
+        );
         let lease_table = lease_table_name(&self.table);
         let history_table = history_table_name(&self.table);
         let history_view = history_view_name(&self.table);
+        let gateways_table = gateways_table_name(&self.table);
         let present = ch
             .present_tables(
                 self.schema.as_str(),
@@ -212,6 +290,7 @@ impl Store {
                     &lease_table,
                     &history_table,
                     &history_view,
+                    &gateways_table,
                 ],
             )
             .await?;
@@ -222,24 +301,49 @@ impl Store {
                 .map(|(_, engine)| engine.as_str())
         };
         if engine_of(self.table.as_str()).is_none() {
-            self.states.ensure_table().await?;
+            self.states.ensure_table(&placement).await?;
         }
         if engine_of(&lease_table).is_none() {
-            self.leases.ensure_table().await?;
+            self.leases.ensure_table(&placement).await?;
         } else {
             let columns = ch.columns(self.schema.as_str(), &lease_table).await?;
-            self.leases.upgrade_table(&columns).await?;
+            self.leases.upgrade_table(&columns, &placement).await?;
         }
         if let Some(history) = &self.history {
             match engine_of(&history_table) {
-                None => history.ensure_table().await?,
-                Some(engine) => history.ensure_retention(engine).await?,
+                None => history.ensure_table(&placement).await?,
+                Some(engine) => history.ensure_retention(engine, &placement).await?,
             }
             if engine_of(&history_view).is_none() {
-                history.ensure_view().await?;
+                history.ensure_view(&placement).await?;
             }
         }
+        if engine_of(&gateways_table).is_none() {
+            self.gateways.ensure_table(&placement).await?;
+        }
         Ok(())
+    }
+
+    /// In keeper mode, creates the claims table if missing and reads a key:
+    /// fails unless the server runs KeeperMap and reaches its Keeper now (a
+    /// table made earlier proves nothing about that). In table mode, nothing.
+    pub async fn ensure_claims(&self) -> Result<(), StoreError> {
+        if self.layout.coordination != Coordination::Keeper {
+            return Ok(());
+        }
+        let ch = &self.clickhouse;
+        let claims_table = claims_table_name(&self.table);
+        let present = ch
+            .present_tables(self.schema.as_str(), &[&claims_table])
+            .await?;
+        if present.is_empty() {
+            let placement = Placement::new(
+                self.layout.cluster.clone(),
+                &ch.database_engine(self.schema.as_str()).await?,
+            );
+            self.claims.ensure_table(&placement).await?;
+        }
+        self.claims.probe().await
     }
 }
 
@@ -253,6 +357,14 @@ fn history_view_name(table: &Identifier) -> String {
 
 fn lease_table_name(table: &Identifier) -> String {
     format!("{}_lease", table.as_str())
+}
+
+fn gateways_table_name(table: &Identifier) -> String {
+    format!("{}_gateways", table.as_str())
+}
+
+fn claims_table_name(table: &Identifier) -> String {
+    format!("{}_claims", table.as_str())
 }
 
 /// An error and its causes on one line: "client error (connect)" alone does

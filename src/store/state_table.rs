@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ddl::Placement;
 use super::{ClickHouse, StoreError, now_ms};
 use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
@@ -132,6 +133,20 @@ struct SummaryRow {
     updated_at_ms: i64,
 }
 
+/// The state table's DDL (see [`Placement`]).
+pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table}{} (
+            state_id String,
+            partial_state Nullable(String),
+            completed_state Nullable(String),
+            updated_at DateTime64(3) DEFAULT now64(3)
+        ) ENGINE = {} ORDER BY state_id",
+        placement.on_cluster(),
+        placement.merge_tree("ReplacingMergeTree", "updated_at"),
+    )
+}
+
 #[derive(Clone)]
 pub struct StateStore {
     ch: ClickHouse,
@@ -146,16 +161,8 @@ impl StateStore {
 
     /// Creates the state table if missing. Its layout is the seed plugin's,
     /// so either can serve a database the other wrote.
-    pub async fn ensure_table(&self) -> Result<(), StoreError> {
-        let create_table = format!(
-            "CREATE TABLE IF NOT EXISTS {} (
-                state_id String,
-                partial_state Nullable(String),
-                completed_state Nullable(String),
-                updated_at DateTime64(3) DEFAULT now64(3)
-            ) ENGINE = ReplacingMergeTree(updated_at) ORDER BY state_id",
-            self.table
-        );
+    pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
+        let create_table = create_table_sql(&self.table, placement);
         self.ch
             .timed(
                 "ensure_schema",
@@ -170,7 +177,7 @@ impl StateStore {
              FROM {} FINAL WHERE state_id = {{id:String}} LIMIT 1",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.latest_read(&sql).param("id", id.as_str());
         let row = self
             .ch
             .timed("get", query.fetch_optional::<StateRowIn>())
@@ -215,7 +222,7 @@ impl StateStore {
             self.table
         );
         let names: Vec<&str> = ids.iter().map(StateId::as_str).collect();
-        let query = self.ch.client.query(&sql).param("ids", names);
+        let query = self.ch.latest_read(&sql).param("ids", names);
         let rows = self
             .ch
             .timed("get_many", query.fetch_all::<ListedRow>())
@@ -255,7 +262,7 @@ impl StateStore {
              WHERE state_id = {{id:String}} LIMIT 1",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.latest_read(&sql).param("id", id.as_str());
         let version = self.ch.timed("get", query.fetch_optional::<i64>()).await?;
         Ok(version.map(Version::from_millis))
     }

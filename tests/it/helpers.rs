@@ -23,6 +23,14 @@ pub fn clickhouse_target() -> ClickHouseTarget {
         .expect("STATEHOUSE_TEST_CLICKHOUSE_URL must be a valid URI")
 }
 
+/// The second local ClickHouse node (`scripts/test` starts it): on the main
+/// one's ZooKeeper, so their KeeperMap tables share keys, with MergeTree
+/// tables of its own.
+pub fn node_b_url() -> String {
+    std::env::var("STATEHOUSE_TEST_CLICKHOUSE_NODE_B_URL")
+        .expect("STATEHOUSE_TEST_CLICKHOUSE_NODE_B_URL is set by scripts/test")
+}
+
 /// The local ClickHouse that checks credentials (`scripts/test` starts it):
 /// this URL's user may do anything.
 pub fn auth_clickhouse_url() -> String {
@@ -380,6 +388,24 @@ pub struct GatewayProcess {
 impl GatewayProcess {
     pub fn api(&self) -> Api {
         Api::new(self.base.clone())
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub async fn terminate(mut self) {
+        // Once it answers it serves, and SIGTERM reaches its handler: right
+        // after its ready line, the signal's default would still kill it.
+        assert_eq!(self.api().get("/readyz").await.status, StatusCode::OK);
+        let pid = self.child.id().expect("running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exited = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .unwrap();
+        assert!(exited.success(), "{exited}");
     }
 
     /// Kills the process and answers every line it logged.

@@ -1,0 +1,250 @@
+//! Where the gateway's tables are created, and so which DDL they take: on one
+//! node, plain engines; with `--cluster`, `ON CLUSTER` and the Replicated form
+//! of each MergeTree engine; in a database whose engine is `Replicated` (as on
+//! ClickHouse Cloud), Replicated engines without `ON CLUSTER`, which such a
+//! database refuses because it replicates its DDL itself.
+
+/// A `--cluster` name: spliced into DDL as a quoted literal, so it may hold
+/// what cluster names and macros do (`prod-1`, `{cluster}`) and nothing else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterName(String);
+
+/// A name that cannot be a cluster's.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a cluster name")]
+pub struct InvalidClusterName(pub String);
+
+impl ClusterName {
+    pub fn parse(raw: &str) -> Result<Self, InvalidClusterName> {
+        let valid = !raw.is_empty()
+            && raw.len() <= 128
+            && raw
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.{}".contains(c));
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidClusterName(raw.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// How the tables of one database are placed: the cluster option and the
+/// database's engine (`system.databases.engine`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    cluster: Option<ClusterName>,
+    replicated_database: bool,
+}
+
+impl Placement {
+    pub fn new(cluster: Option<ClusterName>, database_engine: &str) -> Self {
+        Self {
+            cluster,
+            replicated_database: database_engine == "Replicated",
+        }
+    }
+
+    /// ` ON CLUSTER 'name'` to follow a table's name in CREATE and ALTER, or nothing.
+    pub fn on_cluster(&self) -> String {
+        match &self.cluster {
+            Some(cluster) if !self.replicated_database => {
+                format!(" ON CLUSTER '{}'", cluster.as_str())
+            }
+            _ => String::new(),
+        }
+    }
+
+    /// `family(args)` as the engine to create: `ReplicatedReplacingMergeTree(version)`
+    /// when the tables are replicated. The Replicated form takes no path and
+    /// replica: the server's `default_replica_path` and `default_replica_name`
+    /// (`/clickhouse/tables/{uuid}/{shard}`, `{replica}`) apply, as ClickHouse
+    /// Cloud and Replicated databases require.
+    pub fn merge_tree(&self, family: &str, args: &str) -> String {
+        let prefix = if self.replicated() { "Replicated" } else { "" };
+        format!("{prefix}{family}({args})")
+    }
+
+    /// Whether MergeTree tables have replicas, whose reads can lag writes.
+    pub fn replicated(&self) -> bool {
+        self.cluster.is_some() || self.replicated_database
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_node() -> Placement {
+        Placement::new(None, "Atomic")
+    }
+
+    fn cluster() -> Placement {
+        Placement::new(Some(ClusterName::parse("prod-1").unwrap()), "Atomic")
+    }
+
+    fn replicated_database() -> Placement {
+        Placement::new(Some(ClusterName::parse("default").unwrap()), "Replicated")
+    }
+
+    #[test]
+    fn a_replicated_database_takes_replicated_engines_without_on_cluster() {
+        assert_eq!(replicated_database().on_cluster(), "");
+        assert_eq!(
+            replicated_database().merge_tree("MergeTree", ""),
+            "ReplicatedMergeTree()"
+        );
+        assert_eq!(
+            Placement::new(None, "Replicated").merge_tree("ReplacingMergeTree", "v"),
+            "ReplicatedReplacingMergeTree(v)"
+        );
+    }
+
+    #[test]
+    fn a_cluster_takes_on_cluster_and_replicated_engines() {
+        assert_eq!(cluster().on_cluster(), " ON CLUSTER 'prod-1'");
+        assert_eq!(
+            cluster().merge_tree("ReplacingMergeTree", "version"),
+            "ReplicatedReplacingMergeTree(version)"
+        );
+        assert_eq!(one_node().on_cluster(), "");
+        assert_eq!(one_node().merge_tree("MergeTree", ""), "MergeTree()");
+        assert!(!one_node().replicated());
+    }
+
+    /// Every statement the gateway creates or alters its tables with, as
+    /// placed by `placement`.
+    fn every_statement(placement: &Placement) -> Vec<String> {
+        let retention = Some(std::time::Duration::from_secs(86_400));
+        vec![
+            super::super::state_table::create_table_sql("`m`.`state`", placement),
+            super::super::lease_table::create_table_sql("`m`.`state_lease`", placement),
+            super::super::history_table::create_table_sql(
+                "`m`.`state_history`",
+                retention,
+                placement,
+            ),
+            super::super::history_table::create_view_sql(
+                "`m`.`state_history_writes`",
+                "`m`.`state`",
+                "`m`.`state_history`",
+                placement,
+            ),
+            super::super::history_table::retention_sql(
+                "`m`.`state_history`",
+                retention,
+                "MergeTree ORDER BY (state_id, version)",
+                placement,
+            )
+            .unwrap(),
+            super::super::gateways_table::create_table_sql("`m`.`state_gateways`", placement),
+            super::super::keeper_claims::create_table_sql(
+                "`m`.`state_claims`",
+                "/statehouse/m/state_claims",
+                placement,
+            ),
+        ]
+    }
+
+    fn engine(statement: &str) -> Option<&str> {
+        let rest = statement.split("ENGINE = ").nth(1)?;
+        Some(&rest[..rest.find('(')?])
+    }
+
+    #[test]
+    fn on_one_node_every_table_is_plain() {
+        let statements = every_statement(&one_node());
+        let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+        assert_eq!(
+            engines,
+            [
+                "ReplacingMergeTree",
+                "ReplacingMergeTree",
+                "MergeTree",
+                "ReplacingMergeTree",
+                "KeeperMap"
+            ]
+        );
+        for statement in &statements {
+            assert!(!statement.contains("ON CLUSTER"), "{statement}");
+        }
+        assert!(statements[0].contains("ReplacingMergeTree(updated_at) ORDER BY state_id"));
+        assert!(statements[1].contains("ReplacingMergeTree(version)"));
+    }
+
+    #[test]
+    fn with_a_cluster_every_statement_is_on_it_and_every_merge_tree_replicated() {
+        let statements = every_statement(&cluster());
+        let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+        assert_eq!(
+            engines,
+            [
+                "ReplicatedReplacingMergeTree",
+                "ReplicatedReplacingMergeTree",
+                "ReplicatedMergeTree",
+                "ReplicatedReplacingMergeTree",
+                "KeeperMap"
+            ]
+        );
+        for statement in &statements {
+            // Right after the statement's table, once.
+            assert_eq!(
+                statement.matches("` ON CLUSTER 'prod-1' ").count(),
+                1,
+                "{statement}"
+            );
+        }
+        assert!(
+            statements[0]
+                .contains("ENGINE = ReplicatedReplacingMergeTree(updated_at) ORDER BY state_id")
+        );
+        assert!(statements[1].contains("ENGINE = ReplicatedReplacingMergeTree(version)"));
+        assert!(
+            statements[2]
+                .contains("ENGINE = ReplicatedMergeTree() ORDER BY (state_id, version) TTL")
+        );
+        assert!(statements[3].starts_with(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS `m`.`state_history_writes` ON CLUSTER 'prod-1' TO `m`.`state`"
+        ));
+        assert!(
+            statements[6]
+                .contains("ENGINE = KeeperMap('/statehouse/m/state_claims') PRIMARY KEY state_id")
+        );
+    }
+
+    #[test]
+    fn in_a_replicated_database_nothing_is_on_cluster_and_every_merge_tree_replicated() {
+        for placement in [replicated_database(), Placement::new(None, "Replicated")] {
+            let statements = every_statement(&placement);
+            let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+            assert_eq!(
+                engines,
+                [
+                    "ReplicatedReplacingMergeTree",
+                    "ReplicatedReplacingMergeTree",
+                    "ReplicatedMergeTree",
+                    "ReplicatedReplacingMergeTree",
+                    "KeeperMap"
+                ]
+            );
+            for statement in &statements {
+                assert!(!statement.contains("ON CLUSTER"), "{statement}");
+            }
+            assert!(placement.replicated());
+        }
+    }
+
+    #[test]
+    fn cluster_names_are_names_or_macros_only() {
+        for good in ["default", "prod-1", "{cluster}", "a.b_c"] {
+            assert!(ClusterName::parse(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a'b", "a b", "x;DROP", "`x`"] {
+            assert!(ClusterName::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

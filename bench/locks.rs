@@ -1,6 +1,7 @@
 //! Lock cycles (acquire + release) through the gateway: the first acquire on a
 //! state_id (which runs the ClickHouse claim and its settle time) beside
-//! repeat acquires on the same gateway (which must not), the same repeat
+//! the first acquire in keeper mode (a claim in Keeper, no settle) and
+//! repeat acquires on the same gateway (which need no claim), the same repeat
 //! cycles on the id's authority beside those sent through a peer gateway
 //! that forwards them (one hop more), and cycles/s with 1, 8 and 64
 //! state_ids locked in parallel.
@@ -95,15 +96,22 @@ async fn authority_and_peer(http: &reqwest::Client) -> (Vec<Duration>, Vec<Durat
 async fn main() {
     let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
     let (base, settle) = (gateway.base, gateway.config.locks.settle);
+    let keeper =
+        support::start_gateway_in(&support::new_schema(), false, &["--coordination", "keeper"])
+            .await;
     let http = reqwest::Client::new();
 
     let mut first = Vec::new();
+    let mut first_keeper = Vec::new();
     let mut repeat = Vec::new();
     for n in 0..FIRST_ACQUIRES {
         let id = format!("first-{n}");
         let t = Instant::now();
         cycle(&http, &base, &id).await;
         first.push(t.elapsed());
+        let t = Instant::now();
+        cycle(&http, &keeper.base, &id).await;
+        first_keeper.push(t.elapsed());
         // Interleave: repeat cycles on the state_id whose claim is now held.
         for _ in 0..REPEAT_CYCLES / FIRST_ACQUIRES {
             let t = Instant::now();
@@ -115,6 +123,10 @@ async fn main() {
         percentile_ms(&mut first, 0.5),
         percentile_ms(&mut first, 0.99),
     );
+    let (k50, k99) = (
+        percentile_ms(&mut first_keeper, 0.5),
+        percentile_ms(&mut first_keeper, 0.99),
+    );
     let (r50, r99) = (
         percentile_ms(&mut repeat, 0.5),
         percentile_ms(&mut repeat, 0.99),
@@ -124,8 +136,13 @@ async fn main() {
     println!("{:<34} {:>7} {:>9} {:>9}", "cycle", "n", "p50 ms", "p99 ms");
     println!(
         "{:<34} {:>7} {f50:>9.2} {f99:>9.2}",
-        "first acquire on a state_id",
+        "first acquire, --coordination table",
         first.len()
+    );
+    println!(
+        "{:<34} {:>7} {k50:>9.2} {k99:>9.2}",
+        "first acquire, --coordination keeper",
+        first_keeper.len()
     );
     println!(
         "{:<34} {:>7} {r50:>9.2} {r99:>9.2}",
@@ -135,6 +152,10 @@ async fn main() {
     println!(
         "first / repeat p50: {:.1}x (the seed plugin pays its 1 s settle on every acquire)",
         f50 / r50
+    );
+    println!(
+        "first acquire keeper / table p50: {:.3}x (goal: at most 0.25x; Keeper needs no settle)",
+        k50 / f50
     );
 
     let (mut direct, mut forwarded) = authority_and_peer(&http).await;

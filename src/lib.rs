@@ -154,6 +154,7 @@ impl App {
             config.locks.clone(),
             config.query_timeout,
             store.leases,
+            store.claims,
             metrics.clone(),
         ));
         match &config.locks.advertise_url {

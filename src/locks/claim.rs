@@ -1,7 +1,14 @@
-//! The claim protocol in ClickHouse: a gateway proposes a candidate row
-//! stamped with the server's clock, lets it settle, and holds the claim once
-//! its candidate is the earliest live one.
+//! The gateway claim: which gateway is a state_id's authority. One
+//! interface, two protocols chosen at start with `--coordination`:
+//! [`table`] (candidates in the lease table and a settle, for one ClickHouse
+//! node) and [`keeper`] (a KeeperMap key per state_id, for any topology).
+//! Everything above the claim (leases in memory, forwarding, lease rows)
+//! is the same for both.
 
+mod keeper;
+mod table;
+
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -10,15 +17,22 @@ use super::LockManager;
 use super::forward::Peer;
 use super::slot::{HeldClaim, LocalLease, TokenBlock};
 use crate::domain::{Lease, StateId};
-use crate::metrics::LockEvent;
-use crate::store::{Candidate, IdLocks, LeaseState, StoreError, StoredLease, now_ms};
+use crate::store::{Candidate, KeeperClaimStore, LeaseState, StoreError, StoredLease, now_ms};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
 const TOKENS_PER_BLOCK: u64 = 1024;
 
-/// How often a candidate waiting in line looks whether its turn has come.
+/// How often a gateway waiting in line for a claim looks whether its turn
+/// has come.
 const CLAIM_POLL: Duration = Duration::from_millis(100);
+
+/// The claim protocol this gateway speaks.
+#[derive(Clone)]
+pub(super) enum Claims {
+    Table,
+    Keeper(Box<KeeperClaimStore>),
+}
 
 /// What one claim attempt came to.
 pub(super) enum ClaimOutcome {
@@ -35,190 +49,249 @@ pub(super) struct WonClaim {
     pub adopted: Option<LocalLease>,
 }
 
-/// A candidate row this attempt proposed. Dropped before the attempt settles
-/// it (its future abandoned), it is withdrawn in the background: a live
-/// candidate nobody acts on would make every later attempt wait out its TTL.
-struct Proposed<'a> {
-    manager: &'a LockManager,
-    id: StateId,
-    candidate: Candidate,
-    settled: bool,
+/// Who holds an id's claim, with the lease ClickHouse records for it.
+pub(super) struct Authority {
+    /// Gateways with a live claim on the id, the holder first (in table
+    /// mode the others are candidates in line).
+    pub claims: Vec<Candidate>,
+    /// The id's lease row.
+    pub lease: Option<StoredLease>,
 }
 
-impl Proposed<'_> {
-    /// The attempt decided the candidate's fate itself.
-    fn settle(mut self) {
-        self.settled = true;
+impl Authority {
+    /// The gateway holding the claim, if any does.
+    pub fn holder(&self) -> Option<&Candidate> {
+        self.claims.first()
+    }
+
+    /// The recorded lease row, if its lease is in force.
+    pub fn in_force(&self) -> Option<&StoredLease> {
+        let stored = self.lease.as_ref()?;
+        in_force(stored, |gateway| {
+            self.claims.iter().any(|c| c.gateway_id == gateway)
+        })
+        .then_some(stored)
+    }
+
+    /// The recorded lease, if it is in force.
+    pub fn lease_in_force(&self) -> Option<&Lease> {
+        self.in_force().map(|stored| &stored.record.lease)
     }
 }
 
-impl Drop for Proposed<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.manager
-                .withdraw_in_background(self.id.clone(), self.candidate.clone());
+/// Whether a recorded lease is in force: this is the one place the rule is
+/// written. Unexpired, and either handed over at a shutdown (no gateway
+/// holds it; the next authority adopts it) or held by a gateway whose claim
+/// on the id is live: a lease ends with its authority's claim.
+pub(super) fn in_force(stored: &StoredLease, has_claim: impl Fn(Uuid) -> bool) -> bool {
+    stored.unexpired
+        && match stored.record.state {
+            LeaseState::HandedOver => true,
+            LeaseState::Held => has_claim(stored.record.lease.gateway_id),
+            LeaseState::Released => false,
         }
-    }
 }
 
 impl LockManager {
-    /// Claims `id`: proposes a candidate, lets it settle, and wins if it is
-    /// the earliest live candidate. When a gateway with an advertised URL is
-    /// earlier, the attempt withdraws and the request is forwarded there.
-    /// When the earlier one cannot be forwarded to, the candidate stays in
-    /// line (renewed) until it is the earliest or `deadline` passes: the
-    /// holder sees it waiting and hands over, and the waiter wins by its
-    /// place, not by a race against fresh candidates.
+    /// Claims `id` for this gateway, waiting in line until `deadline` behind
+    /// a holder that cannot be forwarded to.
     pub(super) async fn try_claim(
         &self,
         id: &StateId,
         deadline: Instant,
     ) -> Result<ClaimOutcome, StoreError> {
-        let gateway_id = self.settings.gateway_id;
-        let claim_ttl = self.settings.claim_ttl;
-        // Until the proposal is known to have landed its place in line is
-        // unknown; a withdrawal (highest version) covers it either way.
-        let mut proposed = Proposed {
-            manager: self,
-            id: id.clone(),
-            candidate: Candidate {
-                claim_id: Uuid::new_v4(),
-                gateway_id,
-                created_ms: 0,
-                advertise_url: String::new(),
-                expires_ms: 0,
-            },
-            settled: false,
-        };
-        let mut written_at = Instant::now();
-        self.leases
-            .propose_claim(
-                id,
-                proposed.candidate.claim_id,
-                gateway_id,
-                self.settings.advertise_url.as_deref().unwrap_or(""),
-                claim_ttl,
-            )
-            .await?;
-        tokio::time::sleep(self.settings.settle).await;
-        loop {
-            let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
-            let Some(mine) = candidates
-                .iter()
-                .find(|c| c.claim_id == proposed.candidate.claim_id)
-                .cloned()
-            else {
-                // Our candidate lapsed (a stall longer than the claim TTL).
-                proposed.settle();
-                self.metrics.lock_event(LockEvent::ClaimLoss);
-                return Ok(ClaimOutcome::Lost);
-            };
-            proposed.candidate = mine;
-            if let Some(first) = candidates
-                .first()
-                .filter(|c| c.gateway_id != gateway_id && !c.advertise_url.is_empty())
-            {
-                // Dropping `proposed` withdraws our candidate.
-                return Ok(ClaimOutcome::Elsewhere(Peer::of(first)));
-            }
-            // Gateways peers can reach forward to the winner instead of waiting.
-            let others_waiting = candidates
-                .iter()
-                .any(|c| c.claim_id != proposed.candidate.claim_id && c.advertise_url.is_empty());
-            if candidates.first().map(|c| c.claim_id) == Some(proposed.candidate.claim_id) {
-                let mut won = self
-                    .won(
-                        id,
-                        proposed.candidate.clone(),
-                        written_at,
-                        others_waiting,
-                        lease,
-                    )
-                    .await?;
-                // Won late (a slow ClickHouse, a long line): renew before the
-                // winner's grant, so that its lease is not dead on arrival.
-                if won
-                    .claim
-                    .valid_until
-                    .saturating_duration_since(Instant::now())
-                    < self.grant_margin()
-                {
-                    let started = Instant::now();
-                    self.leases
-                        .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
-                        .await?;
-                    won.claim.valid_until = started + self.claim_margin();
-                }
-                proposed.settle();
-                return Ok(ClaimOutcome::Won(Box::new(won)));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                self.metrics.lock_event(LockEvent::ClaimLoss);
-                return Ok(ClaimOutcome::Lost);
-            }
-            if now.duration_since(written_at) >= claim_ttl / 3 {
-                self.leases
-                    .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
-                    .await?;
-                written_at = now;
-            }
-            tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+        match &self.claims {
+            Claims::Table => self.claim_in_table(id, deadline).await,
+            Claims::Keeper(store) => self.claim_in_keeper(store, id, deadline).await,
         }
     }
 
-    /// Takes over a claim just won: a block of fencing tokens above every
-    /// token before, and a lease handed on by a gateway that shut down.
-    /// `latest` was read with the candidates that showed the win: a gateway
-    /// hands its leases on before it withdraws its claims, so a read that
-    /// sees the withdrawal sees the hand-over too.
-    async fn won(
-        &self,
-        id: &StateId,
-        candidate: Candidate,
-        written_at: Instant,
-        others_waiting: bool,
-        latest: Option<StoredLease>,
-    ) -> Result<WonClaim, StoreError> {
-        let tokens = self.reserve_tokens(id, 0).await?;
-        self.metrics.lock_event(LockEvent::ClaimWin);
-        let adopted = latest
-            .filter(|s| s.live && s.record.state == LeaseState::HandedOver)
-            .map(|stored| {
-                let record = stored.record;
-                let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
-                LocalLease {
-                    deadline: Instant::now() + Duration::from_millis(remaining),
-                    version: record.version.renewed(),
-                    lease: Lease {
-                        gateway_id: self.settings.gateway_id,
-                        ..record.lease
-                    },
-                }
-            });
-        Ok(WonClaim {
-            claim: HeldClaim {
-                candidate,
-                valid_until: written_at + self.claim_margin(),
-                handover: others_waiting,
-            },
-            tokens,
-            adopted,
-        })
-    }
-
-    /// Reserves the next block of fencing tokens for `id`, above every token
-    /// reserved or recorded so far (and at least `first`); the reservation is
-    /// written before any of them is handed out.
+    /// Reserves the next block of fencing tokens under the held claim, from
+    /// `first` on at least. None: the claim turned out to be lost.
     pub(super) async fn reserve_tokens(
         &self,
         id: &StateId,
+        claim_id: Uuid,
         first: u64,
-    ) -> Result<TokenBlock, StoreError> {
-        let next = (self.leases.last_token(id).await? + 1).max(first);
-        let last = next + TOKENS_PER_BLOCK - 1;
-        self.leases.reserve_tokens(id, last).await?;
-        Ok(TokenBlock { next, last })
+    ) -> Result<Option<TokenBlock>, StoreError> {
+        match &self.claims {
+            Claims::Table => self.reserve_in_table(id, first).await.map(Some),
+            Claims::Keeper(store) => self.reserve_in_keeper(store, id, claim_id, first).await,
+        }
+    }
+
+    /// Renews held claims; answers the ones found lost (another gateway's
+    /// now), which the caller drops.
+    pub(super) async fn renew_claims(
+        &self,
+        held: &[(StateId, Uuid)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        match &self.claims {
+            Claims::Table => {
+                let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
+                self.leases
+                    .renew_claims(self.settings.gateway_id, &ids, self.settings.claim_ttl)
+                    .await
+                    .map(|()| Vec::new())
+            }
+            Claims::Keeper(store) => self.renew_in_keeper(store, held).await,
+        }
+    }
+
+    /// Gives up held claims (idle, handed over, or at shutdown).
+    pub(super) async fn withdraw_claims(
+        &self,
+        claims: &[(StateId, Uuid)],
+    ) -> Result<(), StoreError> {
+        match &self.claims {
+            Claims::Table => {
+                let ids: Vec<Uuid> = claims.iter().map(|(_, claim)| *claim).collect();
+                self.leases
+                    .withdraw_claims(self.settings.gateway_id, &ids)
+                    .await
+            }
+            Claims::Keeper(store) => {
+                for (id, claim_id) in claims {
+                    store.release(id, *claim_id).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Withdraws a claim without making anyone wait for it (a drop guard, a
+    /// hand-over): nothing here depends on its landing before the caller goes on.
+    pub(super) fn withdraw_in_background(&self, id: StateId, candidate: Candidate) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (claims, leases) = (self.claims.clone(), self.leases.clone());
+        runtime.spawn(async move {
+            let withdrawn = match &claims {
+                Claims::Table => leases.withdraw_claim(&id, &candidate).await,
+                Claims::Keeper(store) => store.release(&id, candidate.claim_id).await.map(drop),
+            };
+            if let Err(err) = withdrawn {
+                tracing::warn!(state_id = %id, error = %err, "could not withdraw a claim");
+            }
+        });
+    }
+
+    /// Which of the held ids another gateway waits for.
+    pub(super) async fn contested(&self, ids: &[StateId]) -> Result<HashSet<StateId>, StoreError> {
+        match &self.claims {
+            Claims::Table => Ok(self
+                .leases
+                .contested(self.settings.gateway_id, ids)
+                .await?
+                .into_iter()
+                .collect()),
+            Claims::Keeper(store) => Ok(store
+                .read_many(ids)
+                .await?
+                .into_iter()
+                .filter(|(_, read)| {
+                    read.claim.as_ref().is_some_and(|c| {
+                        c.waiting_gateway
+                            .is_some_and(|w| w != self.settings.gateway_id)
+                    })
+                })
+                .map(|(id, _)| id)
+                .collect()),
+        }
+    }
+
+    /// Who holds `id`'s claim, with the lease row recorded for it.
+    pub(super) async fn authority(&self, id: &StateId) -> Result<Authority, StoreError> {
+        match &self.claims {
+            Claims::Table => {
+                let locks = self.leases.id_locks(id).await?;
+                Ok(Authority {
+                    claims: locks.candidates,
+                    lease: locks.lease,
+                })
+            }
+            Claims::Keeper(store) => {
+                let (read, locks) = tokio::join!(store.read(id), self.leases.id_locks(id));
+                let read = read?;
+                let holder = read
+                    .claim
+                    .and_then(|c| c.holder)
+                    .filter(|h| h.expires_ms > read.now_ms)
+                    .map(|h| Candidate {
+                        claim_id: h.claim_id,
+                        gateway_id: h.gateway_id,
+                        created_ms: 0,
+                        advertise_url: h.advertise_url,
+                        expires_ms: h.expires_ms,
+                    });
+                Ok(Authority {
+                    claims: holder.into_iter().collect(),
+                    lease: locks?.lease,
+                })
+            }
+        }
+    }
+
+    /// Every lease ClickHouse records as in force, through any gateway.
+    pub(super) async fn recorded_leases(&self) -> Result<Vec<Lease>, StoreError> {
+        let unexpired = self.leases.unexpired_leases().await?;
+        let keeper_holders: HashMap<StateId, Uuid> = match &self.claims {
+            Claims::Table => HashMap::new(),
+            Claims::Keeper(store) => {
+                let ids: Vec<StateId> = unexpired
+                    .iter()
+                    .filter_map(|l| l.lease.as_ref())
+                    .map(|l| l.record.lease.state_id.clone())
+                    .collect();
+                store
+                    .read_many(&ids)
+                    .await?
+                    .into_iter()
+                    .filter_map(|(id, read)| {
+                        let holder = read.claim?.holder?;
+                        (holder.expires_ms > read.now_ms).then_some((id, holder.gateway_id))
+                    })
+                    .collect()
+            }
+        };
+        Ok(unexpired
+            .into_iter()
+            .filter_map(|locks| {
+                let stored = locks.lease?;
+                let id = &stored.record.lease.state_id;
+                let has_claim = |gateway: Uuid| match &self.claims {
+                    Claims::Table => locks.candidates.iter().any(|c| c.gateway_id == gateway),
+                    Claims::Keeper(_) => keeper_holders.get(id) == Some(&gateway),
+                };
+                in_force(&stored, has_claim).then(|| stored.record.lease.clone())
+            })
+            .collect())
+    }
+
+    /// The other gateways that hold claims and can be reached.
+    pub(super) async fn claim_holders(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let me = self.settings.gateway_id;
+        match &self.claims {
+            Claims::Table => self.leases.peers(me).await,
+            Claims::Keeper(store) => store.holders(me).await,
+        }
+    }
+
+    /// A lease handed on by a gateway that shut down and still running,
+    /// taken over by this gateway with a claim just won.
+    fn adopt(&self, latest: Option<StoredLease>) -> Option<LocalLease> {
+        let stored = latest.filter(|s| s.unexpired && s.record.state == LeaseState::HandedOver)?;
+        let record = stored.record;
+        let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
+        Some(LocalLease {
+            deadline: Instant::now() + Duration::from_millis(remaining),
+            version: record.version.renewed(),
+            lease: Lease {
+                gateway_id: self.settings.gateway_id,
+                ..record.lease
+            },
+        })
     }
 
     /// How long a claim written at some instant is surely still live: its TTL
@@ -234,18 +307,86 @@ impl LockManager {
     pub(super) fn grant_margin(&self) -> Duration {
         self.settings.claim_ttl / 2
     }
+}
 
-    /// Withdraws a claim without making anyone wait for it (a drop guard, a
-    /// hand-over): nothing here depends on its landing before the caller goes on.
-    pub(super) fn withdraw_in_background(&self, id: StateId, candidate: Candidate) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{LeaseRecord, LeaseVersion};
+
+    const HOLDER: Uuid = Uuid::from_u128(1);
+    const OTHER: Uuid = Uuid::from_u128(2);
+
+    fn stored(state: LeaseState, unexpired: bool) -> StoredLease {
+        StoredLease {
+            record: LeaseRecord {
+                lease: Lease {
+                    state_id: StateId::parse("id".to_owned()).unwrap(),
+                    lease_id: Uuid::new_v4(),
+                    owner: "worker".to_owned(),
+                    fencing_token: 7,
+                    gateway_id: HOLDER,
+                    acquired_ms: 1,
+                    expires_ms: 2,
+                },
+                version: LeaseVersion::granted(7),
+                state,
+            },
+            unexpired,
+        }
+    }
+
+    fn claims(gateways: &[Uuid]) -> impl Fn(Uuid) -> bool {
+        let gateways = gateways.to_vec();
+        move |gateway| gateways.contains(&gateway)
+    }
+
+    #[test]
+    fn a_held_lease_is_in_force_only_while_its_gateway_holds_a_live_claim() {
+        assert!(in_force(&stored(LeaseState::Held, true), claims(&[HOLDER])));
+        assert!(in_force(
+            &stored(LeaseState::Held, true),
+            claims(&[OTHER, HOLDER])
+        ));
+        assert!(!in_force(&stored(LeaseState::Held, true), claims(&[OTHER])));
+        assert!(!in_force(&stored(LeaseState::Held, true), claims(&[])));
+    }
+
+    #[test]
+    fn a_handed_over_lease_is_in_force_with_no_claim_until_it_expires() {
+        assert!(in_force(&stored(LeaseState::HandedOver, true), claims(&[])));
+        assert!(!in_force(
+            &stored(LeaseState::HandedOver, false),
+            claims(&[])
+        ));
+    }
+
+    #[test]
+    fn released_and_expired_leases_are_not_in_force() {
+        assert!(!in_force(
+            &stored(LeaseState::Released, true),
+            claims(&[HOLDER])
+        ));
+        assert!(!in_force(
+            &stored(LeaseState::Held, false),
+            claims(&[HOLDER])
+        ));
+    }
+
+    #[test]
+    fn an_authority_read_names_the_first_claim_its_holder() {
+        let candidate = |gateway_id| Candidate {
+            claim_id: Uuid::new_v4(),
+            gateway_id,
+            created_ms: 0,
+            advertise_url: String::new(),
+            expires_ms: 0,
         };
-        let leases = self.leases.clone();
-        runtime.spawn(async move {
-            if let Err(err) = leases.withdraw_claim(&id, &candidate).await {
-                tracing::warn!(state_id = %id, error = %err, "could not withdraw a claim");
-            }
-        });
+        let read = Authority {
+            claims: vec![candidate(OTHER), candidate(HOLDER)],
+            lease: Some(stored(LeaseState::Held, true)),
+        };
+        assert_eq!(read.holder().map(|c| c.gateway_id), Some(OTHER));
+        assert!(read.lease_in_force().is_some(), "its gateway is in line");
     }
 }

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::{LockError, LockManager};
 use crate::domain::{Lease, StateId};
-use crate::store::{Candidate, IdLocks, now_ms};
+use crate::store::{Candidate, now_ms};
 
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
 
@@ -128,9 +128,9 @@ impl LockManager {
             return Ok(Route::Peer(peer));
         }
         let at = Instant::now();
-        let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
-        let Some(first) = candidates.first() else {
-            let lease = lease.filter(|s| s.live).map(|s| s.record.lease);
+        let authority = self.authority(id).await?;
+        let Some(first) = authority.holder() else {
+            let lease = authority.lease_in_force().cloned();
             return Ok(Route::Here(Some(SeenLease { lease, at })));
         };
         if first.gateway_id == self.settings.gateway_id {
@@ -155,7 +155,7 @@ impl LockManager {
     /// one after another: there are a handful. One that cannot be reached is
     /// logged; its claims lapse without it.
     pub async fn tell_peers(&self, parts: &Parts, body: &Bytes) -> Result<(), LockError> {
-        for (gateway_id, url) in self.leases.peers(self.settings.gateway_id).await? {
+        for (gateway_id, url) in self.claim_holders().await? {
             let peer = Peer {
                 gateway_id,
                 url: url.trim_end_matches('/').to_owned(),

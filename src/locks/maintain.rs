@@ -45,7 +45,7 @@ impl LockManager {
             });
             if drop_claim {
                 let claim = st.claim.take().expect("checked above");
-                withdrawn.push(claim.candidate.claim_id);
+                withdrawn.push((id, claim.candidate.claim_id));
                 drop(st);
                 slot.changed.notify_waiters();
                 continue;
@@ -57,9 +57,8 @@ impl LockManager {
                 }
             }
         }
-        let gateway_id = self.settings.gateway_id;
         if !withdrawn.is_empty()
-            && let Err(err) = self.leases.withdraw_claims(gateway_id, &withdrawn).await
+            && let Err(err) = self.withdraw_claims(&withdrawn).await
         {
             // They expire by themselves; until then they only delay other gateways.
             tracing::warn!(error = %err, claims = withdrawn.len(), "could not withdraw idle claims");
@@ -74,17 +73,26 @@ impl LockManager {
 
     async fn renew_held(&self, held: &[(StateId, Uuid)]) {
         let started = Instant::now();
-        let claims: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
-        if let Err(err) = self
-            .leases
-            .renew_claims(self.settings.gateway_id, &claims, self.settings.claim_ttl)
-            .await
-        {
-            tracing::warn!(error = %err, claims = claims.len(), "could not renew claims; they lapse if this goes on");
-            return;
-        }
+        let lost = match self.renew_claims(held).await {
+            Ok(lost) => lost,
+            Err(err) => {
+                tracing::warn!(error = %err, claims = held.len(), "could not renew claims; they lapse if this goes on");
+                return;
+            }
+        };
         let valid_until = started + self.claim_margin();
         for (id, claim_id) in held {
+            if lost.contains(claim_id) {
+                if let Some(slot) = self.existing_slot(id) {
+                    let mut st = slot.lock();
+                    if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(*claim_id) {
+                        st.lose_claim(id, &self.metrics);
+                        drop(st);
+                        slot.changed.notify_waiters();
+                    }
+                }
+                continue;
+            }
             self.with_held_claim(id, *claim_id, |claim| {
                 claim.valid_until = claim.valid_until.max(valid_until);
             });
@@ -108,7 +116,7 @@ impl LockManager {
     /// Marks the claims another gateway waits for, to hand them over.
     async fn notice_contested(&self, held: &[(StateId, Uuid)]) {
         let ids: Vec<StateId> = held.iter().map(|(id, _)| id.clone()).collect();
-        let Ok(contested) = self.leases.contested(self.settings.gateway_id, &ids).await else {
+        let Ok(contested) = self.contested(&ids).await else {
             return;
         };
         for (id, claim_id) in held {
@@ -156,10 +164,10 @@ impl LockManager {
     pub async fn hand_back(&self) {
         self.writes_landed().await;
         let mut claims = Vec::new();
-        for (_, slot) in self.snapshot() {
+        for (id, slot) in self.snapshot() {
             let mut st = slot.lock();
             if let Some(claim) = st.claim.take() {
-                claims.push(claim.candidate.claim_id);
+                claims.push((id, claim.candidate.claim_id));
                 if let Some(local) = st.lease.take() {
                     self.recorder.record(LeaseRecord {
                         lease: local.lease,
@@ -178,11 +186,7 @@ impl LockManager {
         if claims.is_empty() {
             return;
         }
-        if let Err(err) = self
-            .leases
-            .withdraw_claims(self.settings.gateway_id, &claims)
-            .await
-        {
+        if let Err(err) = self.withdraw_claims(&claims).await {
             tracing::warn!(error = %err, claims = claims.len(), "could not withdraw claims; they lapse by themselves");
         }
     }

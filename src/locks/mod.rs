@@ -58,17 +58,20 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use self::claim::ClaimOutcome;
+use self::claim::{ClaimOutcome, Claims};
 use self::forward::{Authorities, PeerClient};
 pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route, SeenLease};
 use self::record::Recorder;
 use self::slot::{ClaimAttempt, InLine, Rules, Slot, Step, Waiter, millis};
 pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
+use crate::domain::Coordination;
 pub use crate::domain::Lease;
 use crate::domain::StateId;
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoreError, now_ms};
+use crate::store::{
+    KeeperClaimStore, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoreError, now_ms,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -99,9 +102,12 @@ pub enum LockError {
     Store(#[from] StoreError),
 }
 
-/// How often a 409 looks again for a holder that another gateway granted a
-/// moment ago (see [`LockManager::held_elsewhere`]).
+/// How often, and for how long at least, a 409 looks again for a holder
+/// that another gateway granted a moment ago (see
+/// [`LockManager::held_elsewhere`]): the lease row follows the grant within
+/// one write behind.
 const HOLDER_POLL: Duration = Duration::from_millis(25);
+const HOLDER_WAIT: Duration = Duration::from_secs(2);
 
 /// The lock handle every request shares.
 pub struct LockManager {
@@ -109,6 +115,8 @@ pub struct LockManager {
     /// The longest one ClickHouse round trip may take: what a write under a
     /// lease that just ended may keep the next grant waiting.
     query_timeout: Duration,
+    /// Where claims are kept: the lease table or Keeper (`--coordination`).
+    claims: Claims,
     leases: LeaseStore,
     metrics: Arc<Metrics>,
     /// One slot per state_id this gateway has business with; the map's lock
@@ -126,11 +134,17 @@ impl LockManager {
         settings: LockSettings,
         query_timeout: Duration,
         leases: LeaseStore,
+        keeper: KeeperClaimStore,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let claims = match settings.coordination {
+            Coordination::Table => Claims::Table,
+            Coordination::Keeper => Claims::Keeper(Box::new(keeper)),
+        };
         Self {
             settings,
             query_timeout,
+            claims,
             recorder: Recorder::new(leases.clone()),
             leases,
             metrics,
@@ -243,25 +257,28 @@ impl LockManager {
                 }
                 Step::RenewClaim(claim_id) => {
                     let started = Instant::now();
-                    self.leases
-                        .renew_claims(
-                            self.settings.gateway_id,
-                            &[claim_id],
-                            self.settings.claim_ttl,
-                        )
-                        .await?;
-                    if let Some(claim) = slot
-                        .lock()
-                        .claim
-                        .as_mut()
-                        .filter(|c| c.candidate.claim_id == claim_id)
-                    {
-                        claim.valid_until = started + self.claim_margin();
+                    let lost = self.renew_claims(&[(id.clone(), claim_id)]).await?;
+                    let mut st = slot.lock();
+                    if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(claim_id) {
+                        if lost.contains(&claim_id) {
+                            st.lose_claim(id, &self.metrics);
+                        } else if let Some(claim) = st.claim.as_mut() {
+                            claim.valid_until = started + self.claim_margin();
+                        }
                     }
                 }
                 Step::ReserveTokens { claim_id, first } => {
-                    let block = self.reserve_tokens(id, first).await?;
-                    slot.lock().add_tokens(claim_id, block);
+                    let block = self.reserve_tokens(id, claim_id, first).await?;
+                    let mut st = slot.lock();
+                    match block {
+                        Some(block) => st.add_tokens(claim_id, block),
+                        None if st.claim.as_ref().map(|c| c.candidate.claim_id)
+                            == Some(claim_id) =>
+                        {
+                            st.lose_claim(id, &self.metrics);
+                        }
+                        None => {}
+                    }
                 }
                 Step::Claim => {
                     let outcome = self.try_claim(id, deadline).await;
@@ -337,8 +354,8 @@ impl LockManager {
 
     /// The 409 for an id that another gateway holds the claim on. Its lease
     /// row is written behind its grant, so a lease granted a moment ago may
-    /// not be recorded yet: the record is read again for up to the settle
-    /// time (a gateway that just won a claim grants at once).
+    /// not be recorded yet: the record is read again for a while (a gateway
+    /// that just won a claim grants at once).
     async fn held_elsewhere(&self, id: &StateId) -> LockError {
         let started = Instant::now();
         loop {
@@ -349,7 +366,7 @@ impl LockManager {
                         holder: Some(Box::new(holder)),
                     };
                 }
-                Ok(None) if started.elapsed() < self.settings.settle => {
+                Ok(None) if started.elapsed() < HOLDER_WAIT.max(self.settings.settle) => {
                     tokio::time::sleep(HOLDER_POLL).await;
                 }
                 Ok(None) => {
@@ -445,18 +462,19 @@ impl LockManager {
 
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
-        match self.leases.id_locks(id).await.map(|locks| locks.lease) {
-            Ok(Some(stored))
-                if stored.live
-                    && stored.record.lease.lease_id == lease_id
-                    && stored.record.lease.gateway_id != self.settings.gateway_id =>
-            {
-                LockError::HeldElsewhere {
-                    lease_id,
-                    gateway_id: stored.record.lease.gateway_id,
+        match self.authority(id).await {
+            Ok(authority) => match authority.lease_in_force() {
+                Some(lease)
+                    if lease.lease_id == lease_id
+                        && lease.gateway_id != self.settings.gateway_id =>
+                {
+                    LockError::HeldElsewhere {
+                        lease_id,
+                        gateway_id: lease.gateway_id,
+                    }
                 }
-            }
-            Ok(_) => LockError::NotCurrent(lease_id),
+                _ => LockError::NotCurrent(lease_id),
+            },
             Err(err) => LockError::Store(err),
         }
     }
@@ -486,9 +504,9 @@ impl LockManager {
         // No claim here: a lease handed on at a shutdown, or one held through
         // a gateway that cannot be forwarded to, which sees the mark at its
         // next maintenance tick and stops honouring the lease.
-        match self.leases.id_locks(id).await?.lease {
-            Some(stored) if stored.live => {
-                let record = stored.record;
+        match self.authority(id).await?.in_force() {
+            Some(stored) => {
+                let record = stored.record.clone();
                 self.leases
                     .write_leases(&[LeaseRecord {
                         version: record.version.released(),
@@ -499,7 +517,7 @@ impl LockManager {
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 Ok(true)
             }
-            _ => Ok(false),
+            None => Ok(false),
         }
     }
 
@@ -534,16 +552,14 @@ impl LockManager {
         if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.settings.settle / 2) {
             return Ok(seen.lease.clone());
         }
-        let latest = self.leases.id_locks(id).await?.lease;
-        Ok(latest.filter(|s| s.live).map(|s| s.record.lease))
+        Ok(self.authority(id).await?.lease_in_force().cloned())
     }
 
     /// Every current lease: ClickHouse's record, with this gateway's own
     /// leases as they are now (their rows may still be on their way).
     pub async fn all(&self) -> Result<Vec<Lease>, LockError> {
         let mut by_id: std::collections::BTreeMap<String, Lease> = self
-            .leases
-            .live_leases()
+            .recorded_leases()
             .await?
             .into_iter()
             .map(|lease| (lease.state_id.as_str().to_owned(), lease))
@@ -613,8 +629,7 @@ impl LockManager {
         writes: &[(&StateId, Option<Uuid>)],
     ) -> Result<Vec<Admitted>, (usize, LockError)> {
         let recorded: HashMap<String, Lease> = self
-            .leases
-            .live_leases()
+            .recorded_leases()
             .await
             .map_err(|err| (0, err.into()))?
             .into_iter()

@@ -146,6 +146,18 @@ impl SlotState {
         self.sending.retain(|_, until| now < *until);
     }
 
+    /// The claim turned out to be another gateway's (a renewal or a token
+    /// reservation refused): it ends here, and its lease with it.
+    pub fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
+        if self.claim.take().is_some() {
+            metrics.lock_event(LockEvent::ClaimLost);
+            tracing::warn!(state_id = %id, "claim lost to another gateway; its lease ends with it");
+            if self.lease.take().is_some() {
+                metrics.lock_event(LockEvent::Expiry);
+            }
+        }
+    }
+
     pub fn is_idle(&self) -> bool {
         self.claim.is_none()
             && !self.claiming

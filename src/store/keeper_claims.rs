@@ -311,6 +311,25 @@ impl KeeperClaimStore {
         Ok(read)
     }
 
+    /// The other gateways holding live claims with an advertised URL (one
+    /// row per gateway): those a delete by pattern must tell.
+    pub async fn holders(&self, except: Uuid) -> Result<Vec<(Uuid, String)>, StoreError> {
+        let sql = format!(
+            "SELECT DISTINCT toString(gateway_id), advertise_url FROM {}
+             WHERE claim_id != toUUID('{NIL_UUID}') AND gateway_id != {{me:UUID}}
+               AND advertise_url != '' AND expires_ms > toUnixTimestamp64Milli(now64(3))",
+            self.table
+        );
+        let query = self.ch.client.query(&sql).param("me", except.to_string());
+        let rows = self
+            .ch
+            .timed("keeper_claim_read", query.fetch_all::<(String, String)>())
+            .await?;
+        rows.into_iter()
+            .map(|(gateway, url)| Ok((parse_uuid(&gateway)?, url)))
+            .collect()
+    }
+
     /// Makes the key of a state_id no gateway ever claimed, held by `claim`
     /// with tokens 1..=`claim.tokens` reserved. Exactly one of concurrent
     /// creates is `Done`; the others are `Refused`.

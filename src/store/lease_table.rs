@@ -88,13 +88,13 @@ pub struct LeaseRecord {
     pub state: LeaseState,
 }
 
-/// A lease row as ClickHouse holds it.
+/// A lease row as ClickHouse holds it. Whether it is in force also takes
+/// the id's claim, which the lock protocol decides (`locks::claim`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredLease {
     pub record: LeaseRecord,
-    /// In force by ClickHouse's clock: not expired, and either handed over
-    /// or held by a gateway whose claim on the id is live.
-    pub live: bool,
+    /// Not expired by ClickHouse's clock.
+    pub unexpired: bool,
 }
 
 /// Every column, for batched lease writes.
@@ -162,9 +162,7 @@ pub struct IdLocks {
 }
 
 impl IdLocks {
-    /// Sorts rows of one state_id into candidates and its lease row, and
-    /// decides whether that lease is in force: this is the one place that
-    /// rule is written (see [`StoredLease::live`]).
+    /// Sorts rows of one state_id into its candidates and its lease row.
     fn assemble(rows: Vec<LockRowIn>) -> Result<Self, StoreError> {
         let mut locks = Self::default();
         let mut lease = None;
@@ -200,17 +198,10 @@ impl IdLocks {
             version: LeaseVersion(row.version),
             state: LeaseState::from_column(row.released),
         };
-        let claim_live = locks
-            .candidates
-            .iter()
-            .any(|c| c.gateway_id == record.lease.gateway_id);
-        let live = row.unexpired != 0
-            && match record.state {
-                LeaseState::HandedOver => true,
-                LeaseState::Held => claim_live,
-                LeaseState::Released => false,
-            };
-        locks.lease = Some(StoredLease { record, live });
+        locks.lease = Some(StoredLease {
+            record,
+            unexpired: row.unexpired != 0,
+        });
         Ok(locks)
     }
 }
@@ -517,12 +508,13 @@ impl LeaseStore {
         IdLocks::assemble(rows)
     }
 
-    /// Every lease in force, through any gateway, in state_id order.
-    pub async fn live_leases(&self) -> Result<Vec<Lease>, StoreError> {
+    /// Every id with an unexpired lease row, in state_id order, with its
+    /// candidates.
+    pub async fn unexpired_leases(&self) -> Result<Vec<IdLocks>, StoreError> {
         // Every id ever locked keeps a lease row: leave in ClickHouse those
         // that cannot be in force (released or expired), so that the listing
-        // carries what is locked now, not the table. `IdLocks::assemble`
-        // still decides for the rest.
+        // carries what is locked now, not the table. The lock protocol
+        // decides for the rest, with the candidates read beside them.
         let sql = self
             .lock_rows_sql("(kind = 'claim' OR (released IN (0, 2) AND expires_at > now64(3)))");
         let rows = self
@@ -532,18 +524,19 @@ impl LeaseStore {
                 self.ch.client.query(&sql).fetch_all::<LockRowIn>(),
             )
             .await?;
-        let mut leases = Vec::new();
+        let mut ids = Vec::new();
         let mut rows = rows.into_iter().peekable();
         while let Some(first) = rows.next() {
             let mut of_id = vec![first];
             while let Some(row) = rows.next_if(|row| row.state_id == of_id[0].state_id) {
                 of_id.push(row);
             }
-            if let Some(stored) = IdLocks::assemble(of_id)?.lease.filter(|s| s.live) {
-                leases.push(stored.record.lease);
+            let locks = IdLocks::assemble(of_id)?;
+            if locks.lease.as_ref().is_some_and(|l| l.unexpired) {
+                ids.push(locks);
             }
         }
-        Ok(leases)
+        Ok(ids)
     }
 
     /// Records lease rows (grants, renewals, releases, hand-overs), all in one INSERT.
@@ -655,30 +648,14 @@ mod tests {
         }
     }
 
-    fn live(rows: Vec<LockRowIn>) -> bool {
-        IdLocks::assemble(rows).unwrap().lease.unwrap().live
-    }
-
     #[test]
-    fn a_held_lease_is_live_only_while_its_gateway_holds_a_live_claim() {
-        assert!(live(vec![claim(HOLDER), lease(LeaseState::Held, true)]));
-        assert!(!live(vec![claim(OTHER), lease(LeaseState::Held, true)]));
-        assert!(!live(vec![lease(LeaseState::Held, true)]));
-    }
-
-    #[test]
-    fn a_handed_over_lease_is_live_with_no_claim_until_it_expires() {
-        assert!(live(vec![lease(LeaseState::HandedOver, true)]));
-        assert!(!live(vec![lease(LeaseState::HandedOver, false)]));
-    }
-
-    #[test]
-    fn released_and_expired_leases_are_not_live() {
-        assert!(!live(vec![
+    fn a_lease_row_says_whether_it_expired() {
+        let unexpired = |rows| IdLocks::assemble(rows).unwrap().lease.unwrap().unexpired;
+        assert!(unexpired(vec![lease(LeaseState::Held, true)]));
+        assert!(!unexpired(vec![
             claim(HOLDER),
-            lease(LeaseState::Released, true)
+            lease(LeaseState::Held, false)
         ]));
-        assert!(!live(vec![claim(HOLDER), lease(LeaseState::Held, false)]));
     }
 
     #[test]

@@ -34,6 +34,7 @@ async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
         config.locks.clone(),
         config.query_timeout,
         store.leases,
+        store.claims,
         metrics,
     ));
     tokio::spawn(locks.clone().maintain());

@@ -17,9 +17,9 @@ use crate::helpers::{
 /// What a worker saw while it held a lease: a sub-interval of the lease.
 #[derive(Clone, Copy, Debug)]
 pub struct Held {
-    start: Instant,
-    end: Instant,
-    token: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub token: u64,
 }
 
 pub type Log = Arc<Mutex<Vec<Held>>>;

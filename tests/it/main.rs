@@ -16,6 +16,7 @@ mod gateways;
 mod helpers;
 mod history;
 mod keeper_claims;
+mod keeper_locks;
 mod lock_cancellation;
 mod lock_concurrency;
 mod lock_faults;

@@ -1,0 +1,224 @@
+//! `--coordination keeper`: a state_id's claim is its key in the KeeperMap
+//! table `<table>_claims` (see `store::keeper_claims`). Keeper's writes are
+//! linearizable on any ClickHouse topology, so winning is one conditional
+//! write (a create-if-absent, or a takeover of a released or lapsed key),
+//! with no settle: a first acquire costs a read and a write to Keeper.
+//!
+//! Fencing tokens are reserved in the same key, which outlives every
+//! claim, so they strictly increase across hand-overs, crashes and
+//! restarts. A gateway that waits for a claim it cannot be forwarded to
+//! marks the key; the holder sees the mark at its next maintenance tick and
+//! hands the claim over once its lease ends.
+//!
+//! Every Keeper call runs under the query timeout: with Keeper out of reach
+//! no claim is made, renewed or taken over, and an acquire that needs one
+//! answers 503. A claim write whose answer never came may still have
+//! landed; it is released in the background, and a later attempt of this
+//! gateway takes a leftover of its own over at once.
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
+use crate::domain::StateId;
+use crate::locks::LockManager;
+use crate::locks::forward::Peer;
+use crate::locks::slot::{HeldClaim, TokenBlock};
+use crate::metrics::LockEvent;
+use crate::store::{Candidate, KeeperClaimStore, NewClaim, Outcome, StoreError};
+
+/// How many times a conditional write that raced another is tried again
+/// before the attempt gives up for now.
+const RACES: usize = 3;
+
+/// A claim write on its way. Dropped before its outcome is known (its
+/// future abandoned, or its request failed), the claim may have been made
+/// all the same: it is released in the background, so that no claim is
+/// left that nobody renews.
+struct Making<'a> {
+    manager: &'a LockManager,
+    id: &'a StateId,
+    candidate: Candidate,
+    known: bool,
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        if !self.known {
+            self.manager
+                .withdraw_in_background(self.id.clone(), self.candidate.clone());
+        }
+    }
+}
+
+impl LockManager {
+    pub(super) async fn claim_in_keeper(
+        &self,
+        store: &KeeperClaimStore,
+        id: &StateId,
+        deadline: Instant,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let me = self.settings.gateway_id;
+        let url = self.settings.advertise_url.as_deref().unwrap_or("");
+        let ttl = self.settings.claim_ttl;
+        let mut marked = None;
+        let mut raced = 0;
+        loop {
+            let started = Instant::now();
+            // The lease rows are read beside the key: a lease handed on at a
+            // shutdown, and the tokens of table mode, if the id was locked
+            // in it before. A first acquire costs two round trips in all.
+            let (read, locks, recorded_token) = tokio::join!(
+                store.read(id),
+                self.leases.id_locks(id),
+                self.leases.last_token(id)
+            );
+            let read = read?;
+            let key_token = read.claim.as_ref().map_or(0, |key| key.last_token);
+            // Tokens go on above both; the key holds the mark from now on.
+            let base = key_token.max(recorded_token?);
+            let new = NewClaim {
+                claim_id: Uuid::new_v4(),
+                gateway_id: me,
+                advertise_url: url,
+                ttl,
+                tokens: base - key_token + TOKENS_PER_BLOCK,
+            };
+            let mut making = Making {
+                manager: self,
+                id,
+                candidate: Candidate {
+                    claim_id: new.claim_id,
+                    gateway_id: me,
+                    created_ms: 0,
+                    advertise_url: url.to_owned(),
+                    expires_ms: read.now_ms + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+                },
+                known: false,
+            };
+            let written = match &read.claim {
+                None => store.create(id, &new).await,
+                // A leftover of this gateway's (a claim write whose answer
+                // was lost) is taken over like a lapsed one.
+                Some(key)
+                    if key.takeable(read.now_ms)
+                        || key.holder.as_ref().is_some_and(|h| h.gateway_id == me) =>
+                {
+                    store
+                        .take_over(id, key.holder_claim_id(), key.last_token, &new)
+                        .await
+                }
+                Some(key) => {
+                    making.known = true;
+                    let holder = key.holder.as_ref().expect("a key not takeable is held");
+                    if !holder.advertise_url.is_empty() {
+                        return Ok(ClaimOutcome::Elsewhere(Peer {
+                            gateway_id: holder.gateway_id,
+                            url: holder.advertise_url.trim_end_matches('/').to_owned(),
+                            lapses_at_ms: holder.expires_ms,
+                        }));
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        self.metrics.lock_event(LockEvent::ClaimLoss);
+                        return Ok(ClaimOutcome::Lost);
+                    }
+                    // The holder hands over when it sees that someone waits.
+                    if key.waiting_gateway.is_none() && marked != Some(holder.claim_id) {
+                        store.mark_waiting(id, holder.claim_id, me).await?;
+                        marked = Some(holder.claim_id);
+                    }
+                    tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+                    continue;
+                }
+            };
+            let written = written?;
+            making.known = true;
+            match written {
+                Outcome::Done => {
+                    self.metrics.lock_event(LockEvent::ClaimWin);
+                    let mut claim = HeldClaim {
+                        candidate: making.candidate.clone(),
+                        valid_until: started + self.claim_margin(),
+                        handover: false,
+                    };
+                    // Won late (a slow Keeper): renewed before the winner's
+                    // grant, so that its lease is not dead on arrival.
+                    if claim.valid_until.saturating_duration_since(Instant::now())
+                        < self.grant_margin()
+                    {
+                        let renewing = Instant::now();
+                        if store.renew(id, new.claim_id, ttl).await? == Outcome::Done {
+                            claim.valid_until = renewing + self.claim_margin();
+                        }
+                    }
+                    return Ok(ClaimOutcome::Won(Box::new(WonClaim {
+                        claim,
+                        tokens: TokenBlock {
+                            next: base + 1,
+                            last: base + TOKENS_PER_BLOCK,
+                        },
+                        adopted: self.adopt(locks.ok().and_then(|l| l.lease)),
+                    })));
+                }
+                // Another gateway wrote the key between the read and the
+                // write: read again and decide again.
+                Outcome::Refused | Outcome::Raced => {
+                    raced += 1;
+                    if raced >= RACES && Instant::now() >= deadline {
+                        self.metrics.lock_event(LockEvent::ClaimLoss);
+                        return Ok(ClaimOutcome::Lost);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Raises the key's token mark by a block, while the claim is ours.
+    pub(super) async fn reserve_in_keeper(
+        &self,
+        store: &KeeperClaimStore,
+        id: &StateId,
+        claim_id: Uuid,
+        first: u64,
+    ) -> Result<Option<TokenBlock>, StoreError> {
+        let seen = first.saturating_sub(1);
+        let last = seen + TOKENS_PER_BLOCK;
+        for _ in 0..RACES {
+            match store.reserve_tokens(id, claim_id, seen, last).await? {
+                Outcome::Done => {
+                    return Ok(Some(TokenBlock {
+                        next: seen + 1,
+                        last,
+                    }));
+                }
+                Outcome::Refused => return Ok(None),
+                Outcome::Raced => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Renews each held claim in its key; answers those found lost.
+    pub(super) async fn renew_in_keeper(
+        &self,
+        store: &KeeperClaimStore,
+        held: &[(StateId, Uuid)],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut lost = Vec::new();
+        for (id, claim_id) in held {
+            let mut outcome = Outcome::Raced;
+            for _ in 0..RACES {
+                outcome = store.renew(id, *claim_id, self.settings.claim_ttl).await?;
+                if outcome != Outcome::Raced {
+                    break;
+                }
+            }
+            if outcome != Outcome::Done {
+                lost.push(*claim_id);
+            }
+        }
+        Ok(lost)
+    }
+}

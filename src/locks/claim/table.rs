@@ -1,0 +1,189 @@
+//! `--coordination table`: a gateway proposes a candidate row in the lease
+//! table, stamped with the server's clock, lets it settle, and holds the
+//! claim once its candidate is the earliest live one. Correct only while
+//! every gateway's queries reach one ClickHouse node.
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
+use crate::domain::StateId;
+use crate::locks::LockManager;
+use crate::locks::forward::Peer;
+use crate::locks::slot::{HeldClaim, TokenBlock};
+use crate::metrics::LockEvent;
+use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
+
+/// A candidate row this attempt proposed. Dropped before the attempt settles
+/// it (its future abandoned), it is withdrawn in the background: a live
+/// candidate nobody acts on would make every later attempt wait out its TTL.
+struct Proposed<'a> {
+    manager: &'a LockManager,
+    id: StateId,
+    candidate: Candidate,
+    settled: bool,
+}
+
+impl Proposed<'_> {
+    /// The attempt decided the candidate's fate itself.
+    fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for Proposed<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.manager
+                .withdraw_in_background(self.id.clone(), self.candidate.clone());
+        }
+    }
+}
+
+impl LockManager {
+    /// Claims `id`: proposes a candidate, lets it settle, and wins if it is
+    /// the earliest live candidate. When a gateway with an advertised URL is
+    /// earlier, the attempt withdraws and the request is forwarded there.
+    /// When the earlier one cannot be forwarded to, the candidate stays in
+    /// line (renewed) until it is the earliest or `deadline` passes: the
+    /// holder sees it waiting and hands over, and the waiter wins by its
+    /// place, not by a race against fresh candidates.
+    pub(super) async fn claim_in_table(
+        &self,
+        id: &StateId,
+        deadline: Instant,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let gateway_id = self.settings.gateway_id;
+        let claim_ttl = self.settings.claim_ttl;
+        // Until the proposal is known to have landed its place in line is
+        // unknown; a withdrawal (highest version) covers it either way.
+        let mut proposed = Proposed {
+            manager: self,
+            id: id.clone(),
+            candidate: Candidate {
+                claim_id: Uuid::new_v4(),
+                gateway_id,
+                created_ms: 0,
+                advertise_url: String::new(),
+                expires_ms: 0,
+            },
+            settled: false,
+        };
+        let mut written_at = Instant::now();
+        self.leases
+            .propose_claim(
+                id,
+                proposed.candidate.claim_id,
+                gateway_id,
+                self.settings.advertise_url.as_deref().unwrap_or(""),
+                claim_ttl,
+            )
+            .await?;
+        tokio::time::sleep(self.settings.settle).await;
+        loop {
+            let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
+            let Some(mine) = candidates
+                .iter()
+                .find(|c| c.claim_id == proposed.candidate.claim_id)
+                .cloned()
+            else {
+                // Our candidate lapsed (a stall longer than the claim TTL).
+                proposed.settle();
+                self.metrics.lock_event(LockEvent::ClaimLoss);
+                return Ok(ClaimOutcome::Lost);
+            };
+            proposed.candidate = mine;
+            if let Some(first) = candidates
+                .first()
+                .filter(|c| c.gateway_id != gateway_id && !c.advertise_url.is_empty())
+            {
+                // Dropping `proposed` withdraws our candidate.
+                return Ok(ClaimOutcome::Elsewhere(Peer::of(first)));
+            }
+            // Gateways peers can reach forward to the winner instead of waiting.
+            let others_waiting = candidates
+                .iter()
+                .any(|c| c.claim_id != proposed.candidate.claim_id && c.advertise_url.is_empty());
+            if candidates.first().map(|c| c.claim_id) == Some(proposed.candidate.claim_id) {
+                let mut won = self
+                    .won(
+                        id,
+                        proposed.candidate.clone(),
+                        written_at,
+                        others_waiting,
+                        lease,
+                    )
+                    .await?;
+                // Won late (a slow ClickHouse, a long line): renew before the
+                // winner's grant, so that its lease is not dead on arrival.
+                if won
+                    .claim
+                    .valid_until
+                    .saturating_duration_since(Instant::now())
+                    < self.grant_margin()
+                {
+                    let started = Instant::now();
+                    self.leases
+                        .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
+                        .await?;
+                    won.claim.valid_until = started + self.claim_margin();
+                }
+                proposed.settle();
+                return Ok(ClaimOutcome::Won(Box::new(won)));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.metrics.lock_event(LockEvent::ClaimLoss);
+                return Ok(ClaimOutcome::Lost);
+            }
+            if now.duration_since(written_at) >= claim_ttl / 3 {
+                self.leases
+                    .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
+                    .await?;
+                written_at = now;
+            }
+            tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+        }
+    }
+
+    /// Takes over a claim just won: a block of fencing tokens above every
+    /// token before, and a lease handed on by a gateway that shut down.
+    /// `latest` was read with the candidates that showed the win: a gateway
+    /// hands its leases on before it withdraws its claims, so a read that
+    /// sees the withdrawal sees the hand-over too.
+    async fn won(
+        &self,
+        id: &StateId,
+        candidate: Candidate,
+        written_at: Instant,
+        others_waiting: bool,
+        latest: Option<StoredLease>,
+    ) -> Result<WonClaim, StoreError> {
+        let tokens = self.reserve_in_table(id, 0).await?;
+        self.metrics.lock_event(LockEvent::ClaimWin);
+        Ok(WonClaim {
+            claim: HeldClaim {
+                candidate,
+                valid_until: written_at + self.claim_margin(),
+                handover: others_waiting,
+            },
+            tokens,
+            adopted: self.adopt(latest),
+        })
+    }
+
+    /// Reserves the next block of fencing tokens for `id`, above every token
+    /// reserved or recorded so far (and at least `first`); the reservation is
+    /// written before any of them is handed out.
+    pub(super) async fn reserve_in_table(
+        &self,
+        id: &StateId,
+        first: u64,
+    ) -> Result<TokenBlock, StoreError> {
+        let next = (self.leases.last_token(id).await? + 1).max(first);
+        let last = next + TOKENS_PER_BLOCK - 1;
+        self.leases.reserve_tokens(id, last).await?;
+        Ok(TokenBlock { next, last })
+    }
+}

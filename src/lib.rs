@@ -279,6 +279,10 @@ fn guarded_listen_address(config: &Config) -> SocketAddr {
 async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartError> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
+    // Once ClickHouse has answered but its Keeper has not, that is what the
+    // start waits on: a ClickHouse stuck on a Keeper call may then time out
+    // even a ping (the local one runs one query at a time).
+    let mut keeper_failed = false;
     loop {
         // Which step failed: ClickHouse itself, or (keeper mode) its Keeper.
         let attempt = async {
@@ -286,10 +290,15 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
             store.ensure_schema().await.map_err(|e| (false, e))?;
             store.ensure_claims().await.map_err(|e| (true, e))
         };
-        let (keeper_step, source) = match attempt.await {
-            Ok(()) => return Ok(()),
-            Err(failed) => failed,
+        // No attempt outlasts the startup timeout, whatever it waits on.
+        let left = config.startup_timeout.saturating_sub(started.elapsed());
+        let bounded = tokio::time::timeout(left.max(Duration::from_millis(100)), attempt);
+        let (keeper_step, source) = match bounded.await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(failed)) => failed,
+            Err(_) => (false, StoreError::Timeout(left)),
         };
+        keeper_failed |= keeper_step;
         if let Some(blocker) = source.blocker() {
             return Err(blocked(blocker, config, source));
         }
@@ -300,7 +309,7 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
             let waited = Duration::from_millis(
                 u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             );
-            return Err(if keeper_step {
+            return Err(if keeper_failed {
                 StartError::KeeperUnreachable {
                     endpoint,
                     waited,

@@ -16,6 +16,7 @@ mod gateways;
 mod helpers;
 mod history;
 mod keeper_claims;
+mod keeper_loss;
 mod lock_cancellation;
 mod lock_concurrency;
 mod locks_api;

@@ -102,9 +102,10 @@ pub enum StartError {
         waited: Duration,
         source: StoreError,
     },
-    #[error("ClickHouse at {endpoint}: {source}")]
+    #[error("tables {tables} at {endpoint}: {source}")]
     Coordination {
         endpoint: String,
+        tables: String,
         source: Disagreement,
     },
     #[error("cannot listen on {addr}: {source}")]
@@ -140,16 +141,6 @@ impl App {
             },
         );
         prepare_clickhouse(&store, config).await?;
-        let registration = Registration::join(
-            store.gateways.clone(),
-            config.locks.gateway_id,
-            config.locks.coordination,
-        )
-        .await
-        .map_err(|source| StartError::Coordination {
-            endpoint: config.clickhouse.endpoint(),
-            source,
-        })?;
         let locks = Arc::new(LockManager::new(
             config.locks.clone(),
             store.leases,
@@ -166,6 +157,18 @@ impl App {
         let listen = guarded_listen_address(config);
         let listener = http::bind(listen).map_err(|source| StartError::Listen {
             addr: listen,
+            source,
+        })?;
+        // Last, so that no record is left by a start that fails after it.
+        let registration = Registration::join(
+            store.gateways.clone(),
+            config.locks.gateway_id,
+            config.locks.coordination,
+        )
+        .await
+        .map_err(|source| StartError::Coordination {
+            endpoint: config.clickhouse.endpoint(),
+            tables: format!("{}.{}", config.schema.as_str(), config.table.as_str()),
             source,
         })?;
         Ok(Self {

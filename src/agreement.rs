@@ -20,7 +20,7 @@ const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum Disagreement {
     #[error(
-        "{count} gateway(s) with --coordination {theirs} serve these tables now, and gateways on one set of tables must all use one --coordination (STATEHOUSE_COORDINATION): start this one with --coordination {theirs}, or stop those first (a stopped gateway's record clears at once, a crashed one's {ttl}s after it died) and then start every gateway with --coordination {mine}",
+        "{count} gateway(s) with --coordination {theirs} serve them now, and gateways on one set of tables must all use one --coordination (STATEHOUSE_COORDINATION): start this one with --coordination {theirs}, or stop those first (a stopped gateway's record clears at once, a crashed one's {ttl}s after it died) and then start every gateway with --coordination {mine}",
         ttl = RECORD_TTL.as_secs()
     )]
     OtherMode {

@@ -102,9 +102,10 @@ pub enum StartError {
         waited: Duration,
         source: StoreError,
     },
-    #[error("ClickHouse at {endpoint}: {source}")]
+    #[error("tables {tables} at {endpoint}: {source}")]
     Coordination {
         endpoint: String,
+        tables: String,
         source: Disagreement,
     },
     #[error("cannot listen on {addr}: {source}")]
@@ -140,16 +141,6 @@ impl App {
             },
         );
         prepare_clickhouse(&store, config).await?;
-        let registration = Registration::join(
-            store.gateways.clone(),
-            config.locks.gateway_id,
-            config.locks.coordination,
-        )
-        .await
-        .map_err(|source| StartError::Coordination {
-            endpoint: config.clickhouse.endpoint(),
-            source,
-        })?;
         let locks = Arc::new(LockManager::new(
             config.locks.clone(),
             config.query_timeout,
@@ -168,6 +159,18 @@ impl App {
         let listen = guarded_listen_address(config);
         let listener = http::bind(listen).map_err(|source| StartError::Listen {
             addr: listen,
+            source,
+        })?;
+        // Last, so that no record is left by a start that fails after it.
+        let registration = Registration::join(
+            store.gateways.clone(),
+            config.locks.gateway_id,
+            config.locks.coordination,
+        )
+        .await
+        .map_err(|source| StartError::Coordination {
+            endpoint: config.clickhouse.endpoint(),
+            tables: format!("{}.{}", config.schema.as_str(), config.table.as_str()),
             source,
         })?;
         Ok(Self {
@@ -281,6 +284,10 @@ fn guarded_listen_address(config: &Config) -> SocketAddr {
 async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartError> {
     let started = Instant::now();
     let mut delay = Duration::from_millis(100);
+    // Once ClickHouse has answered but its Keeper has not, that is what the
+    // start waits on: a ClickHouse stuck on a Keeper call may then time out
+    // even a ping (the local one runs one query at a time).
+    let mut keeper_failed = false;
     loop {
         // Which step failed: ClickHouse itself, or (keeper mode) its Keeper.
         let attempt = async {
@@ -288,10 +295,15 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
             store.ensure_schema().await.map_err(|e| (false, e))?;
             store.ensure_claims().await.map_err(|e| (true, e))
         };
-        let (keeper_step, source) = match attempt.await {
-            Ok(()) => return Ok(()),
-            Err(failed) => failed,
+        // No attempt outlasts the startup timeout, whatever it waits on.
+        let left = config.startup_timeout.saturating_sub(started.elapsed());
+        let bounded = tokio::time::timeout(left.max(Duration::from_millis(100)), attempt);
+        let (keeper_step, source) = match bounded.await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(failed)) => failed,
+            Err(_) => (false, StoreError::Timeout(left)),
         };
+        keeper_failed |= keeper_step;
         if let Some(blocker) = source.blocker() {
             return Err(blocked(blocker, config, source));
         }
@@ -302,7 +314,7 @@ async fn prepare_clickhouse(store: &Store, config: &Config) -> Result<(), StartE
             let waited = Duration::from_millis(
                 u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             );
-            return Err(if keeper_step {
+            return Err(if keeper_failed {
                 StartError::KeeperUnreachable {
                     endpoint,
                     waited,

@@ -39,7 +39,7 @@ async fn a_gateway_of_the_other_mode_starts_only_once_every_gateway_of_the_first
 
     let line = failed_start(&url, &keeper).await;
     assert!(
-        line.contains("2 gateway(s) with --coordination table serve these tables now"),
+        line.contains("2 gateway(s) with --coordination table serve them now"),
         "{line}"
     );
     assert!(
@@ -58,7 +58,7 @@ async fn a_gateway_of_the_other_mode_starts_only_once_every_gateway_of_the_first
     let keeper_gateway = spawn_gateway_process(&url, &keeper).await;
     let line = failed_start(&url, &table).await;
     assert!(
-        line.contains("1 gateway(s) with --coordination keeper serve these tables now"),
+        line.contains("1 gateway(s) with --coordination keeper serve them now"),
         "{line}"
     );
     keeper_gateway.terminate().await;

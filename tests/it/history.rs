@@ -344,7 +344,11 @@ async fn with_history_off_no_versions_are_kept_and_the_endpoints_say_why() {
         app.schema
     ))
     .await;
-    assert_eq!(tables.trim(), "state\nstate_lease", "no history table");
+    assert_eq!(
+        tables.trim(),
+        "state\nstate_gateways\nstate_lease",
+        "no history table"
+    );
 }
 
 #[tokio::test]

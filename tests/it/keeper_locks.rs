@@ -3,7 +3,6 @@
 //! meet) still grant one lease at a time; a crashed authority's claim
 //! lapses to the survivor; with Keeper gone, nothing is granted.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,9 +12,10 @@ use statehouse::config::parse_clickhouse_url;
 use statehouse::domain::Coordination;
 
 use crate::helpers::{
-    Api, TestApp, clickhouse_url, free_port, node_b_url, peer_config, spawn_configured,
-    spawn_peer_process, unique_schema,
+    Api, TestApp, clickhouse_url, node_b_url, peer_config, spawn_configured, spawn_peer_process,
+    unique_schema,
 };
+use crate::keeper_loss::KeeperNode;
 use crate::lock_concurrency::{Held, Log, check};
 
 /// A keeper-mode gateway in this process on the ClickHouse at `url`.
@@ -150,95 +150,22 @@ async fn a_killed_authoritys_claim_lapses_to_the_survivor_with_a_higher_token() 
     assert!(next_token > token, "{next_token} after {token}");
 }
 
-/// A ZooKeeper and a ClickHouse node of this test's own, so that killing
-/// ZooKeeper stalls no other test.
-struct PrivateKeeper {
-    dir: PathBuf,
-    zookeeper_port: u16,
-    clickhouse_port: u16,
-}
-
-impl PrivateKeeper {
-    fn script(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("localch")
-            .join(name)
-    }
-
-    fn zookeeper(&self, args: &[&str]) {
-        let status = std::process::Command::new(Self::script("zookeeper"))
-            .args(args)
-            .env("ZOOKEEPER_PORT", self.zookeeper_port.to_string())
-            .env("ZOOKEEPER_DATA", self.dir.join("zookeeper"))
-            .status()
-            .expect("localch/zookeeper runs");
-        assert!(status.success(), "localch/zookeeper {args:?}");
-    }
-
-    fn localch(&self, verb: &str) {
-        let status = std::process::Command::new(Self::script("localch"))
-            .arg(verb)
-            .env("LOCALCH_PORT", self.clickhouse_port.to_string())
-            .env("LOCALCH_DATA", self.dir.join("engine"))
-            .env(
-                "LOCALCH_ZOOKEEPER",
-                format!("127.0.0.1:{}", self.zookeeper_port),
-            )
-            .env_remove("LOCALCH_TLS_PORT")
-            .env_remove("LOCALCH_USERS")
-            .status()
-            .expect("localch/localch runs");
-        assert!(status.success(), "localch/localch {verb}");
-    }
-
-    fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("statehouse-keeper-{}", uuid::Uuid::new_v4()));
-        let keeper = Self {
-            dir,
-            zookeeper_port: free_port(),
-            clickhouse_port: free_port(),
-        };
-        keeper.zookeeper(&["start"]);
-        keeper.localch("start");
-        keeper
-    }
-
-    fn url(&self) -> String {
-        format!(
-            "clickhouse://default@127.0.0.1:{}/default",
-            self.clickhouse_port
-        )
-    }
-}
-
-impl Drop for PrivateKeeper {
-    fn drop(&mut self) {
-        self.localch("stop");
-        let _ = std::process::Command::new(Self::script("zookeeper"))
-            .arg("stop")
-            .env("ZOOKEEPER_PORT", self.zookeeper_port.to_string())
-            .env("ZOOKEEPER_DATA", self.dir.join("zookeeper"))
-            .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// With ZooKeeper killed no acquire is granted: each gets a 503 problem
 /// within 45 s. Once ZooKeeper is back, grants resume within 90 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
-    let keeper = tokio::task::spawn_blocking(PrivateKeeper::start)
+    let keeper = tokio::task::spawn_blocking(KeeperNode::start)
         .await
         .unwrap();
     let schema = unique_schema();
-    let gateway = keeper_gateway(&schema, &keeper.url()).await;
+    let gateway = keeper_gateway(&schema, &keeper.url).await;
     let (lease, token) = gateway.lease("before", "w", 30, 0.0).await;
     assert_eq!(
         gateway.release("before", &lease).await.status,
         StatusCode::NO_CONTENT
     );
 
-    keeper.zookeeper(&["stop", "-9"]);
+    keeper.kill_zookeeper();
     // "before" is still claimed here, but by the time the fresh id's
     // acquire has timed out (the test's 10 s query timeout) the claim has
     // less validity left than a grant needs: it must be renewed in Keeper.
@@ -264,7 +191,7 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
         );
     }
 
-    keeper.zookeeper(&["start"]);
+    keeper.start_zookeeper();
     let back = Instant::now();
     let granted = loop {
         let reply = gateway

@@ -17,6 +17,7 @@ mod helpers;
 mod history;
 mod keeper_claims;
 mod keeper_locks;
+mod keeper_loss;
 mod lock_cancellation;
 mod lock_concurrency;
 mod lock_faults;

@@ -113,6 +113,7 @@ enum Step {
 
 impl LockManager {
     pub fn new(settings: LockSettings, leases: LeaseStore, metrics: Arc<Metrics>) -> Self {
+        let peers = PeerClient::new(settings.peer_tls.clone());
         Self {
             settings,
             recorder: Recorder::new(leases.clone()),
@@ -120,7 +121,7 @@ impl LockManager {
             metrics,
             slots: Mutex::new(HashMap::new()),
             authorities: Authorities::default(),
-            peers: PeerClient::default(),
+            peers,
         }
     }
 

@@ -14,6 +14,7 @@ mod first_start;
 mod gateways;
 mod helpers;
 mod history;
+mod https;
 mod lock_cancellation;
 mod lock_concurrency;
 mod locks_api;

@@ -48,6 +48,32 @@ pub struct HealthcheckArgs {
     /// How long to wait for the answer.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+
+    /// Probe over HTTPS, trusting this PEM CA file for the gateway's
+    /// certificate (a gateway with --tls-cert-file serves HTTPS only).
+    #[arg(long, env = "STATEHOUSE_HEALTHCHECK_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+
+    /// A PEM client certificate to present (with --client-key-file); the
+    /// health checks need none, even under mTLS, but a client may bring one.
+    #[arg(long, env = "STATEHOUSE_HEALTHCHECK_CLIENT_CERT_FILE", requires_all = ["client_key_file", "ca_file"])]
+    pub client_cert_file: Option<std::path::PathBuf>,
+
+    /// The key of --client-cert-file.
+    #[arg(
+        long,
+        env = "STATEHOUSE_HEALTHCHECK_CLIENT_KEY_FILE",
+        requires = "client_cert_file"
+    )]
+    pub client_key_file: Option<std::path::PathBuf>,
+
+    /// The name the gateway's certificate must be for, over HTTPS.
+    #[arg(
+        long,
+        env = "STATEHOUSE_HEALTHCHECK_SERVER_NAME",
+        default_value = "localhost"
+    )]
+    pub server_name: String,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -176,16 +176,20 @@ pub fn peer_client_config(
     roots: Option<&[CertificateDer<'static>]>,
     identity: Option<Arc<Identity>>,
 ) -> Arc<ClientConfig> {
-    let mut store = RootCertStore::empty();
     match roots {
-        Some(roots) => {
-            store.add_parsable_certificates(roots.iter().cloned());
-        }
-        None => {
-            // Unreadable system certificates are skipped, as for ClickHouse.
-            store.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        }
+        Some(roots) => client_config(roots, identity),
+        // Unreadable system certificates are skipped, as for ClickHouse.
+        None => client_config(&rustls_native_certs::load_native_certs().certs, identity),
     }
+}
+
+/// A TLS client trusting `roots`, presenting `identity` to a server that asks.
+pub fn client_config(
+    roots: &[CertificateDer<'static>],
+    identity: Option<Arc<Identity>>,
+) -> Arc<ClientConfig> {
+    let mut store = RootCertStore::empty();
+    store.add_parsable_certificates(roots.iter().cloned());
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&VERSIONS)
         .expect("ring supports TLS 1.2 and 1.3")

@@ -508,3 +508,49 @@ async fn a_peer_whose_certificate_is_from_another_ca_is_not_forwarded_to() {
         "the log says why: {logs:?}"
     );
 }
+
+#[tokio::test]
+async fn the_images_health_check_probes_a_tls_gateway_with_its_ca() {
+    let certs = Certs::make();
+    let ca = certs.path("ca.pem");
+    let app = spawn_tls(&certs, &["--tls-client-ca-file", &ca]).await;
+    let listen = app.base.trim_start_matches("https://").to_owned();
+    let healthcheck = |extra: Vec<String>| {
+        let listen = listen.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
+                .args(["healthcheck", "--listen", &listen])
+                .args(extra)
+                .output()
+                .unwrap()
+        })
+    };
+    let healthy = healthcheck(vec!["--ca-file".into(), ca.clone()])
+        .await
+        .unwrap();
+    assert!(
+        healthy.status.success(),
+        "{}",
+        String::from_utf8_lossy(&healthy.stderr)
+    );
+    let with_certificate = healthcheck(vec![
+        "--ca-file".into(),
+        ca.clone(),
+        "--client-cert-file".into(),
+        certs.path("client.pem"),
+        "--client-key-file".into(),
+        certs.path("client.key"),
+    ])
+    .await
+    .unwrap();
+    assert!(with_certificate.status.success());
+
+    let plain = healthcheck(vec![]).await.unwrap();
+    assert_eq!(plain.status.code(), Some(1));
+    let untrusted = healthcheck(vec!["--ca-file".into(), certs.path("other-ca.pem")])
+        .await
+        .unwrap();
+    assert_eq!(untrusted.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(why.contains("UnknownIssuer"), "{why}");
+}

@@ -716,4 +716,36 @@ mod tests {
         assert_eq!(cfg.concurrency.requests, 3);
         assert_eq!(cfg.client_timeouts.idle, Duration::from_secs(2));
     }
+
+    #[test]
+    fn advertise_urls_are_http_or_https_base_urls() {
+        assert_eq!(
+            parse_advertise_url("https://gw-a.internal:8080/").unwrap(),
+            "https://gw-a.internal:8080"
+        );
+        assert_eq!(
+            parse_advertise_url("http://10.0.0.5:8080").unwrap(),
+            "http://10.0.0.5:8080"
+        );
+        for bad in ["ftp://h:1", "https://h:1/path", "https://u:p@h:1"] {
+            assert!(parse_advertise_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tls_takes_a_certificate_and_a_key_together_and_names_a_file_that_does_not_load() {
+        let url = "--clickhouse-url=clickhouse://h";
+        let lone = ServeOnly::try_parse_from(["statehouse serve", url, "--tls-cert-file=c.pem"]);
+        assert!(lone.is_err(), "a certificate without its key");
+        let err = Config::try_from(args(&[
+            url,
+            "--tls-cert-file=/nonexistent/c.pem",
+            "--tls-key-file=/nonexistent/k.pem",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/c.pem"), "{err}");
+        assert!(err.contains("--tls-cert-file"), "{err}");
+        assert!(Config::try_from(args(&[url])).unwrap().tls.is_none());
+    }
 }

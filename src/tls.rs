@@ -202,6 +202,7 @@ pub fn client_config(
 }
 
 /// Reloads the certificate and key on every SIGHUP, for as long as the gateway runs.
+#[cfg(unix)]
 pub async fn reload_on_hangup(identity: Arc<Identity>) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = match signal(SignalKind::hangup()) {
@@ -214,4 +215,10 @@ pub async fn reload_on_hangup(identity: Arc<Identity>) {
     while hangups.recv().await.is_some() {
         identity.reload();
     }
+}
+
+/// No SIGHUP here: the certificate is the one read at start.
+#[cfg(not(unix))]
+pub async fn reload_on_hangup(_identity: Arc<Identity>) {
+    std::future::pending::<()>().await;
 }

@@ -554,3 +554,31 @@ async fn the_images_health_check_probes_a_tls_gateway_with_its_ca() {
     let why = String::from_utf8_lossy(&untrusted.stderr);
     assert!(why.contains("UnknownIssuer"), "{why}");
 }
+
+#[tokio::test]
+async fn a_client_that_stalls_in_the_handshake_is_closed_at_the_header_read_timeout() {
+    let certs = Certs::make();
+    let app = spawn_tls(&certs, &[]).await;
+    let addr = app.base.trim_start_matches("https://").to_owned();
+    let mut stalled = TcpStream::connect(&addr).await.unwrap();
+    // The header of a ClientHello record, and nothing of the record itself.
+    stalled
+        .write_all(&[0x16, 0x03, 0x01, 0x00, 0xc8])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stalled.read_to_end(&mut rest))
+        .await
+        .expect("the gateway closes the stalled connection")
+        .expect("closed cleanly");
+    assert!(rest.is_empty(), "no answer: {rest:?}");
+    let metrics = app.get("/metrics").await.text;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"statehouse_connections_closed_total{reason="header_timeout"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}

@@ -110,7 +110,7 @@ async fn connection(
     timeouts: ClientTimeouts,
     tls: Option<TlsAcceptor>,
     metrics: Arc<Metrics>,
-    stopping: watch::Receiver<bool>,
+    mut stopping: watch::Receiver<bool>,
     _open: watch::Receiver<()>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -138,6 +138,8 @@ async fn connection(
             metrics.connection_closed(reason);
             return;
         }
+        // No request is in flight yet, so shutting down need not wait for it.
+        _ = stopping.wait_for(|stop| *stop) => return,
     };
     let stream = match accepted {
         Ok(stream) => stream,

@@ -2,6 +2,7 @@
 //! certificates) and the client that speaks to peers. rustls with ring, TLS
 //! 1.2 and 1.3 only; the certificate and key are read again on SIGHUP.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -201,24 +202,29 @@ pub fn client_config(
     })
 }
 
-/// Reloads the certificate and key on every SIGHUP, for as long as the gateway runs.
+/// Reloads the certificate and key on every SIGHUP, for as long as the
+/// returned future runs. The signal is taken over at once, not when the
+/// future is first polled: from then on a SIGHUP no longer ends the process.
 #[cfg(unix)]
-pub async fn reload_on_hangup(identity: Arc<Identity>) {
+pub fn reload_on_hangup(identity: Arc<Identity>) -> impl Future<Output = ()> + Send {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot watch for SIGHUP: the TLS certificate will not be reloaded");
-            return;
+    let hangups = signal(SignalKind::hangup());
+    async move {
+        let mut hangups = match hangups {
+            Ok(hangups) => hangups,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot watch for SIGHUP: the TLS certificate will not be reloaded");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            identity.reload();
         }
-    };
-    while hangups.recv().await.is_some() {
-        identity.reload();
     }
 }
 
 /// No SIGHUP here: the certificate is the one read at start.
 #[cfg(not(unix))]
-pub async fn reload_on_hangup(_identity: Arc<Identity>) {
-    std::future::pending::<()>().await;
+pub fn reload_on_hangup(_identity: Arc<Identity>) -> impl Future<Output = ()> + Send {
+    std::future::pending::<()>()
 }

@@ -397,8 +397,6 @@ fn peer_flags(certs: &Certs, name: &str, schema: &str) -> Vec<String> {
             &certs.path("ca.pem"),
             "--schema",
             schema,
-            "--claim-ttl",
-            "3s",
             "--claim-settle",
             "200ms",
         ]

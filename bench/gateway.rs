@@ -1,7 +1,7 @@
 //! Gateway vs direct ClickHouse: p50/p99 latency and requests/s for reading and
 //! writing one state, side by side in one run; PUT with history on beside a
 //! gateway with history off; and listing the history of a state with 10,000
-//! versions. Rounds interleave the workloads so that noise on a shared
+//! versions; GET over kept-alive HTTPS beside HTTP. Rounds interleave the workloads so that noise on a shared
 //! machine hits all of them alike.
 //!
 //! Run with `bench/run` (it starts the local ClickHouse); or set
@@ -221,6 +221,58 @@ async fn main() {
     println!("p50 x = gateway p50 / direct p50; req/s x = gateway req/s / direct req/s");
 
     history_costs(&http, &base, &direct, &schema).await;
+    https_costs(&http, &state_url, &schema).await;
+}
+
+/// GET one state over a kept-alive HTTPS connection beside plain HTTP: the
+/// same state, a gateway with `--tls-cert-file` on the same database.
+async fn https_costs(http: &reqwest::Client, state_url: &str, schema: &str) {
+    let certs =
+        std::env::temp_dir().join(format!("statehouse-bench-certs-{}", uuid::Uuid::new_v4()));
+    let made =
+        std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/make-certs"))
+            .arg(&certs)
+            .status()
+            .expect("scripts/make-certs runs (it needs openssl)");
+    assert!(made.success());
+    let file = |name: &str| certs.join(name).display().to_string();
+    let (cert, key) = (file("gateway.pem"), file("gateway.key"));
+    let tls = support::start_gateway_in(
+        schema,
+        false,
+        &["--tls-cert-file", &cert, "--tls-key-file", &key],
+    )
+    .await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(file("ca.pem")).unwrap()).unwrap();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let get_http = get_op(http, state_url.to_owned());
+    let get_https = get_op(&https, format!("{}/v1/states/bench", tls.base));
+    // The handshake happens once, before measuring: the connection is kept alive.
+    get_https(0).await;
+    let (mut plain, mut secure) = (Samples::new(), Samples::new());
+    for _ in 0..ROUNDS {
+        measure(&mut plain, 1, PER_ROUND, get_http.clone()).await;
+        measure(&mut secure, 1, PER_ROUND, get_https.clone()).await;
+    }
+    let _ = std::fs::remove_dir_all(&certs);
+    let (p50, p99, s50, s99) = (
+        plain.percentile_ms(0.5),
+        plain.percentile_ms(0.99),
+        secure.percentile_ms(0.5),
+        secure.percentile_ms(0.99),
+    );
+    println!();
+    println!(
+        "GET one state, 1 client, kept-alive connection, {} each in {ROUNDS} interleaved rounds",
+        ROUNDS * PER_ROUND
+    );
+    println!("{:<20} {:>9} {:>9}", "transport", "p50 ms", "p99 ms");
+    println!("{:<20} {p50:>9.2} {p99:>9.2}", "HTTP");
+    println!("{:<20} {s50:>9.2} {s99:>9.2}", "HTTPS (TLS 1.3)");
+    println!("HTTPS / HTTP: p50 {:.2}x, p99 {:.2}x", s50 / p50, s99 / p99);
 }
 
 /// A PUT with history on beside one on a gateway with `--history=false`, and

@@ -43,7 +43,7 @@ pub async fn start_gateway_in(schema: &str, advertise: bool, extra: &[&str]) -> 
     args.extend_from_slice(extra);
     let config = Config::from_serve_args(&args).expect("valid configuration");
     let app = App::build(&config).await.expect("gateway starts");
-    let base = format!("http://{}", app.local_addr());
+    let base = format!("{}://{}", app.scheme(), app.local_addr());
     tokio::spawn(app.serve(std::future::pending()));
     BenchGateway { base, config }
 }

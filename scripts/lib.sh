@@ -44,6 +44,12 @@ pinned_venv() {
     fi
     cp "$requirements" "$VENV/.installed"
   fi
+  # The editable package's entry points (Meltano finds settings by them) are
+  # read at install time: a changed pyproject.toml is installed again.
+  if [ -n "$editable" ] && ! cmp -s "$VENV/.editable" "$editable/pyproject.toml"; then
+    "$VENV/bin/pip" install --quiet --no-deps -e "$editable"
+    cp "$editable/pyproject.toml" "$VENV/.editable"
+  fi
 }
 
 # The shim's venv: its pinned test dependencies (meltano among them) and the

@@ -1,12 +1,12 @@
 //! Command line and environment: every setting has a flag and a `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use percent_encoding::percent_decode_str;
 use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use url::Url;
 use uuid::Uuid;
 
@@ -14,6 +14,7 @@ use crate::auth::{TokenError, Tokens};
 pub use crate::domain::Coordination;
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
+use crate::tls::{ServerTls, TlsError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,6 +49,32 @@ pub struct HealthcheckArgs {
     /// How long to wait for the answer.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+
+    /// Probe over HTTPS, trusting this PEM CA file for the gateway's
+    /// certificate (a gateway with --tls-cert-file serves HTTPS only).
+    #[arg(long, env = "STATEHOUSE_HEALTHCHECK_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
+
+    /// A PEM client certificate to present (with --client-key-file); the
+    /// health checks need none, even under mTLS, but a client may bring one.
+    #[arg(long, env = "STATEHOUSE_HEALTHCHECK_CLIENT_CERT_FILE", requires_all = ["client_key_file", "ca_file"])]
+    pub client_cert_file: Option<std::path::PathBuf>,
+
+    /// The key of --client-cert-file.
+    #[arg(
+        long,
+        env = "STATEHOUSE_HEALTHCHECK_CLIENT_KEY_FILE",
+        requires = "client_cert_file"
+    )]
+    pub client_key_file: Option<std::path::PathBuf>,
+
+    /// The name the gateway's certificate must be for, over HTTPS.
+    #[arg(
+        long,
+        env = "STATEHOUSE_HEALTHCHECK_SERVER_NAME",
+        default_value = "localhost"
+    )]
+    pub server_name: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -218,6 +245,29 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "STATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// PEM certificate chain (the gateway's certificate first): with
+    /// --tls-key-file the gateway serves HTTPS only. SIGHUP reads both again.
+    #[arg(long, env = "STATEHOUSE_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "STATEHOUSE_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<std::path::PathBuf>,
+
+    /// PEM CA file: clients must present a certificate signed by it (mTLS)
+    /// for everything but /healthz, /readyz and the dashboard page.
+    #[arg(
+        long,
+        env = "STATEHOUSE_TLS_CLIENT_CA_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_client_ca_file: Option<std::path::PathBuf>,
+
+    /// PEM CA file that peer gateways' certificates must chain to, for
+    /// https:// advertise URLs (default: the system's CAs).
+    #[arg(long, env = "STATEHOUSE_PEER_CA_FILE")]
+    pub peer_ca_file: Option<std::path::PathBuf>,
 }
 
 /// How this gateway takes part in the lock protocol (see `locks`).
@@ -230,11 +280,14 @@ pub struct LockSettings {
     pub claim_ttl: Duration,
     /// A claim with no lease and no waiter for this long is released.
     pub claim_idle: Duration,
-    /// How peer gateways reach this one (`http://host:port`), stored with
-    /// its claims so they can forward to it.
+    /// How peer gateways reach this one (`http://host:port` or
+    /// `https://host:port`), stored with its claims so they can forward to it.
     pub advertise_url: Option<String>,
     /// Where claims are kept and how they are won.
     pub coordination: Coordination,
+    /// How this gateway checks `https://` peers, and the certificate it
+    /// shows them when they ask for one.
+    pub peer_tls: Arc<rustls::ClientConfig>,
 }
 
 /// How much work the gateway takes on at once; beyond it, requests are shed.
@@ -273,6 +326,8 @@ pub struct Config {
     pub tokens: Tokens,
     pub protect_metrics: bool,
     pub allow_unauthenticated: bool,
+    /// HTTPS, when a certificate and key are configured.
+    pub tls: Option<ServerTls>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -306,6 +361,10 @@ pub enum ConfigError {
     },
     #[error("invalid token entry: {0}")]
     Token(#[from] TokenError),
+    #[error(
+        "{0}; set --tls-cert-file and --tls-key-file (STATEHOUSE_TLS_CERT_FILE, STATEHOUSE_TLS_KEY_FILE) to a PEM chain and its key"
+    )]
+    Tls(#[from] TlsError),
 }
 
 impl TryFrom<ServeArgs> for Config {
@@ -378,6 +437,19 @@ impl TryFrom<ServeArgs> for Config {
         if let Some(text) = &args.tokens {
             tokens.add("STATEHOUSE_TOKENS", text, ',')?;
         }
+        let tls = match (&args.tls_cert_file, &args.tls_key_file) {
+            (Some(cert), Some(key)) => Some(ServerTls::new(
+                cert,
+                key,
+                args.tls_client_ca_file.as_deref(),
+            )?),
+            _ => None,
+        };
+        let peer_roots = args.peer_ca_file.as_deref().map(read_ca_file).transpose()?;
+        let peer_tls = crate::tls::peer_client_config(
+            peer_roots.as_deref(),
+            tls.as_ref().map(|tls| tls.identity.clone()),
+        );
         Ok(Self {
             listen: args.listen,
             clickhouse: target,
@@ -413,6 +485,7 @@ impl TryFrom<ServeArgs> for Config {
                     .map(parse_advertise_url)
                     .transpose()?,
                 coordination: args.coordination,
+                peer_tls,
             },
             history: match (args.history, args.history_retention) {
                 (false, _) => History::Off,
@@ -422,6 +495,7 @@ impl TryFrom<ServeArgs> for Config {
             tokens,
             protect_metrics: args.protect_metrics,
             allow_unauthenticated: args.allow_unauthenticated,
+            tls,
         })
     }
 }
@@ -447,14 +521,7 @@ fn read_ca_file(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, 
         path: path.display().to_string(),
         reason,
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| fail(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| fail(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(fail("no PEM certificate in it".into()));
-    }
-    Ok(certs)
+    crate::tls::read_certificates(path).map_err(fail)
 }
 
 fn identifier(what: &str, raw: &str) -> Result<Identifier, ConfigError> {
@@ -464,12 +531,14 @@ fn identifier(what: &str, raw: &str) -> Result<Identifier, ConfigError> {
     })
 }
 
-/// An `http://host:port` base URL peers can reach; no path, query or credentials.
+/// An `http://` or `https://` base URL peers can reach; no path, query or credentials.
 fn parse_advertise_url(raw: &str) -> Result<String, ConfigError> {
     let bad = |why: &str| ConfigError::AdvertiseUrl(format!("{raw:?}: {why}"));
     let url = Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
-    if url.scheme() != "http" {
-        return Err(bad("peers speak plain HTTP to each other: use http://"));
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad(
+            "peers speak HTTP or HTTPS to each other: use http:// or https://",
+        ));
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(bad("it needs a host"));
@@ -718,5 +787,37 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.concurrency.requests, 3);
         assert_eq!(cfg.client_timeouts.idle, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn advertise_urls_are_http_or_https_base_urls() {
+        assert_eq!(
+            parse_advertise_url("https://gw-a.internal:8080/").unwrap(),
+            "https://gw-a.internal:8080"
+        );
+        assert_eq!(
+            parse_advertise_url("http://10.0.0.5:8080").unwrap(),
+            "http://10.0.0.5:8080"
+        );
+        for bad in ["ftp://h:1", "https://h:1/path", "https://u:p@h:1"] {
+            assert!(parse_advertise_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tls_takes_a_certificate_and_a_key_together_and_names_a_file_that_does_not_load() {
+        let url = "--clickhouse-url=clickhouse://h";
+        let lone = ServeOnly::try_parse_from(["statehouse serve", url, "--tls-cert-file=c.pem"]);
+        assert!(lone.is_err(), "a certificate without its key");
+        let err = Config::try_from(args(&[
+            url,
+            "--tls-cert-file=/nonexistent/c.pem",
+            "--tls-key-file=/nonexistent/k.pem",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/c.pem"), "{err}");
+        assert!(err.contains("--tls-cert-file"), "{err}");
+        assert!(Config::try_from(args(&[url])).unwrap().tls.is_none());
     }
 }

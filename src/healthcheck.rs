@@ -1,10 +1,15 @@
-//! `statehouse healthcheck`: one plain HTTP/1.1 GET over std's TcpStream, so
-//! the container image needs no curl and the binary no HTTP client.
+//! `statehouse healthcheck`: one HTTP/1.1 GET over std's TcpStream (inside
+//! rustls's blocking stream for HTTPS), so the container image needs no curl
+//! and the binary no HTTP client.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
+use std::sync::Arc;
+
+use rustls::pki_types::ServerName;
 
 use crate::config::HealthcheckArgs;
+use crate::tls::{Identity, client_config};
 
 /// Answers whether the gateway said 200, or why it could not be asked.
 pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
@@ -26,13 +31,31 @@ pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
         "GET {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nUser-Agent: statehouse-healthcheck\r\n\r\n",
         args.path
     );
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| fail("cannot send to", e))?;
     let mut head = [0u8; 12];
-    stream
-        .read_exact(&mut head)
-        .map_err(|e| fail("no answer from", e))?;
+    let mut exchange = |conn: &mut dyn ReadWrite| {
+        conn.write_all(request.as_bytes())
+            .map_err(|e| fail("cannot send to", e))?;
+        conn.read_exact(&mut head)
+            .map_err(|e| fail("no answer from", e))
+    };
+    match &args.ca_file {
+        None => exchange(&mut stream)?,
+        Some(ca_file) => {
+            let roots = crate::tls::read_certificates(ca_file)
+                .map_err(|e| format!("cannot use the CA file {}: {e}", ca_file.display()))?;
+            let identity = match (&args.client_cert_file, &args.client_key_file) {
+                (Some(cert), Some(key)) => Some(Arc::new(
+                    Identity::load(cert, key).map_err(|e| e.to_string())?,
+                )),
+                _ => None,
+            };
+            let name = ServerName::try_from(args.server_name.clone())
+                .map_err(|e| format!("invalid --server-name {:?}: {e}", args.server_name))?;
+            let conn = rustls::ClientConnection::new(client_config(&roots, identity), name)
+                .map_err(|e| format!("cannot start TLS to {addr}: {e}"))?;
+            exchange(&mut rustls::StreamOwned::new(conn, stream))?;
+        }
+    }
     let status_line = String::from_utf8_lossy(&head);
     match status_line.split_whitespace().nth(1) {
         Some("200") => Ok(()),
@@ -40,6 +63,10 @@ pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
         None => Err(format!("{addr} did not answer HTTP")),
     }
 }
+
+trait ReadWrite: Read + Write {}
+
+impl<T: Read + Write> ReadWrite for T {}
 
 #[cfg(test)]
 mod tests {
@@ -64,6 +91,10 @@ mod tests {
             listen,
             path: "/readyz".into(),
             timeout: Duration::from_secs(2),
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            server_name: "localhost".into(),
         }
     }
 

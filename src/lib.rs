@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod states;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::agreement::{Disagreement, Registration};
 use crate::auth::Tokens;
@@ -32,6 +34,7 @@ use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
 use crate::store::{Blocker, ClickHouse, Layout, Store, StoreError};
+use crate::tls::ServerTls;
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
@@ -45,6 +48,9 @@ pub struct AppContext {
     pub admission: Arc<Admission>,
     pub tokens: Arc<Tokens>,
     pub protect_metrics: bool,
+    /// mTLS: a request on a connection without a client certificate gets
+    /// only the health checks and the dashboard page.
+    pub client_certificates_required: bool,
 }
 
 /// Why the gateway did not start; each says what to change.
@@ -124,6 +130,7 @@ pub struct App {
     registration: Option<Registration>,
     client_timeouts: ClientTimeouts,
     shutdown_timeout: Duration,
+    tls: Option<ServerTls>,
 }
 
 impl App {
@@ -186,10 +193,20 @@ impl App {
                 admission: Arc::new(Admission::new(config.concurrency)),
                 tokens: Arc::new(config.tokens.clone()),
                 protect_metrics: config.protect_metrics,
+                client_certificates_required: config
+                    .tls
+                    .as_ref()
+                    .is_some_and(|tls| tls.client_certificates_required),
             },
             client_timeouts: config.client_timeouts,
             shutdown_timeout: config.shutdown_timeout,
+            tls: config.tls.clone(),
         })
+    }
+
+    /// `https` when the gateway serves TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -217,10 +234,15 @@ impl App {
             .clone()
             .map(|registration| tokio::spawn(registration.heartbeat()));
         let metrics = self.ctx.metrics.clone();
+        let reloading = self
+            .tls
+            .as_ref()
+            .map(|tls| tokio::spawn(tls::reload_on_hangup(tls.identity.clone())));
         let server = http::serve(
             self.listener,
             http::router(self.ctx),
             self.client_timeouts,
+            self.tls.map(|tls| TlsAcceptor::from(tls.config)),
             metrics,
             signal,
         );
@@ -241,6 +263,9 @@ impl App {
         maintenance.abort();
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
+        }
+        if let Some(reloading) = reloading {
+            reloading.abort();
         }
         // Hand the claims back so other gateways need not wait for them to
         // lapse; the next claim holder adopts the leases.

@@ -30,6 +30,7 @@ fn main() -> ExitCode {
         };
         tracing::info!(
             listen = %app.local_addr(),
+            scheme = app.scheme(),
             clickhouse = %config.clickhouse.endpoint(),
             schema = config.schema.as_str(),
             table = config.table.as_str(),

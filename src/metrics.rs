@@ -153,7 +153,7 @@ impl Default for Metrics {
         );
         registry.register(
             "connections_closed",
-            "Connections the gateway closed on a client, by reason (header_timeout, idle_timeout)",
+            "Connections the gateway closed on a client, by reason (header_timeout, idle_timeout, tls_handshake: a failed TLS handshake, plain HTTP to the HTTPS port among them)",
             connections_closed.clone(),
         );
         // Counters exist at zero from the start, so that a dashboard's rate()
@@ -166,7 +166,7 @@ impl Default for Metrics {
         for limit in ["requests", "lock_waiters"] {
             let _ = shed.get_or_create(&ShedLabels { limit });
         }
-        for reason in ["header_timeout", "idle_timeout"] {
+        for reason in ["header_timeout", "idle_timeout", "tls_handshake"] {
             let _ = connections_closed.get_or_create(&ClosedLabels { reason });
         }
         Self {

@@ -30,6 +30,25 @@ def free_port() -> int:
 
 
 @dataclass
+class Certs:
+    """Throwaway certificates from scripts/make-certs: ca.pem, gateway.*, client.*, other-ca.pem."""
+
+    dir: Path
+
+    @classmethod
+    def make(cls, root: Path) -> Certs:
+        subprocess.run([str(ROOT / "scripts" / "make-certs"), str(root)], check=True)
+        return cls(root)
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def serve_args(self, *, client_ca: bool = False) -> tuple[str, ...]:
+        args = ("--tls-cert-file", self.path("gateway.pem"), "--tls-key-file", self.path("gateway.key"))
+        return args + (("--tls-client-ca-file", self.path("ca.pem")) if client_ca else ())
+
+
+@dataclass
 class Gateway:
     base: str
     schema: str
@@ -37,39 +56,61 @@ class Gateway:
     session: requests.Session = field(default_factory=requests.Session)
 
     @property
+    def tls(self) -> dict:
+        """Per request: REQUESTS_CA_BUNDLE overrides a Session's own `verify`."""
+        return {"verify": self.session.verify}
+
+    @property
     def uri(self) -> str:
+        if self.base.startswith("https://"):
+            return "statehouses://" + self.base.removeprefix("https://")
         return "statehouse://" + self.base.removeprefix("http://")
 
     def state(self, state_id: str) -> dict | None:
-        response = self.session.get(f"{self.base}/v1/states/{quote(state_id, safe='')}", timeout=10)
+        response = self.session.get(f"{self.base}/v1/states/{quote(state_id, safe='')}", timeout=10, **self.tls)
         if response.status_code == 404:
             return None
         response.raise_for_status()
         return response.json()
 
     def state_ids(self, pattern: str = "*") -> list[str]:
-        response = self.session.get(f"{self.base}/v1/states", params={"pattern": pattern, "limit": 1000}, timeout=10)
+        response = self.session.get(
+            f"{self.base}/v1/states", params={"pattern": pattern, "limit": 1000}, timeout=10, **self.tls
+        )
         response.raise_for_status()
         return [s["state_id"] for s in response.json()["states"]]
 
     def put(self, state_id: str, document: dict) -> None:
-        response = self.session.put(f"{self.base}/v1/states/{quote(state_id, safe='')}", json=document, timeout=10)
+        response = self.session.put(
+            f"{self.base}/v1/states/{quote(state_id, safe='')}", json=document, timeout=10, **self.tls
+        )
         response.raise_for_status()
 
 
 def start_gateway(
-    schema: str, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = (), advertise: bool = False
+    schema: str,
+    extra_env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    advertise: bool = False,
+    certs: Certs | None = None,
+    client_ca: bool = False,
 ) -> Gateway:
-    """A gateway process; with `advertise`, peers can forward to it (--advertise-url)."""
+    """A gateway process; with `advertise`, peers can forward to it (--advertise-url);
+    with `certs`, it serves HTTPS (requiring client certificates with `client_ca`)."""
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
     binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    base = f"{'https' if certs else 'http'}://127.0.0.1:{port}"
     args = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema, "--claim-settle", "200ms"]
     if advertise:
         args += ["--advertise-url", base]
+    session = requests.Session()
+    if certs:
+        args += certs.serve_args(client_ca=client_ca)
+        session.verify = certs.path("ca.pem")
+        session.cert = (certs.path("client.pem"), certs.path("client.key"))
     process = subprocess.Popen(
         [*args, *extra_args],
         env={**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn", **(extra_env or {})},
@@ -79,8 +120,8 @@ def start_gateway(
         if process.poll() is not None:
             pytest.fail(f"statehouse exited with {process.returncode} before it was ready")
         try:
-            if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return Gateway(base=base, schema=schema, process=process)
+            if session.get(f"{base}/readyz", timeout=1, verify=session.verify).status_code == 200:
+                return Gateway(base=base, schema=schema, process=process, session=session)
         except requests.RequestException:
             pass
         time.sleep(0.1)

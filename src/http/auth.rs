@@ -6,6 +6,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::error::{ProblemType, problem};
+use super::server::TlsSession;
 use crate::AppContext;
 use crate::auth::{Actor, Role};
 
@@ -37,6 +38,18 @@ pub async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
+    if ctx.client_certificates_required
+        && !matches!(access, Access::Open)
+        && !request
+            .extensions()
+            .get::<TlsSession>()
+            .is_some_and(|session| session.client_certificate)
+    {
+        return problem(
+            ProblemType::Forbidden,
+            "this gateway requires a client certificate (mTLS) for everything but /healthz, /readyz and the dashboard page: present one signed by its --tls-client-ca-file CA",
+        );
+    }
     let needed = match access {
         Access::Open => None,
         Access::Metrics => ctx.protect_metrics.then_some(Role::Read),

@@ -34,9 +34,11 @@ use error::{PROBLEM_JSON, ProblemType, bare_problem, problem};
 pub use self::admission::Admission;
 use self::admission::Counts;
 use self::auth::Access;
+use self::server::TlsSession;
 pub use self::server::{bind, serve};
 use crate::AppContext;
 use crate::auth::Role;
+use crate::locks::FORWARDED_BY;
 use crate::telemetry::ClientText;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -172,12 +174,19 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
     };
     let request_id = header_text(REQUEST_ID);
     let user_agent = header_text(header::USER_AGENT);
+    let forwarded_by = header_text(FORWARDED_BY);
+    let scheme = match request.extensions().get::<TlsSession>() {
+        Some(_) => "https",
+        None => "http",
+    };
     tracing::info_span!(
         "request",
         method = %ClientText(request.method().as_str()),
         path = %ClientText(request.uri().path()),
+        scheme,
         request_id = %ClientText(&request_id),
         user_agent = %ClientText(&user_agent),
+        forwarded_by = %ClientText(&forwarded_by),
     )
 }
 

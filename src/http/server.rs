@@ -1,6 +1,7 @@
 //! Serving connections. `axum::serve` has no header, body or idle timeouts,
-//! so the gateway drives hyper's HTTP/1 connections itself and watches each
-//! one for a client that is too slow with its request or has gone quiet.
+//! so the gateway drives hyper's HTTP/1 connections itself (over TLS when
+//! configured) and watches each one for a client that is too slow with its
+//! handshake or request, or has gone quiet.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use crate::config::ClientTimeouts;
@@ -45,13 +47,14 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
     socket.listen(ACCEPT_BACKLOG)
 }
 
-/// Serves `router` on `listener` until `signal` resolves; then stops
+/// Serves `router` on `listener` (HTTPS only, given `tls`) until `signal` resolves; then stops
 /// accepting, lets each connection finish its request in flight (idle ones
 /// close at once) and returns when all are closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     timeouts: ClientTimeouts,
+    tls: Option<TlsAcceptor>,
     metrics: Arc<Metrics>,
     signal: impl Future<Output = ()>,
 ) {
@@ -70,6 +73,7 @@ pub async fn serve(
                     stream,
                     router.clone(),
                     timeouts,
+                    tls.clone(),
                     metrics.clone(),
                     stopping.clone(),
                     open_marker.clone(),
@@ -104,6 +108,7 @@ async fn connection(
     stream: TcpStream,
     router: Router,
     timeouts: ClientTimeouts,
+    tls: Option<TlsAcceptor>,
     metrics: Arc<Metrics>,
     mut stopping: watch::Receiver<bool>,
     _open: watch::Receiver<()>,
@@ -113,16 +118,81 @@ async fn connection(
         until: Instant::now() + timeouts.idle,
     });
     let tracker = Arc::new(Tracker { phase, timeouts });
-    let io = TokioIo::new(TrackedIo {
+    let io = TrackedIo {
         inner: stream,
         tracker: tracker.clone(),
-    });
+    };
+    let mut outstayed = pin!(outstayed(watching));
+    let Some(acceptor) = tls else {
+        if let Some(reason) = serve_http(io, router, tracker, None, outstayed, stopping).await {
+            metrics.connection_closed(reason);
+        }
+        return;
+    };
+    // The handshake's first bytes start the header-read deadline, so a
+    // client that never finishes it is closed like a slow request.
+    let accepted = tokio::select! {
+        accepted = acceptor.accept(io) => accepted,
+        reason = &mut outstayed => {
+            tracing::debug!(reason, "closing a connection in its TLS handshake");
+            metrics.connection_closed(reason);
+            return;
+        }
+        // No request is in flight yet, so shutting down need not wait for it.
+        _ = stopping.wait_for(|stop| *stop) => return,
+    };
+    let stream = match accepted {
+        Ok(stream) => stream,
+        Err(err) => {
+            // Plain HTTP to this port ends here too: rustls answers it with
+            // an alert, never with HTTP.
+            tracing::debug!(error = %err, "TLS handshake failed");
+            metrics.connection_closed("tls_handshake");
+            return;
+        }
+    };
+    let session = TlsSession {
+        client_certificate: stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .is_some_and(|chain| !chain.is_empty()),
+    };
+    tracker.response_done();
+    let served = serve_http(stream, router, tracker, Some(session), outstayed, stopping);
+    if let Some(reason) = served.await {
+        metrics.connection_closed(reason);
+    }
+}
+
+/// A request came over TLS; `client_certificate`: its client presented a
+/// certificate the listener's client CA signed (the handshake checked it).
+#[derive(Clone, Copy, Debug)]
+pub struct TlsSession {
+    pub client_certificate: bool,
+}
+
+/// Serves HTTP/1 on `io` until the client or the server is done with it;
+/// answers why the connection was closed, when it outstayed a deadline.
+async fn serve_http<I>(
+    io: I,
+    router: Router,
+    tracker: Arc<Tracker>,
+    session: Option<TlsSession>,
+    mut outstayed: Pin<&mut impl Future<Output = &'static str>>,
+    mut stopping: watch::Receiver<bool>,
+) -> Option<&'static str>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         tracker.request_started();
         let done = ResponseDone(tracker.clone());
-        let response = router
-            .clone()
-            .oneshot(Request::from(request.map(Body::new)));
+        let mut request = Request::from(request.map(Body::new));
+        if let Some(session) = session {
+            request.extensions_mut().insert(session);
+        }
+        let response = router.clone().oneshot(request);
         async move {
             let response = response.await?;
             Ok::<_, Infallible>(response.map(|body| TrackedBody { body, _done: done }))
@@ -132,9 +202,8 @@ async fn connection(
         http1::Builder::new()
             // The tracker below does this, and bounds idle keep-alive too.
             .header_read_timeout(None)
-            .serve_connection(io, service)
+            .serve_connection(TokioIo::new(io), service)
     );
-    let mut outstayed = pin!(outstayed(watching));
     let mut draining = false;
     loop {
         tokio::select! {
@@ -142,12 +211,11 @@ async fn connection(
                 if let Err(err) = served {
                     tracing::debug!(error = %err, "connection ended with an error");
                 }
-                return;
+                return None;
             }
             reason = &mut outstayed => {
                 tracing::debug!(reason, "closing a connection");
-                metrics.connection_closed(reason);
-                return;
+                return Some(reason);
             }
             _ = stopping.wait_for(|stop| *stop), if !draining => {
                 conn.as_mut().graceful_shutdown();

@@ -7,12 +7,13 @@
 //! gateway looks the authority up afresh.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Request, Response, Uri, header};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -84,20 +85,40 @@ pub enum ForwardError {
     },
 }
 
-/// The HTTP client to peers.
+/// The HTTP client to peers: plain HTTP to `http://` advertise URLs, TLS
+/// checked against the peer CA to `https://` ones.
 pub(super) struct PeerClient {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
-impl Default for PeerClient {
-    fn default() -> Self {
+impl PeerClient {
+    pub(super) fn new(tls: Arc<rustls::ClientConfig>) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(Arc::unwrap_or_clone(tls))
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
+}
+
+/// An error with its causes, which hyper's client keeps out of its own
+/// text: a peer's refused certificate shows only there.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
 
 /// How long a peer may take to act on what it is told.
@@ -210,7 +231,7 @@ impl LockManager {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
                 self.authorities.forget_peer(peer.gateway_id);
-                return Err(unreachable(err.to_string()));
+                return Err(unreachable(with_causes(&err)));
             }
             Err(_) => return Err(unreachable(format!("no answer within {deadline:?}"))),
         };

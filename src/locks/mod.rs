@@ -141,6 +141,7 @@ impl LockManager {
             Coordination::Table => Claims::Table,
             Coordination::Keeper => Claims::Keeper(Box::new(keeper)),
         };
+        let peers = PeerClient::new(settings.peer_tls.clone());
         Self {
             settings,
             query_timeout,
@@ -150,7 +151,7 @@ impl LockManager {
             metrics,
             slots: Mutex::new(HashMap::new()),
             authorities: Authorities::default(),
-            peers: PeerClient::default(),
+            peers,
         }
     }
 

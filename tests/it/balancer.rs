@@ -23,13 +23,15 @@ struct Upstreams {
 
 impl Balancer {
     pub async fn start(upstreams: Vec<String>) -> Self {
+        Self::start_with(upstreams, reqwest::Client::builder()).await
+    }
+
+    /// A balancer whose client to the upstreams is `client` (HTTPS settings).
+    pub async fn start_with(upstreams: Vec<String>, client: reqwest::ClientBuilder) -> Self {
         let shared = Arc::new(Upstreams {
             bases: upstreams,
             next: AtomicUsize::new(0),
-            client: reqwest::Client::builder()
-                .pool_max_idle_per_host(0)
-                .build()
-                .unwrap(),
+            client: client.pool_max_idle_per_host(0).build().unwrap(),
         });
         let app = axum::Router::new().fallback(relay).with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

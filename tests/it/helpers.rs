@@ -169,7 +169,7 @@ pub async fn spawn_configured(config: Config) -> TestApp {
     let app = App::build(&config)
         .await
         .expect("gateway starts against the test ClickHouse");
-    let base = format!("http://{}", app.local_addr());
+    let base = format!("{}://{}", app.scheme(), app.local_addr());
     let (stop, stopped) = oneshot::channel();
     let served = tokio::spawn(app.serve(async move {
         let _ = stopped.await;
@@ -436,6 +436,18 @@ pub async fn spawn_peer_process(clickhouse_url: &str, extra: &[&str]) -> Gateway
     let mut args = vec!["--advertise-url", advertise.as_str()];
     args.extend_from_slice(extra);
     spawn_gateway_process_on(port, clickhouse_url, &args, "json", &[]).await
+}
+
+/// A gateway process serving HTTPS (`extra` has its certificate flags) that
+/// advertises its `https://` address to its peers.
+pub async fn spawn_https_peer_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
+    let port = free_port();
+    let advertise = format!("https://127.0.0.1:{port}");
+    let mut args = vec!["--advertise-url", advertise.as_str()];
+    args.extend_from_slice(extra);
+    let mut process = spawn_gateway_process_on(port, clickhouse_url, &args, "json", &[]).await;
+    process.base = advertise;
+    process
 }
 
 /// As [`spawn_gateway_process`], with `--log-format log_format` and `env` set.

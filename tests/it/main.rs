@@ -15,6 +15,7 @@ mod first_start;
 mod gateways;
 mod helpers;
 mod history;
+mod https;
 mod keeper_claims;
 mod keeper_locks;
 mod keeper_loss;

@@ -11,10 +11,16 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// `docker-compose config` of `file` (relative to the project root).
 fn compose_config(file: &str, password: Option<&str>) -> std::process::Output {
+    compose_config_of(&[file], password)
+}
+
+/// `docker-compose config` of `files` merged, each overriding the ones before.
+fn compose_config_of(files: &[&str], password: Option<&str>) -> std::process::Output {
     let mut command = Command::new("docker-compose");
-    command
-        .args(["--file", &format!("{ROOT}/{file}"), "config"])
-        .env_remove("CLICKHOUSE_PASSWORD");
+    for file in files {
+        command.args(["--file", &format!("{ROOT}/{file}")]);
+    }
+    command.arg("config").env_remove("CLICKHOUSE_PASSWORD");
     if let Some(password) = password {
         command.env("CLICKHOUSE_PASSWORD", password);
     }
@@ -123,6 +129,76 @@ fn the_two_gateway_example_puts_gateways_that_advertise_themselves_behind_a_bala
     assert!(
         nginx_conf.contains("proxy_read_timeout 330s;"),
         "outlasts the longest lock wait"
+    );
+}
+
+#[test]
+fn the_tls_variants_serve_https_check_their_own_health_over_it_and_peers_advertise_https() {
+    let rendered = |files: &[&str]| {
+        let output = compose_config_of(files, Some("s3cret"));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_yaml::from_slice::<serde_yaml::Value>(&output.stdout).unwrap()
+    };
+    let mounts_certs = |service: &serde_yaml::Value| {
+        service["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|v| v.as_str().unwrap().ends_with(":/etc/statehouse/tls:ro"))
+    };
+    let single = rendered(&["docker-compose.yml", "docker-compose.tls.yml"]);
+    let gateway = &single["services"]["statehouse"];
+    let env = &gateway["environment"];
+    assert_eq!(
+        env["STATEHOUSE_TLS_CERT_FILE"],
+        "/etc/statehouse/tls/gateway.pem"
+    );
+    assert_eq!(
+        env["STATEHOUSE_TLS_KEY_FILE"],
+        "/etc/statehouse/tls/gateway.key"
+    );
+    assert_eq!(
+        env["STATEHOUSE_HEALTHCHECK_CA_FILE"],
+        "/etc/statehouse/tls/ca.pem"
+    );
+    assert!(
+        env["STATEHOUSE_TOKENS_FILE"].as_str().is_some(),
+        "kept from the base file"
+    );
+    assert!(mounts_certs(gateway));
+
+    let two = rendered(&[TWO_GATEWAYS, "deploy/two-gateways/compose.tls.yml"]);
+    let nginx_conf =
+        std::fs::read_to_string(format!("{ROOT}/deploy/two-gateways/nginx.tls.conf")).unwrap();
+    assert!(
+        nginx_conf.contains("stream {"),
+        "TLS passes through nginx undecrypted"
+    );
+    for name in ["statehouse-a", "statehouse-b"] {
+        let service = &two["services"][name];
+        let env = &service["environment"];
+        assert_eq!(
+            env["STATEHOUSE_ADVERTISE_URL"],
+            format!("https://{name}:8080").as_str()
+        );
+        assert_eq!(env["STATEHOUSE_PEER_CA_FILE"], "/etc/statehouse/tls/ca.pem");
+        assert_eq!(
+            env["STATEHOUSE_TLS_CERT_FILE"],
+            "/etc/statehouse/tls/gateway.pem"
+        );
+        assert!(mounts_certs(service), "{name}");
+        assert!(nginx_conf.contains(&format!("server {name}:8080;")));
+    }
+    let balancer = &two["services"]["balancer"];
+    assert!(
+        balancer["volumes"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("/nginx.tls.conf:/etc/nginx/nginx.conf:ro")
     );
 }
 

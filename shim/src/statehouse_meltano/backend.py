@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
 
-from statehouse_meltano.client import GatewayClient, GatewayError, LockHeldError, gateway_url
+from statehouse_meltano.client import GatewayClient, GatewayError, LockHeldError, TlsSettings, gateway_url
 
 if t.TYPE_CHECKING:
     from collections.abc import Generator, Iterable
@@ -65,6 +65,9 @@ class StatehouseStateStoreManager(StateStoreManager):
         request_timeout: int | None = 10,
         lease_ttl: int | None = 30,
         owner: str | None = None,
+        ca_file: str | None = None,
+        client_cert_file: str | None = None,
+        client_key_file: str | None = None,
         **kwargs: t.Any,
     ) -> None:
         """Meltano passes the URI, its own lock settings and state_backend.<scheme>.* settings."""
@@ -73,7 +76,12 @@ class StatehouseStateStoreManager(StateStoreManager):
         self.lock_timeout_seconds = float(lock_timeout_seconds if lock_timeout_seconds is not None else 10)
         self.lease_ttl = int(lease_ttl or 30)
         self.owner = owner or f"meltano@{socket.gethostname()}:{os.getpid()}"
-        self.client = GatewayClient(gateway_url(uri), token=token, timeout=float(request_timeout or 10))
+        self.client = GatewayClient(
+            gateway_url(uri),
+            token=token,
+            timeout=float(request_timeout or 10),
+            tls=TlsSettings(ca_file=ca_file, client_cert_file=client_cert_file, client_key_file=client_key_file),
+        )
         # Leases this process holds, by state_id: writes inside a lock block carry them.
         self._leases: dict[str, str] = {}
         self._leases_guard = threading.Lock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import typing as t
+from dataclasses import dataclass
 from urllib.parse import quote, urlparse, urlunparse
 
 import requests
@@ -28,6 +29,38 @@ class GatewayUnavailableError(GatewayError):
 
 class LockHeldError(GatewayError):
     """The lock stayed held by someone else for the whole wait."""
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """state_backend.statehouses.{ca_file,client_cert_file,client_key_file}."""
+
+    ca_file: str | None = None
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    def verify(self) -> str | bool:
+        # Given per request, a path is never overridden by REQUESTS_CA_BUNDLE,
+        # as a Session's own `verify` would be.
+        return self.ca_file or True
+
+    def cert(self) -> tuple[str, str] | None:
+        if self.client_cert_file and self.client_key_file:
+            return (self.client_cert_file, self.client_key_file)
+        if self.client_cert_file or self.client_key_file:
+            msg = "set both state_backend.statehouses.client_cert_file and client_key_file, or neither"
+            raise ValueError(msg)
+        return None
+
+
+CA_HINT = (
+    "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE) "
+    "to the PEM file of the CA that signed the gateway's certificate"
+)
+CLIENT_CERT_HINT = (
+    "set state_backend.statehouses.client_cert_file and client_key_file "
+    "(MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_CERT_FILE, ..._CLIENT_KEY_FILE) to a certificate the gateway's CA signed"
+)
 
 
 def gateway_url(uri: str) -> str:
@@ -64,9 +97,14 @@ def _segment(state_id: str) -> str:
 class GatewayClient:
     """Calls the gateway; every failure names it."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self, base_url: str, *, token: str | None = None, timeout: float = 10.0, tls: TlsSettings | None = None
+    ) -> None:
         self.base_url = base_url
         self.timeout = timeout
+        tls = tls or TlsSettings()
+        self.verify = tls.verify()
+        self.cert = tls.cert()
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
         if token:
@@ -98,7 +136,12 @@ class GatewayClient:
                     params=params,
                     headers=headers,
                     timeout=(self.timeout, self.timeout + extra_wait),
+                    verify=self.verify,
+                    cert=self.cert,
                 )
+            except requests.exceptions.SSLError as err:
+                msg = f"statehouse gateway at {self.base_url}: TLS failed, its certificate could not be verified or it refused ours ({err}); {CA_HINT}"
+                raise GatewayUnavailableError(msg) from None
             except requests.RequestException as err:
                 msg = f"statehouse gateway at {self.base_url} is unavailable: {err}"
                 raise GatewayUnavailableError(msg) from None
@@ -120,6 +163,8 @@ class GatewayClient:
             detail += f"; held by {holder.get('owner')} until {holder.get('expires_at')}"
         message = f"statehouse gateway at {self.base_url}: {method} {url} answered {response.status_code} ({detail})"
         kind = str(problem.get("type", ""))
+        if response.status_code == 403 and "client certificate" in detail:
+            message += f"; {CLIENT_CERT_HINT}"
         if response.status_code == 409 and kind.endswith(":lock-held"):
             return LockHeldError(message)
         if response.status_code in (502, 503, 504):

@@ -32,6 +32,22 @@ SPECS: dict[str, dict[str, t.Any]] = {
         "description": "Name shown as the holder of this process's locks (default: meltano@host:pid)",
         "kind": SettingKind.STRING,
     },
+    "ca_file": {
+        "label": "CA file",
+        "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
+        "it is the one trusted, whatever REQUESTS_CA_BUNDLE says",
+        "kind": SettingKind.STRING,
+    },
+    "client_cert_file": {
+        "label": "Client certificate file",
+        "description": "PEM client certificate for a gateway that requires one (mTLS; with client_key_file)",
+        "kind": SettingKind.STRING,
+    },
+    "client_key_file": {
+        "label": "Client key file",
+        "description": "PEM private key of client_cert_file",
+        "kind": SettingKind.STRING,
+    },
 }
 
 
@@ -47,3 +63,6 @@ STATEHOUSES_TOKEN = setting("statehouses", "token")
 STATEHOUSES_REQUEST_TIMEOUT = setting("statehouses", "request_timeout")
 STATEHOUSES_LEASE_TTL = setting("statehouses", "lease_ttl")
 STATEHOUSES_OWNER = setting("statehouses", "owner")
+STATEHOUSES_CA_FILE = setting("statehouses", "ca_file")
+STATEHOUSES_CLIENT_CERT_FILE = setting("statehouses", "client_cert_file")
+STATEHOUSES_CLIENT_KEY_FILE = setting("statehouses", "client_key_file")

@@ -165,16 +165,20 @@ impl LockManager {
         self.writes_landed().await;
         let mut claims = Vec::new();
         for (id, slot) in self.snapshot() {
-            let mut st = slot.lock();
-            if let Some(claim) = st.claim.take() {
+            let handed = {
+                let mut st = slot.lock();
+                let Some(claim) = st.claim.take() else {
+                    continue;
+                };
                 claims.push((id, claim.candidate.claim_id));
-                if let Some(local) = st.lease.take() {
-                    self.recorder.record(LeaseRecord {
-                        lease: local.lease,
-                        version: local.version.renewed(),
-                        state: LeaseState::HandedOver,
-                    });
-                }
+                st.lease.take()
+            };
+            if let Some(local) = handed {
+                self.recorder.record(LeaseRecord {
+                    lease: local.lease,
+                    version: local.version.renewed(),
+                    state: LeaseState::HandedOver,
+                });
             }
         }
         let mut pause = Duration::from_millis(100);

@@ -288,26 +288,35 @@ impl LockManager {
                     waiter.attempted_claim = true;
                     match outcome? {
                         ClaimOutcome::Won(won) => {
-                            let mut st = slot.lock();
-                            st.claim = Some(won.claim);
-                            st.tokens = won.tokens;
-                            if let Some(adopted) = won.adopted {
-                                self.record_held(&adopted.lease, adopted.version);
-                                st.lease = Some(adopted);
-                            }
+                            let (adopted, granted) = {
+                                let mut st = slot.lock();
+                                st.claim = Some(won.claim);
+                                st.tokens = won.tokens;
+                                let adopted = won.adopted.map(|adopted| {
+                                    let row = (adopted.lease.clone(), adopted.version);
+                                    st.lease = Some(adopted);
+                                    row
+                                });
+                                // The winner gets a lease before any hand-over,
+                                // unless a lease from before is still running.
+                                let granted = if st.lease.is_none() {
+                                    st.grant(
+                                        id,
+                                        &waiter,
+                                        self.settings.gateway_id,
+                                        now_ms(),
+                                        Instant::now(),
+                                    )
+                                } else {
+                                    None
+                                };
+                                (adopted, granted)
+                            };
                             slot.changed.notify_waiters();
-                            // The winner gets a lease before any hand-over,
-                            // unless a lease from before is still running.
-                            if st.lease.is_none()
-                                && let Some((lease, version)) = st.grant(
-                                    id,
-                                    &waiter,
-                                    self.settings.gateway_id,
-                                    now_ms(),
-                                    Instant::now(),
-                                )
-                            {
-                                drop(st);
+                            if let Some((lease, version)) = adopted {
+                                self.record_held(&lease, version);
+                            }
+                            if let Some((lease, version)) = granted {
                                 self.record_held(&lease, version);
                                 return Ok(lease);
                             }
@@ -397,17 +406,27 @@ impl LockManager {
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         if let Some(slot) = self.existing_slot(id) {
-            let mut st = slot.lock();
-            st.expire(id, Instant::now(), &self.metrics);
-            if st.claim.is_some()
-                && let Some(local) = st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id)
-            {
-                local.lease.expires_ms = now_ms().saturating_add(millis(ttl));
-                local.version = local.version.renewed();
-                local.deadline = Instant::now() + ttl;
-                let renewed = local.lease.clone();
-                self.record_held(&renewed, local.version);
-                st.last_used = Some(Instant::now());
+            let renewed = {
+                let mut st = slot.lock();
+                st.expire(id, Instant::now(), &self.metrics);
+                let renewed = st
+                    .claim
+                    .is_some()
+                    .then(|| st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id))
+                    .flatten()
+                    .map(|local| {
+                        local.lease.expires_ms = now_ms().saturating_add(millis(ttl));
+                        local.version = local.version.renewed();
+                        local.deadline = Instant::now() + ttl;
+                        (local.lease.clone(), local.version)
+                    });
+                if renewed.is_some() {
+                    st.last_used = Some(Instant::now());
+                }
+                renewed
+            };
+            if let Some((renewed, version)) = renewed {
+                self.record_held(&renewed, version);
                 self.metrics.lock_event(LockEvent::Renewal);
                 return Ok(renewed);
             }

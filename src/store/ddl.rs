@@ -75,6 +75,12 @@ impl Placement {
     }
 }
 
+/// `CREATE DATABASE` with a `?` for the name, placed as the server's
+/// databases are (see `Store::ensure_schema`).
+pub(super) fn create_database_sql(placement: &Placement) -> String {
+    format!("CREATE DATABASE IF NOT EXISTS ?{}", placement.on_cluster())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +242,22 @@ mod tests {
             }
             assert!(placement.replicated());
         }
+    }
+
+    #[test]
+    fn a_database_is_created_on_the_cluster_unless_databases_replicate_themselves() {
+        assert_eq!(
+            create_database_sql(&one_node()),
+            "CREATE DATABASE IF NOT EXISTS ?"
+        );
+        assert_eq!(
+            create_database_sql(&cluster()),
+            "CREATE DATABASE IF NOT EXISTS ? ON CLUSTER 'prod-1'"
+        );
+        assert_eq!(
+            create_database_sql(&replicated_database()),
+            "CREATE DATABASE IF NOT EXISTS ?"
+        );
     }
 
     #[test]

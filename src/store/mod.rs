@@ -134,7 +134,7 @@ impl ClickHouse {
     /// Creates a database unless it exists: `CREATE DATABASE IF NOT EXISTS`
     /// needs the grant even when there is nothing to create, and a user
     /// without it can still use a database an administrator made.
-    async fn ensure_database(&self, name: &str) -> Result<(), StoreError> {
+    async fn ensure_database(&self, name: &str, placement: &Placement) -> Result<(), StoreError> {
         let exists = self
             .bootstrap
             .query("SELECT count() FROM system.databases WHERE name = {name:String}")
@@ -146,10 +146,8 @@ impl ClickHouse {
         {
             return Ok(());
         }
-        let create = self
-            .bootstrap
-            .query("CREATE DATABASE IF NOT EXISTS ?")
-            .bind(SqlIdentifier(name));
+        let sql = ddl::create_database_sql(placement);
+        let create = self.bootstrap.query(&sql).bind(SqlIdentifier(name));
         self.timed("ensure_schema", create.execute()).await
     }
 
@@ -270,10 +268,16 @@ impl Store {
     /// and brings the history table's TTL to the retention.
     pub async fn ensure_schema(&self) -> Result<(), StoreError> {
         let ch = &self.clickhouse;
+        // A new database takes the server's default engine, which `default`
+        // has too: Replicated on ClickHouse Cloud, where ON CLUSTER is refused.
+        let databases = Placement::new(
+            self.layout.cluster.clone(),
+            &ch.database_engine("default").await?,
+        );
         if !ch.database.is_empty() {
-            ch.ensure_database(&ch.database).await?;
+            ch.ensure_database(&ch.database, &databases).await?;
         }
-        ch.ensure_database(self.schema.as_str()).await?;
+        ch.ensure_database(self.schema.as_str(), &databases).await?;
         let placement = Placement::new(
             self.layout.cluster.clone(),
             &ch.database_engine(self.schema.as_str()).await?,

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use uuid::Uuid;
 
 use crate::domain::{
-    IfMatch, PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern, Version,
-    VersionCursor,
+    IfMatch, Lease, PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern,
+    Version, VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager, SeenLease, Sending};
@@ -81,6 +81,20 @@ fn in_batch(index: usize, state_id: &str, source: StateError) -> StateError {
 pub struct Written {
     pub state: StoredState,
     pub created: bool,
+}
+
+/// A change decided and ready to go out (see [`States::commit`]).
+struct Outgoing {
+    id: StateId,
+    doc: StateDocument,
+    version: Version,
+    operation: Operation,
+    /// Empty with history off, which records none.
+    changed_streams: Vec<String>,
+    /// The lease the write carries, when the id is locked.
+    lease: Option<Lease>,
+    /// The claim under which this gateway is the id's authority, if it is.
+    claim: Option<Uuid>,
 }
 
 pub struct States {
@@ -298,43 +312,25 @@ impl States {
             }
         };
         let version = next_version(current.as_ref(), self.failed_version(id));
+        let changed_streams = match &self.history {
+            Some(_) => StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc)),
+            None => Vec::new(),
+        };
+        let outgoing = Outgoing {
+            id: id.clone(),
+            doc,
+            version,
+            operation,
+            changed_streams,
+            lease: admitted.lease().cloned(),
+            claim,
+        };
         let sending = admitted.sending()?;
-        let written = match &self.history {
-            // The version's row carries the state row along (see store::history_table).
-            Some(history) => {
-                let context = ChangeContext {
-                    provenance: provenance.clone(),
-                    lease: admitted.lease().cloned(),
-                };
-                let new = NewVersion {
-                    id,
-                    version,
-                    operation,
-                    changed_streams: StateDocument::changed_streams(
-                        before.as_ref().map(|s| &s.doc),
-                        Some(&doc),
-                    ),
-                    doc: Some(&doc),
-                    lease: None,
-                };
-                sending
-                    .run(history.record(&new, &context))
-                    .await
-                    .map(|()| StoredRow::written(id, doc, version))
-            }
-            None => sending.run(self.store.put(id, doc, version)).await,
-        };
-        let (row, state) = match written {
-            Ok(written) => written,
-            Err(err) => {
-                self.remember_failed(id, version);
-                return Err(err.into());
-            }
-        };
-        self.forget_failed(id);
-        if let Some(claim) = claim {
-            self.known.put(id, claim, Some(row), &self.locks);
-        }
+        let (_, state) = self
+            .commit(sending, vec![outgoing], provenance)
+            .await?
+            .pop()
+            .expect("one row per change");
         Ok(Written {
             state,
             created: current.is_none(),
@@ -387,84 +383,102 @@ impl States {
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
-        let writes: Vec<(StateId, StateDocument, Version)> = entries
-            .into_iter()
-            .map(|(id, doc, _)| {
-                let version = next_version(current.get(&id), self.failed_version(&id));
-                (id, doc, version)
-            })
-            .collect();
         let sending = Sending::all(&admitted)
-            .map_err(|(index, err)| in_batch(index, writes[index].0.as_str(), err.into()))?;
-        let written = match &self.history {
-            // Each version's row carries its state row along.
-            Some(history) => {
-                let befores: Vec<Option<StateDocument>> = writes
-                    .iter()
-                    .map(|(id, _, _)| {
-                        current
-                            .get(id)
+            .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
+        let created = entries
+            .iter()
+            .filter(|(id, _, _)| !current.contains_key(id))
+            .count();
+        let batch: Vec<Outgoing> = entries
+            .into_iter()
+            .zip(&admitted)
+            .map(|((id, doc, _), admitted)| {
+                let before = current.get(&id);
+                let changed_streams = match &self.history {
+                    Some(_) => StateDocument::changed_streams(
+                        before
                             .and_then(|row| row.clone().parse().ok())
                             .map(|s| s.doc)
-                    })
-                    .collect();
-                let versions: Vec<NewVersion<'_>> = writes
+                            .as_ref(),
+                        Some(&doc),
+                    ),
+                    None => Vec::new(),
+                };
+                Outgoing {
+                    version: next_version(before, self.failed_version(&id)),
+                    id,
+                    doc,
+                    operation: Operation::Import,
+                    changed_streams,
+                    lease: admitted.lease().cloned(),
+                    claim: admitted.claim(),
+                }
+            })
+            .collect();
+        let written = self.commit(sending, batch, provenance).await?.len();
+        Ok(Imported { written, created })
+    }
+
+    /// The one write pipeline: every change of a document (PUT, PATCH, a
+    /// stream reset, a rollback, an import) goes out here, a single write as
+    /// a batch of one. One INSERT carries the batch (its versions, which carry
+    /// the states along; the states alone with history off). A failed one
+    /// remembers its versions; one that landed keeps the rows written of the
+    /// ids this gateway is the authority for.
+    async fn commit(
+        &self,
+        sending: Sending,
+        batch: Vec<Outgoing>,
+        provenance: &Provenance,
+    ) -> Result<Vec<(StoredRow, StoredState)>, StoreError> {
+        let sent = match &self.history {
+            Some(history) => {
+                let versions: Vec<NewVersion<'_>> = batch
                     .iter()
-                    .zip(&befores)
-                    .zip(&admitted)
-                    .map(|(((id, doc, version), before), admitted)| NewVersion {
-                        id,
-                        version: *version,
-                        operation: Operation::Import,
-                        doc: Some(doc),
-                        changed_streams: StateDocument::changed_streams(before.as_ref(), Some(doc)),
-                        lease: admitted.lease(),
+                    .map(|change| NewVersion {
+                        id: &change.id,
+                        version: change.version,
+                        operation: change.operation,
+                        doc: Some(&change.doc),
+                        changed_streams: change.changed_streams.clone(),
+                        lease: change.lease.as_ref(),
                     })
                     .collect();
                 let context = ChangeContext {
                     provenance: provenance.clone(),
                     lease: None,
                 };
-                sending
-                    .run(history.record_many(&versions, &context))
-                    .await
-                    .map(|()| {
-                        writes
-                            .iter()
-                            .map(|(id, doc, version)| {
-                                StoredRow::written(id, doc.clone(), *version).0
-                            })
-                            .collect()
-                    })
+                sending.run(history.record_many(&versions, &context)).await
             }
-            None => sending.run(self.store.put_many(&writes)).await,
-        };
-        let rows: Vec<StoredRow> = match written {
-            Ok(rows) => rows,
-            Err(err) => {
-                for (id, _, version) in &writes {
-                    self.remember_failed(id, *version);
-                }
-                return Err(err.into());
+            None => {
+                let rows: Vec<StoredRow> = batch
+                    .iter()
+                    .map(|c| StoredRow::written(&c.id, c.doc.clone(), c.version).0)
+                    .collect();
+                sending.run(self.store.put(&rows)).await
             }
         };
-        let created = writes
-            .iter()
-            .filter(|(id, _, _)| !current.contains_key(id))
-            .count();
-        for row in rows {
-            self.forget_failed(&row.id);
-            match self.locks.authority_claim(&row.id) {
-                Some(claim) => self
-                    .known
-                    .put(&row.id.clone(), claim, Some(row), &self.locks),
-                None => self.known.forget(|known| *known == row.id),
+        if let Err(err) = sent {
+            for change in &batch {
+                self.remember_failed(&change.id, change.version);
             }
+            return Err(err);
         }
-        Ok(Imported {
-            written: writes.len(),
-            created,
-        })
+        Ok(batch
+            .into_iter()
+            .map(|change| {
+                let (row, state) = StoredRow::written(&change.id, change.doc, change.version);
+                self.forget_failed(&change.id);
+                match change.claim {
+                    Some(claim) => {
+                        self.known
+                            .put(&change.id, claim, Some(row.clone()), &self.locks)
+                    }
+                    None => self.known.forget(|known| *known == change.id),
+                }
+                (row, state)
+            })
+            .collect())
     }
 
     /// Forgets what this gateway knew of `ids`: another gateway wrote them.
@@ -543,7 +557,7 @@ impl States {
         &self,
         selection: &Selection,
         operation: Operation,
-        lease: Option<crate::domain::Lease>,
+        lease: Option<Lease>,
         provenance: &Provenance,
     ) -> Result<(), StoreError> {
         let Some(history) = &self.history else {

@@ -190,29 +190,6 @@ impl StateStore {
         }))
     }
 
-    /// Writes `doc` as `version` of `id` (see [`next_version`]).
-    pub async fn put(
-        &self,
-        id: &StateId,
-        doc: StateDocument,
-        version: Version,
-    ) -> Result<(StoredRow, StoredState), StoreError> {
-        let (row, state) = StoredRow::written(id, doc, version);
-        let out = row.to_out();
-        self.ch
-            .timed("put", async {
-                let mut insert = self
-                    .ch
-                    .client
-                    .insert_unescaped::<StateRowOut>(&self.table)
-                    .await?;
-                insert.write(&out).await?;
-                insert.end().await
-            })
-            .await?;
-        Ok((row, state))
-    }
-
     /// The stored rows of `ids` (those that exist), in one round trip.
     pub async fn get_many(&self, ids: &[StateId]) -> Result<Vec<StoredRow>, StoreError> {
         let sql = format!(
@@ -230,29 +207,21 @@ impl StateStore {
         Ok(rows.into_iter().filter_map(ListedRow::into_row).collect())
     }
 
-    /// Writes each document as its version, in one INSERT.
-    pub async fn put_many(
-        &self,
-        writes: &[(StateId, StateDocument, Version)],
-    ) -> Result<Vec<StoredRow>, StoreError> {
-        let rows: Vec<StoredRow> = writes
-            .iter()
-            .map(|(id, doc, version)| StoredRow::written(id, doc.clone(), *version).0)
-            .collect();
+    /// Writes rows straight into the state table (history off), all in one INSERT.
+    pub async fn put(&self, rows: &[StoredRow]) -> Result<(), StoreError> {
         self.ch
-            .timed("put_many", async {
+            .timed("put", async {
                 let mut insert = self
                     .ch
                     .client
                     .insert_unescaped::<StateRowOut>(&self.table)
                     .await?;
-                for row in &rows {
+                for row in rows {
                     insert.write(&row.to_out()).await?;
                 }
                 insert.end().await
             })
-            .await?;
-        Ok(rows)
+            .await
     }
 
     /// The current version of `id`, without its document.

@@ -4,8 +4,8 @@
 //! holder reads every acknowledged write.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::helpers::{
     Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, unique_schema,
 };
+use crate::lock_concurrency::{Held, Log, check};
 use crate::proxy::Proxy;
 
 /// Two gateways on one database that forward to each other; the first
@@ -167,20 +168,13 @@ async fn a_write_in_flight_at_force_unlock_lands_before_the_next_grant() {
     write_in_flight_at_the_lease_end(End::ForceUnlock, true).await;
 }
 
-/// What one lock cycle of the burst test saw.
-#[derive(Clone, Copy, Debug)]
-struct Cycle {
-    token: u64,
-    start: Instant,
-    /// The last instant the worker surely held the lease: the write's
-    /// answer when the release was accepted after it, else when the write
-    /// went out (the lease may have run out while it was on its way).
-    end: Instant,
-}
-
 #[derive(Default)]
 struct Tally {
-    cycles: Mutex<Vec<Cycle>>,
+    /// Each cycle's interval: from the grant to the last instant the worker
+    /// surely held the lease (the write's answer when the release was
+    /// accepted after it, else when the write went out, since the lease may
+    /// have run out while it was on its way).
+    cycles: Log,
     acknowledged: AtomicU64,
     /// Writes whose outcome the worker cannot know (a 503).
     unknown: AtomicU64,
@@ -236,7 +230,7 @@ async fn burst_worker(api: Api, name: String, cycles: usize, tally: Arc<Tally>) 
             .cycles
             .lock()
             .unwrap()
-            .push(Cycle { token, start, end });
+            .push(Held { start, end, token });
     }
 }
 
@@ -292,20 +286,8 @@ async fn lock_cycles_through_latency_bursts_lose_no_acknowledged_increment() {
     done.store(true, Ordering::SeqCst);
     bursts.await.unwrap();
 
-    let mut cycles = tally.cycles.lock().unwrap().clone();
-    cycles.sort_by_key(|c| c.start);
-    for pair in cycles.windows(2) {
-        assert!(
-            pair[0].end <= pair[1].start,
-            "two leases overlapped: {:?} and {:?}",
-            pair[0],
-            pair[1]
-        );
-        assert!(
-            pair[0].token < pair[1].token,
-            "tokens went backwards: {pair:?}"
-        );
-    }
+    let cycles = tally.cycles.lock().unwrap().len();
+    check(&tally.cycles, cycles);
     let acknowledged = tally.acknowledged.load(Ordering::SeqCst);
     let unknown = tally.unknown.load(Ordering::SeqCst);
     let counter = stored_n_counter(&schema).await;

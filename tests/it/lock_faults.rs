@@ -258,12 +258,14 @@ async fn lock_cycles_through_latency_bursts_lose_no_acknowledged_increment() {
         tokio::spawn(async move {
             let mut step = 0u64;
             while !done.load(Ordering::SeqCst) {
-                // Quiet, then a burst of 150 to 450 ms per chunk, in turn.
-                let delay = Duration::from_millis([0, 150, 0, 450, 0, 300][step as usize % 6]);
+                // Bursts of 0.3 to 1.8 s per chunk, most of the time: a write
+                // and its read take longer than a lease then.
+                let delay =
+                    Duration::from_millis([1200, 0, 1800, 300, 1500, 600][step as usize % 6]);
                 proxies.0.set_delay(delay);
                 proxies.1.set_delay(delay);
                 step += 1;
-                tokio::time::sleep(Duration::from_millis(700)).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
             }
             proxies.0.set_delay(Duration::ZERO);
             proxies.1.set_delay(Duration::ZERO);
@@ -277,7 +279,7 @@ async fn lock_cycles_through_latency_bursts_lose_no_acknowledged_increment() {
             } else {
                 b.api.clone()
             };
-            tokio::spawn(burst_worker(api, format!("worker-{w}"), 5, tally.clone()))
+            tokio::spawn(burst_worker(api, format!("worker-{w}"), 3, tally.clone()))
         })
         .collect();
     for worker in workers {

@@ -105,9 +105,9 @@ pub enum LockError {
 /// How often, and for how long at least, a 409 looks again for a holder
 /// that another gateway granted a moment ago (see
 /// [`LockManager::held_elsewhere`]): the lease row follows the grant within
-/// one write behind.
+/// one flush of the recorder (at most a second apart).
 const HOLDER_POLL: Duration = Duration::from_millis(25);
-const HOLDER_WAIT: Duration = Duration::from_secs(2);
+const HOLDER_WAIT: Duration = Duration::from_secs(3);
 
 /// The lock handle every request shares.
 pub struct LockManager {

@@ -2,7 +2,9 @@
 //! releases are decided in memory by the id's authority, and their rows
 //! (which let other gateways and dashboards see locks, and carry handed-over
 //! leases to the next authority) are coalesced per state_id and written in
-//! one INSERT per flush, retried through a ClickHouse outage.
+//! one INSERT per flush, retried through a ClickHouse outage. Flushes come
+//! at most one per `SPACING`: a fleet's lock traffic costs ClickHouse about
+//! one INSERT a second, while a lone grant is written within `GATHER`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,6 +17,9 @@ use crate::store::{LeaseRecord, LeaseStore, StoreError, now_ms};
 
 /// How long a flush waits for more rows to join it once one is pending.
 const GATHER: Duration = Duration::from_millis(10);
+
+/// The least time between two flushes; rows meanwhile wait for the next.
+const SPACING: Duration = Duration::from_secs(1);
 
 pub(super) struct Recorder {
     store: LeaseStore,
@@ -70,9 +75,11 @@ impl Recorder {
     /// Flushes whenever rows are pending; runs until dropped.
     pub async fn run(&self) {
         let mut pause = Duration::from_millis(200);
+        let mut next_flush = tokio::time::Instant::now();
         loop {
             self.wake.notified().await;
-            tokio::time::sleep(GATHER).await;
+            tokio::time::sleep_until(next_flush.max(tokio::time::Instant::now() + GATHER)).await;
+            next_flush = tokio::time::Instant::now() + SPACING;
             while let Err(err) = self.flush().await {
                 tracing::warn!(error = %err, retry_in = ?pause, "could not record lease rows yet");
                 tokio::time::sleep(pause).await;

@@ -471,6 +471,55 @@ async fn a_state_message_cycle_on_the_authority_costs_one_clickhouse_round_trip(
     );
 }
 
+/// Lease rows are written behind, coalesced across ids and over time: a
+/// burst of lock cycles on many ids costs ClickHouse a few INSERTs, not one
+/// or two per cycle, and every row still lands (another gateway's listing
+/// shows the last leases, released ones gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_rows_of_a_burst_of_lock_cycles_go_out_in_a_few_inserts() {
+    let app = spawn_app().await;
+    for n in 0..8 {
+        let (lease, _) = app.lease(&format!("burst-{n}"), "warm-up", 30, 0.0).await;
+        app.release(&format!("burst-{n}"), &lease).await;
+    }
+    // Let the warm-up's rows go out first.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = queries(&app, "lease_write").await;
+    let started = std::time::Instant::now();
+    let mut cycles = 0;
+    for round in 0..25 {
+        for n in 0..8 {
+            let id = format!("burst-{n}");
+            let (lease, _) = app.lease(&id, "worker", 30, 0.0).await;
+            if round < 24 || n % 2 == 0 {
+                app.release(&id, &lease).await;
+            }
+            cycles += 1;
+        }
+    }
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let inserts = queries(&app, "lease_write").await - before;
+    // One flush a second at most, and one more for the last rows.
+    let most = took.as_secs() + 2;
+    assert!(
+        inserts <= most,
+        "{cycles} cycles in {took:?} took {inserts} lease INSERTs (at most {most})"
+    );
+    // Another gateway lists from the rows in ClickHouse alone.
+    let other = spawn_configured(test_config(&app.schema)).await;
+    let listed: Vec<Value> = other.get("/v1/locks").await.json()["locks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mut held: Vec<&str> = listed
+        .iter()
+        .map(|l| l["state_id"].as_str().unwrap())
+        .collect();
+    held.sort();
+    assert_eq!(held, ["burst-1", "burst-3", "burst-5", "burst-7"]);
+}
+
 /// A write to an id no gateway holds a claim on reads the id's claims and
 /// lease once, while it is routed, and its lock check goes by that read:
 /// three round trips in all (that read, the state's, the INSERT). A lock

@@ -143,8 +143,11 @@ async fn confirm_grant(
             parts.status = StatusCode::CREATED;
             Response::from_parts(parts, body)
         }
-        // The grant ended before it was confirmed: the hop was too slow.
-        StatusCode::CONFLICT => ApiError::AuthorityMoving.into_response(),
+        // The grant ended before it was confirmed (the hop was too slow), or
+        // the authority moved meanwhile.
+        StatusCode::CONFLICT | StatusCode::MISDIRECTED_REQUEST => {
+            ApiError::AuthorityMoving.into_response()
+        }
         _ => confirmed,
     }
 }

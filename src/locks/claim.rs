@@ -129,10 +129,11 @@ impl LockManager {
         match &self.claims {
             Claims::Table => {
                 let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
-                self.leases
+                let renewed = self
+                    .leases
                     .renew_claims(self.settings.gateway_id, &ids, self.settings.claim_ttl)
-                    .await
-                    .map(|()| Vec::new())
+                    .await?;
+                Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
             }
             Claims::Keeper(store) => self.renew_in_keeper(store, held).await,
         }

@@ -158,11 +158,11 @@ impl LockManager {
     }
 
     /// Hands everything back at shutdown: each current lease is recorded as
-    /// handed over (the next authority adopts it), every pending row is
-    /// written, and only then are the claims withdrawn, so that no other
-    /// gateway waits for them to lapse. The caller bounds how long this takes.
+    /// handed over (the next authority adopts it), writes on their way land,
+    /// every pending row is written, and only then are the claims withdrawn,
+    /// so that no other gateway waits for them to lapse. The caller bounds
+    /// how long this takes.
     pub async fn hand_back(&self) {
-        self.writes_landed().await;
         let mut claims = Vec::new();
         for (id, slot) in self.snapshot() {
             let handed = {
@@ -181,6 +181,9 @@ impl LockManager {
                 });
             }
         }
+        // The claims are taken first, so a write not yet sent is refused; one
+        // sent may still land, and the next authority must read it.
+        self.writes_landed().await;
         let mut pause = Duration::from_millis(100);
         while let Err(err) = self.recorder.flush().await {
             tracing::warn!(error = %err, retry_in = ?pause, "could not record leases before handing them back");

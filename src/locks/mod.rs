@@ -295,6 +295,13 @@ impl LockManager {
                                 let adopted = won.adopted.map(|adopted| {
                                     let row = (adopted.lease.clone(), adopted.version);
                                     st.lease = Some(adopted);
+                                    // Gateways without the claim admitted writes
+                                    // under the handed-over lease, by its row: the
+                                    // next grant waits out their budget too.
+                                    let number = st.next_send;
+                                    st.next_send += 1;
+                                    st.sending
+                                        .insert(number, Instant::now() + self.query_timeout);
                                     row
                                 });
                                 // The winner gets a lease before any hand-over,

@@ -110,7 +110,13 @@ impl Admitted {
             .claim
             .as_ref()
             .filter(|c| c.candidate.claim_id == local.claim_id && now < c.valid_until);
-        let current = st.lease.as_ref().map(|l| &l.lease);
+        // A lease past its deadline has ended, whether or not anyone has
+        // looked since (`SlotState::expire`).
+        let current = st
+            .lease
+            .as_ref()
+            .filter(|l| now < l.deadline)
+            .map(|l| &l.lease);
         match (claim, current, &self.lease) {
             (Some(claim), None, None) => Ok(self.query_timeout.min(claim.valid_until - now)),
             (Some(claim), Some(current), Some(mine)) if current.lease_id == mine.lease_id => {

@@ -355,6 +355,8 @@ impl KeeperClaimStore {
 
     /// Takes a released or lapsed key for `claim`, if it still holds what the
     /// caller read: claim `seen_claim` (nil for released) and `seen_token`.
+    /// A live claim of the same gateway's (a leftover whose answer was lost)
+    /// may be taken over too.
     /// Reserves tokens `seen_token + 1 ..= seen_token + claim.tokens` and
     /// clears the waiter mark.
     pub async fn take_over(
@@ -370,7 +372,8 @@ impl KeeperClaimStore {
                 expires_ms = toUnixTimestamp64Milli(now64(3)) + {{ttl:Int64}}
                     + throwIf(NOT (claim_id = {{seen:UUID}} AND last_token = {{seen_token:UInt64}}
                                    AND (claim_id = toUUID('{NIL_UUID}')
-                                        OR expires_ms <= toUnixTimestamp64Milli(now64(3)))),
+                                        OR expires_ms <= toUnixTimestamp64Milli(now64(3))
+                                        OR gateway_id = {{gateway:UUID}})),
                               '{GUARD_MESSAGE}'),
                 last_token = last_token + {{tokens:UInt64}},
                 waiting_gateway = toUUID('{NIL_UUID}'), waiting_since_ms = 0

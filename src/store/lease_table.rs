@@ -318,7 +318,8 @@ impl LeaseStore {
         gateway_id: Uuid,
         claims: &[Uuid],
         ttl: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let mut renewed = Vec::with_capacity(claims.len());
         for chunk in claims.chunks(CLAIMS_PER_QUERY) {
             let sql = format!(
                 "INSERT INTO {table} {INSERT_COLUMNS}
@@ -337,8 +338,29 @@ impl LeaseStore {
                 .param("gateway", gateway_id.to_string())
                 .param("claims", uuid_texts(chunk));
             self.ch.timed("claim_renew", query.execute()).await?;
+            // A claim that lapsed before the INSERT ran was silently left
+            // out: read back which ones are live, so the caller drops the rest.
+            let sql = format!(
+                "SELECT toString(claim_id) FROM {table} FINAL
+                 WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
+                   AND expires_at > now64(3) AND has({{claims:Array(String)}}, toString(claim_id))",
+                table = self.table
+            );
+            let query = self
+                .ch
+                .client
+                .query(&sql)
+                .param("gateway", gateway_id.to_string())
+                .param("claims", uuid_texts(chunk));
+            for claim in self
+                .ch
+                .timed("claim_renew", query.fetch_all::<String>())
+                .await?
+            {
+                renewed.push(parse_uuid(&claim)?);
+            }
         }
-        Ok(())
+        Ok(renewed)
     }
 
     /// Of the state_ids this gateway holds claims on, those where another

@@ -66,15 +66,13 @@ impl LockManager {
         let mut raced = 0;
         loop {
             let started = Instant::now();
-            // The lease rows are read beside the key: a lease handed on at a
-            // shutdown, and the tokens of table mode, if the id was locked
-            // in it before. A first acquire costs two round trips in all.
-            let (read, locks, recorded_token) = tokio::join!(
-                store.read(id),
-                self.leases.id_locks(id),
-                self.leases.last_token(id)
-            );
-            let read = read?;
+            let read = store.read(id).await?;
+            // The lease rows are read after the key: a gateway that shuts
+            // down writes its hand-over before it releases the key, so a read
+            // that saw the release sees the lease handed on. With them, the
+            // tokens of table mode, if the id was locked in it before.
+            let (locks, recorded_token) =
+                tokio::join!(self.leases.id_locks(id), self.leases.last_token(id));
             let key_token = read.claim.as_ref().map_or(0, |key| key.last_token);
             // Tokens go on above both; the key holds the mark from now on.
             let base = key_token.max(recorded_token?);
@@ -97,17 +95,28 @@ impl LockManager {
                 },
                 known: false,
             };
+            // The key holds the reservation; the lease table gets one too,
+            // so that tokens keep rising if the gateways go back to table mode.
+            let reserved_in_table = self.leases.reserve_tokens(id, base + TOKENS_PER_BLOCK);
             let written = match &read.claim {
-                None => store.create(id, &new).await,
+                None => {
+                    let (written, reserved) =
+                        tokio::join!(store.create(id, &new), reserved_in_table);
+                    reserved?;
+                    written
+                }
                 // A leftover of this gateway's (a claim write whose answer
                 // was lost) is taken over like a lapsed one.
                 Some(key)
                     if key.takeable(read.now_ms)
                         || key.holder.as_ref().is_some_and(|h| h.gateway_id == me) =>
                 {
-                    store
-                        .take_over(id, key.holder_claim_id(), key.last_token, &new)
-                        .await
+                    let (written, reserved) = tokio::join!(
+                        store.take_over(id, key.holder_claim_id(), key.last_token, &new),
+                        reserved_in_table
+                    );
+                    reserved?;
+                    written
                 }
                 Some(key) => {
                     making.known = true;
@@ -159,16 +168,20 @@ impl LockManager {
                             next: base + 1,
                             last: base + TOKENS_PER_BLOCK,
                         },
-                        adopted: self.adopt(locks.ok().and_then(|l| l.lease)),
+                        adopted: self.adopt(locks?.lease),
                     })));
                 }
                 // Another gateway wrote the key between the read and the
                 // write: read again and decide again.
                 Outcome::Refused | Outcome::Raced => {
                     raced += 1;
-                    if raced >= RACES && Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if raced >= RACES && now >= deadline {
                         self.metrics.lock_event(LockEvent::ClaimLoss);
                         return Ok(ClaimOutcome::Lost);
+                    }
+                    if raced >= RACES {
+                        tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
                     }
                 }
             }
@@ -183,18 +196,32 @@ impl LockManager {
         claim_id: Uuid,
         first: u64,
     ) -> Result<Option<TokenBlock>, StoreError> {
-        let seen = first.saturating_sub(1);
-        let last = seen + TOKENS_PER_BLOCK;
+        let mut seen = first.saturating_sub(1);
         for _ in 0..RACES {
-            match store.reserve_tokens(id, claim_id, seen, last).await? {
+            let last = seen + TOKENS_PER_BLOCK;
+            let (reserved, in_table) = tokio::join!(
+                store.reserve_tokens(id, claim_id, seen, last),
+                self.leases.reserve_tokens(id, last)
+            );
+            in_table?;
+            match reserved? {
                 Outcome::Done => {
                     return Ok(Some(TokenBlock {
                         next: seen + 1,
                         last,
                     }));
                 }
-                Outcome::Refused => return Ok(None),
                 Outcome::Raced => {}
+                // The mark is not where this gateway left it: an earlier
+                // reservation landed after its request gave up. Go on above
+                // it while the claim is still ours.
+                Outcome::Refused => {
+                    let read = store.read(id).await?;
+                    match read.claim.filter(|key| key.holder_claim_id() == claim_id) {
+                        Some(key) => seen = key.last_token,
+                        None => return Ok(None),
+                    }
+                }
             }
         }
         Ok(None)

@@ -124,9 +124,16 @@ impl LockManager {
                     < self.grant_margin()
                 {
                     let started = Instant::now();
-                    self.leases
+                    let renewed = self
+                        .leases
                         .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
                         .await?;
+                    if renewed.is_empty() {
+                        // Lapsed before the renewal landed: won too late.
+                        proposed.settle();
+                        self.metrics.lock_event(LockEvent::ClaimLoss);
+                        return Ok(ClaimOutcome::Lost);
+                    }
                     won.claim.valid_until = started + self.claim_margin();
                 }
                 proposed.settle();
@@ -138,6 +145,7 @@ impl LockManager {
                 return Ok(ClaimOutcome::Lost);
             }
             if now.duration_since(written_at) >= claim_ttl / 3 {
+                // One that lapsed meanwhile is missing from the next read.
                 self.leases
                     .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
                     .await?;

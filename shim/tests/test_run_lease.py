@@ -13,7 +13,11 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
+from meltano.core.state_store.base import MeltanoState
+
 from conftest import MELTANO, Gateway, Project, lock_prefix
+from statehouse_meltano.backend import StatehouseStateStoreManager
 from test_run import JOB, bookmark, received_states, records
 
 SAMPLE = re.compile(r'^statehouse_http_requests_total\{method="(\w+)",route="([^"]+)",status="(\d+)"\} (\S+)$')
@@ -37,8 +41,8 @@ def served(gateway: Gateway) -> Counter:
     return counts
 
 
-def lock_view(gateway: Gateway) -> dict | None:
-    response = gateway.session.get(f"{gateway.base}/v1/locks/{quote(JOB, safe='')}", timeout=10)
+def lock_view(gateway: Gateway, state_id: str = JOB) -> dict | None:
+    response = gateway.session.get(f"{gateway.base}/v1/locks/{quote(state_id, safe='')}", timeout=10)
     return response.json() if response.status_code == 200 else None
 
 
@@ -69,6 +73,31 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def test_the_backend_rides_on_the_run_lease_for_its_state_id_only(gateway: Gateway, monkeypatch: pytest.MonkeyPatch):
+    lease = gateway.session.post(
+        f"{gateway.base}/v1/locks/run", json={"owner": "the-runner", "ttl_seconds": 30}, timeout=10
+    ).json()
+    monkeypatch.setenv("STATEHOUSE_LEASE_STATE_ID", "run")
+    monkeypatch.setenv("STATEHOUSE_LEASE_ID", lease["lease_id"])
+    manager = StatehouseStateStoreManager(uri=gateway.uri, owner="meltano")
+    with manager.acquire_lock("run", retry_seconds=1):
+        assert lock_view(gateway, "run")["owner"] == "the-runner", "no lease of its own"
+        manager.update(MeltanoState(state_id="run", partial_state={"singer_state": {"a": {"x": 1}}}))
+    manager.update(MeltanoState(state_id="run", partial_state={"singer_state": {"a": {"y": 2}, "b": 3}}))
+    assert gateway.state("run")["partial"] == {"singer_state": {"a": {"x": 1, "y": 2}, "b": 3}}, "Meltano's merge"
+    manager.update(MeltanoState(state_id="run", completed_state={"singer_state": {"done": True}}))
+    assert gateway.state("run")["completed"] == {"singer_state": {"done": True}}
+    assert gateway.state("run")["partial"] == {}, "a complete state replaces"
+    assert lock_view(gateway, "run")["owner"] == "the-runner", "the block left the run's lease alone"
+    # Another state_id is locked as without a run lease.
+    with manager.acquire_lock("other", retry_seconds=1):
+        assert lock_view(gateway, "other")["owner"] == "meltano"
+    assert lock_view(gateway, "other") is None
+    manager.update(MeltanoState(state_id="other", partial_state={"n": 1}))
+    assert gateway.state("other")["partial"] == {"n": 1}
+    manager.close()
 
 
 def test_under_a_run_lease_each_bookmark_is_one_request_and_meltano_takes_no_lock(project: Project, gateway: Gateway):

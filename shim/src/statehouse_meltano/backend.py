@@ -36,6 +36,11 @@ def run_lease(environ: t.Mapping[str, str]) -> tuple[str, str] | None:
     return (state_id, lease_id) if state_id and lease_id else None
 
 
+def document(state: MeltanoState) -> dict[str, t.Any]:
+    """A MeltanoState as the gateway's state document."""
+    return {"completed": state.completed_state or {}, "partial": state.partial_state or {}}
+
+
 class LeaseRenewer:
     """Renews a lease every third of its TTL while a lock block runs."""
 
@@ -117,12 +122,10 @@ class StatehouseStateStoreManager(StateStoreManager):
         if lease_id is None:
             super().update(state)
             return
-        document = {"completed": state.completed_state or {}, "partial": state.partial_state or {}}
-        self.client.patch_state(state.state_id, document, lease_id)
+        self.client.patch_state(state.state_id, document(state), lease_id)
 
     def set(self, state: MeltanoState) -> None:
-        document = {"completed": state.completed_state or {}, "partial": state.partial_state or {}}
-        self.client.put_state(state.state_id, document, self._lease_for(state.state_id))
+        self.client.put_state(state.state_id, document(state), self._lease_for(state.state_id))
 
     def get(self, state_id: str) -> MeltanoState | None:
         stored = self.client.get_state(state_id)

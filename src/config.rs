@@ -34,6 +34,11 @@ pub enum Command {
     /// Exit 0 if the gateway on this machine answers GET /readyz with 200
     /// (for container health checks, which have no curl).
     Healthcheck(HealthcheckArgs),
+    /// Run a command while holding the lease on a state_id, so that no two
+    /// runs of one pipeline overlap: exits with the command's status, 75
+    /// when another holds the lock past --wait, 76 when the lease was lost.
+    #[command(arg_required_else_help = true)]
+    Lock(Box<crate::run_lease::LockArgs>),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -13,6 +13,7 @@ pub mod http;
 mod keyed_mutex;
 pub mod locks;
 pub mod metrics;
+pub mod run_lease;
 pub mod states;
 pub mod store;
 pub mod telemetry;

@@ -2,11 +2,22 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use statehouse::config::{Cli, Command, Config};
-use statehouse::{App, healthcheck, shutdown_signal, telemetry};
+use statehouse::{App, healthcheck, run_lease, shutdown_signal, telemetry};
 
 fn main() -> ExitCode {
-    let args = match Cli::parse().command {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version go to stdout and exit 0.
+        Err(err) if !err.use_stderr() => err.exit(),
+        // A bad command line exits 1, like any setting that is wrong.
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = match cli.command {
         Command::Serve(args) => args,
+        Command::Lock(args) => return run_lease::run(*args),
         Command::Healthcheck(args) => {
             return match healthcheck::probe(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -23,6 +23,16 @@ PLUGINS = Path(__file__).resolve().parent / "plugins"
 MELTANO = Path(sys.executable).parent / "meltano"
 
 
+def statehouse_bin() -> Path:
+    """The gateway's binary, which `statehouse lock` is too (scripts/test sets STATEHOUSE_BIN)."""
+    return Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
+
+
+def lock_prefix(base: str, state_id: str, *flags: str) -> list[str]:
+    """`statehouse lock --url BASE FLAGS... STATE_ID --`, to put before a command."""
+    return [str(statehouse_bin()), "lock", "--url", base, *flags, state_id, "--"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -100,7 +110,7 @@ def start_gateway(
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
-    binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
+    binary = statehouse_bin()
     port = free_port()
     base = f"{'https' if certs else 'http'}://127.0.0.1:{port}"
     args = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema, "--claim-settle", "200ms"]
@@ -182,9 +192,17 @@ class Project:
     root: Path
     env: dict[str, str]
 
-    def meltano(self, *args: str, check: bool = True, timeout: float = 180, extra_env: dict | None = None):
+    def meltano(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 180,
+        extra_env: dict | None = None,
+        prefix: tuple[str, ...] | list[str] = (),
+    ):
+        """Runs `meltano ARGS...`, after `prefix` (e.g. a `statehouse lock ... --`) if given."""
         result = subprocess.run(
-            [str(MELTANO), *args],
+            [*prefix, str(MELTANO), *args],
             cwd=self.root,
             env={**self.env, **(extra_env or {})},
             capture_output=True,
@@ -195,9 +213,11 @@ class Project:
             pytest.fail(f"meltano {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
         return result
 
-    def popen(self, *args: str, extra_env: dict | None = None) -> subprocess.Popen:
+    def popen(
+        self, *args: str, extra_env: dict | None = None, prefix: tuple[str, ...] | list[str] = ()
+    ) -> subprocess.Popen:
         return subprocess.Popen(
-            [str(MELTANO), *args],
+            [*prefix, str(MELTANO), *args],
             cwd=self.root,
             env={**self.env, **(extra_env or {})},
             stdout=subprocess.PIPE,

@@ -27,6 +27,7 @@ mod logs;
 mod overload;
 mod packaging;
 mod proxy;
+mod run_lease;
 mod seed_compat;
 mod slow_clients;
 mod states_api;

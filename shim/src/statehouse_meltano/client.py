@@ -178,6 +178,10 @@ class GatewayClient:
     def put_state(self, state_id: str, document: dict[str, t.Any], lease_id: str | None) -> None:
         self._call("PUT", f"/v1/states/{_segment(state_id)}", expect=(200, 201), body=document, lease_id=lease_id)
 
+    def patch_state(self, state_id: str, document: dict[str, t.Any], lease_id: str | None) -> None:
+        """Meltano's update: an incomplete state's partial merges into the stored one."""
+        self._call("PATCH", f"/v1/states/{_segment(state_id)}", expect=(200, 201), body=document, lease_id=lease_id)
+
     def delete_state(self, state_id: str, lease_id: str | None) -> None:
         self._call("DELETE", f"/v1/states/{_segment(state_id)}", expect=(204,), lease_id=lease_id)
 

@@ -4,6 +4,7 @@
 TAP_TINY_COUNT records (default 5), one STATE after each, TAP_TINY_DELAY
 seconds apart; the state it was given is appended to TAP_TINY_LOG as JSON.
 TAP_TINY_RUN tags every state, so tests can tell whose state is stored.
+TAP_TINY_EXIT is the exit code it ends with (default 0).
 """
 
 import argparse
@@ -46,6 +47,7 @@ def main():
         emit({"type": "RECORD", "stream": "numbers", "record": {"id": n}})
         emit({"type": "STATE", "value": {"bookmarks": {"numbers": {"last_id": n}}, "run": run}})
         time.sleep(delay)
+    sys.exit(int(os.environ.get("TAP_TINY_EXIT", "0")))
 
 
 if __name__ == "__main__":

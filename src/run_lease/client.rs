@@ -1,0 +1,438 @@
+//! The runner's HTTP client for the gateway's lock API: plain HTTP/1.1 over
+//! hyper, one pooled connection reused for every renewal.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde::Deserialize;
+use tokio::time::Instant;
+use url::Url;
+
+/// A path segment keeps only RFC 3986's unreserved characters as they are.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Below the gateway's default `--idle-timeout` (75 s), so a renewal does
+/// not pick a connection the gateway is closing.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// An acquire may wait its `wait_seconds`, plus a claim settle (1 s by
+/// default) and a few ClickHouse round trips.
+const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
+/// Lock answers are small; a larger one is not the gateway's.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// The gateway's base URL: `http://host[:port][/path]`, without a trailing slash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayUrl(String);
+
+impl GatewayUrl {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+        match url.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(
+                    "https:// is not supported by statehouse lock yet: use the gateway's http:// address".into(),
+                );
+            }
+            other => {
+                return Err(format!(
+                    "unsupported scheme {other:?}: use http://host:port"
+                ));
+            }
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("{raw:?} names no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("the URL must not carry credentials: use --token".into());
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err("the URL must be a base URL, without a query".into());
+        }
+        Ok(Self(url.as_str().trim_end_matches('/').to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A lease the gateway granted.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub lease_id: String,
+    pub fencing_token: u64,
+    /// When the grant was answered: the lease lives its TTL from about then.
+    pub granted: Instant,
+}
+
+/// Who holds a lock, as the gateway names them.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Holder {
+    pub owner: String,
+    pub acquired_at: String,
+    pub expires_at: String,
+}
+
+pub enum Acquired {
+    Granted(Lease),
+    /// Held by another for the whole wait; the holder, when the gateway could name it.
+    Held(Option<Holder>),
+}
+
+/// The gateway's verdict on a renewal or a release.
+pub enum Verdict {
+    Done,
+    /// The lease is not the current one (force-unlocked, expired or released).
+    NotCurrent(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("cannot reach the gateway at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("the gateway at {url} answered {request} with {status} ({detail})")]
+    Refused {
+        url: String,
+        request: String,
+        status: u16,
+        detail: String,
+    },
+    /// A 503 that did nothing and says when to come back.
+    #[error("the gateway at {url} is unavailable ({detail})")]
+    Busy {
+        url: String,
+        detail: String,
+        retry_after: Duration,
+    },
+}
+
+#[derive(Deserialize)]
+struct Granted {
+    lease_id: String,
+    fencing_token: u64,
+}
+
+#[derive(Deserialize, Default)]
+struct Problem {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    detail: String,
+    holder: Option<Holder>,
+}
+
+impl Problem {
+    fn is(&self, slug: &str) -> bool {
+        self.kind
+            .strip_prefix("urn:statehouse:problem:")
+            .is_some_and(|kind| kind == slug)
+    }
+
+    fn summary(&self) -> String {
+        match (self.title.is_empty(), self.detail.is_empty()) {
+            (false, false) => format!("{}: {}", self.title, self.detail),
+            (false, true) => self.title.clone(),
+            (true, false) => self.detail.clone(),
+            (true, true) => "no detail".into(),
+        }
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: Bytes,
+}
+
+impl Answer {
+    fn problem(&self) -> Problem {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| Problem {
+            detail: String::from_utf8_lossy(&self.body[..self.body.len().min(200)]).into_owned(),
+            ..Problem::default()
+        })
+    }
+}
+
+#[derive(Clone)]
+pub struct Gateway {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: GatewayUrl,
+    authorization: Option<HeaderValue>,
+}
+
+impl Gateway {
+    pub fn new(base: GatewayUrl, token: Option<&str>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(POOL_IDLE_TIMEOUT);
+        let authorization = token
+            .filter(|t| !t.is_empty())
+            .and_then(|t| HeaderValue::from_str(&format!("Bearer {t}")).ok())
+            .map(|mut value| {
+                value.set_sensitive(true);
+                value
+            });
+        Self {
+            client: builder.build(connector),
+            base,
+            authorization,
+        }
+    }
+
+    /// One acquire, waiting up to `wait` in the gateway's queue.
+    pub async fn acquire(
+        &self,
+        id: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Acquired, GatewayError> {
+        let path = format!("/v1/locks/{}", segment(id));
+        let body = serde_json::json!({
+            "owner": owner,
+            "ttl_seconds": ttl.as_secs(),
+            "wait_seconds": wait.as_secs_f64(),
+        });
+        let answer = self
+            .call(Method::POST, &path, Some(body), Some(wait + ACQUIRE_MARGIN))
+            .await?;
+        match answer.status {
+            StatusCode::CREATED => {
+                let granted: Granted = serde_json::from_slice(&answer.body).map_err(|e| {
+                    self.refused(
+                        &Method::POST,
+                        &path,
+                        &answer,
+                        format!("unreadable lease: {e}"),
+                    )
+                })?;
+                Ok(Acquired::Granted(Lease {
+                    lease_id: granted.lease_id,
+                    fencing_token: granted.fencing_token,
+                    granted: Instant::now(),
+                }))
+            }
+            StatusCode::CONFLICT if answer.problem().is("lock-held") => {
+                Ok(Acquired::Held(answer.problem().holder))
+            }
+            _ => Err(self.error(&Method::POST, &path, &answer)),
+        }
+    }
+
+    /// Renews the lease for another `ttl`.
+    pub async fn renew(
+        &self,
+        id: &str,
+        lease_id: &str,
+        ttl: Duration,
+    ) -> Result<Verdict, GatewayError> {
+        let body = serde_json::json!({ "ttl_seconds": ttl.as_secs() });
+        self.lease_call(Method::PUT, id, lease_id, Some(body), StatusCode::OK)
+            .await
+    }
+
+    pub async fn release(&self, id: &str, lease_id: &str) -> Result<Verdict, GatewayError> {
+        self.lease_call(Method::DELETE, id, lease_id, None, StatusCode::NO_CONTENT)
+            .await
+    }
+
+    async fn lease_call(
+        &self,
+        method: Method,
+        id: &str,
+        lease_id: &str,
+        body: Option<serde_json::Value>,
+        done: StatusCode,
+    ) -> Result<Verdict, GatewayError> {
+        let path = format!("/v1/locks/{}/{}", segment(id), segment(lease_id));
+        // The caller bounds the whole call by the lease's life.
+        let answer = self.call(method.clone(), &path, body, None).await?;
+        if answer.status == done {
+            return Ok(Verdict::Done);
+        }
+        let problem = answer.problem();
+        // `lease-held-elsewhere`: this gateway cannot reach the lease's
+        // authority, which still holds it; no verdict on the lease.
+        if answer.status == StatusCode::CONFLICT && !problem.is("lease-held-elsewhere") {
+            return Ok(Verdict::NotCurrent(problem.summary()));
+        }
+        Err(self.error(&method, &path, &answer))
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+        deadline: Option<Duration>,
+    ) -> Result<Answer, GatewayError> {
+        let unreachable = |reason: String| GatewayError::Unreachable {
+            url: self.base.as_str().to_owned(),
+            reason,
+        };
+        let uri: Uri = format!("{}{path}", self.base.as_str())
+            .parse()
+            .map_err(|e| unreachable(format!("bad request URI: {e}")))?;
+        let mut request = Request::builder().method(method).uri(uri).header(
+            header::USER_AGENT,
+            concat!("statehouse-lock/", env!("CARGO_PKG_VERSION")),
+        );
+        if let Some(authorization) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        let body = match body {
+            Some(json) => {
+                request = request.header(header::CONTENT_TYPE, "application/json");
+                Full::new(Bytes::from(json.to_string()))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let request = request
+            .body(body)
+            .map_err(|e| unreachable(format!("bad request: {e}")))?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| unreachable(error_chain(&e)))?;
+            let status = response.status();
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| unreachable(format!("the answer broke off: {e}")))?
+                .to_bytes();
+            Ok(Answer {
+                status,
+                retry_after,
+                body,
+            })
+        };
+        let Some(deadline) = deadline else {
+            return exchange.await;
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(unreachable(format!(
+                    "no answer within {}",
+                    humantime::format_duration(deadline)
+                )))
+            })
+    }
+
+    fn error(&self, method: &Method, path: &str, answer: &Answer) -> GatewayError {
+        let problem = answer.problem();
+        let retriable = problem.is("overloaded") || problem.is("authority-unreachable");
+        match answer.retry_after {
+            Some(retry_after) if answer.status == StatusCode::SERVICE_UNAVAILABLE && retriable => {
+                GatewayError::Busy {
+                    url: self.base.as_str().to_owned(),
+                    detail: problem.summary(),
+                    retry_after: retry_after.max(Duration::from_millis(100)),
+                }
+            }
+            _ => self.refused(method, path, answer, problem.summary()),
+        }
+    }
+
+    fn refused(
+        &self,
+        method: &Method,
+        path: &str,
+        answer: &Answer,
+        detail: String,
+    ) -> GatewayError {
+        GatewayError::Refused {
+            url: self.base.as_str().to_owned(),
+            request: format!("{method} {path}"),
+            status: answer.status.as_u16(),
+            detail,
+        }
+    }
+}
+
+fn segment(raw: &str) -> String {
+    utf8_percent_encode(raw, SEGMENT).to_string()
+}
+
+/// An error with its causes: hyper's own says only "client error (Connect)".
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_ids_are_one_path_segment() {
+        assert_eq!(
+            segment("dev:tap-x-to-target_y.v2~"),
+            "dev%3Atap-x-to-target_y.v2~"
+        );
+        assert_eq!(segment("a/b c?d%"), "a%2Fb%20c%3Fd%25");
+        assert_eq!(segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn base_urls_keep_their_path_without_a_trailing_slash() {
+        let parse = |raw| GatewayUrl::parse(raw).map(|u| u.as_str().to_owned());
+        assert_eq!(parse("http://gw:8080").unwrap(), "http://gw:8080");
+        assert_eq!(parse("http://gw:8080/").unwrap(), "http://gw:8080");
+        assert_eq!(
+            parse("http://gw/statehouse/").unwrap(),
+            "http://gw/statehouse"
+        );
+        assert!(parse("https://gw").unwrap_err().contains("not supported"));
+    }
+
+    #[test]
+    fn problems_are_read_by_their_type() {
+        let answer = Answer {
+            status: StatusCode::CONFLICT,
+            retry_after: None,
+            body: Bytes::from_static(
+                br#"{"type":"urn:statehouse:problem:lock-held","title":"Lock held by another owner","status":409,"detail":"x","holder":{"state_id":"j","owner":"cron@a:1","fencing_token":3,"acquired_at":"2026-01-01T00:00:00.000Z","expires_at":"2026-01-01T00:00:30.000Z","gateway_id":"g"}}"#,
+            ),
+        };
+        let problem = answer.problem();
+        assert!(problem.is("lock-held") && !problem.is("lock"));
+        assert_eq!(problem.holder.unwrap().owner, "cron@a:1");
+        let garbage = Answer {
+            status: StatusCode::BAD_GATEWAY,
+            retry_after: None,
+            body: Bytes::from_static(b"<html>bad gateway</html>"),
+        };
+        assert_eq!(garbage.problem().summary(), "<html>bad gateway</html>");
+    }
+}

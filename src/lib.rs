@@ -185,7 +185,12 @@ impl App {
             listener,
             registration,
             ctx: AppContext {
-                states: Arc::new(States::new(store.states, store.history, locks.clone())),
+                states: Arc::new(States::new(
+                    store.states,
+                    store.history,
+                    locks.clone(),
+                    metrics.clone(),
+                )),
                 locks,
                 clickhouse,
                 metrics,

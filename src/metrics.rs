@@ -102,6 +102,7 @@ pub struct Metrics {
     lock_events: Family<LockLabels, Counter>,
     shed: Family<ShedLabels, Counter>,
     connections_closed: Family<ClosedLabels, Counter>,
+    write_batch_rows: Histogram,
 }
 
 fn latency_histogram() -> Histogram {
@@ -121,6 +122,13 @@ impl Default for Metrics {
         let lock_events = Family::<LockLabels, Counter>::default();
         let shed = Family::<ShedLabels, Counter>::default();
         let connections_closed = Family::<ClosedLabels, Counter>::default();
+        // 1 .. 1024 rows: a lone write up to a full batch.
+        let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register(
+            "write_batch_rows",
+            "Rows per INSERT of state changes (group commit: the changes that arrived together)",
+            write_batch_rows.clone(),
+        );
         registry.register(
             "http_requests",
             "HTTP requests answered, by route and status",
@@ -170,6 +178,7 @@ impl Default for Metrics {
             let _ = connections_closed.get_or_create(&ClosedLabels { reason });
         }
         Self {
+            write_batch_rows,
             lock_events,
             shed,
             connections_closed,
@@ -198,6 +207,10 @@ impl Metrics {
                 status,
             })
             .inc();
+    }
+
+    pub fn observe_write_batch(&self, rows: usize) {
+        self.write_batch_rows.observe(rows as f64);
     }
 
     pub fn observe_query(&self, operation: &'static str, seconds: f64, ok: bool) {

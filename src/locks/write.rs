@@ -176,6 +176,30 @@ impl Sending {
         Ok(sending)
     }
 
+    /// Several writes' permits as one, for writes that go out in one INSERT
+    /// (group commit): the earliest budget bounds them all.
+    pub fn join(permits: Vec<Sending>) -> Sending {
+        let mut joined = Sending {
+            entries: Vec::new(),
+            budget: Duration::ZERO,
+            until: Instant::now(),
+            done: false,
+        };
+        for (n, mut permit) in permits.into_iter().enumerate() {
+            if n == 0 || permit.until < joined.until {
+                joined.until = permit.until;
+                joined.budget = permit.budget;
+            }
+            joined.entries.append(&mut permit.entries);
+        }
+        joined
+    }
+
+    /// When this permit's budget is spent.
+    pub fn until(&self) -> Instant {
+        self.until
+    }
+
     /// Sends: runs `write` (ClickHouse round trips) within the budget.
     pub async fn run<T>(
         mut self,

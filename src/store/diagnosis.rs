@@ -56,7 +56,8 @@ impl StoreError {
     /// pass (refused connections, timeouts, a 5xx, any other exception).
     pub fn blocker(&self) -> Option<Blocker> {
         match self {
-            Self::Timeout(_) | Self::Corrupt { .. } => None,
+            Self::Timeout(_) | Self::Corrupt { .. } | Self::Abandoned => None,
+            Self::InBatch(err) => err.blocker(),
             Self::Unrecognized { status, .. } => {
                 // A proxy answers 5xx for a ClickHouse that is not up yet.
                 (!(500..600).contains(status)).then_some(Blocker::NotClickHouse)

@@ -67,9 +67,10 @@ pub struct NewVersion<'a> {
     /// None for a tombstone.
     pub doc: Option<&'a StateDocument>,
     pub changed_streams: Vec<String>,
-    /// The lease this change carried, when it differs from the context's
-    /// (each state of a batch has its own).
+    /// The lease this change carried, when the id was locked.
     pub lease: Option<&'a Lease>,
+    /// Who made the change, and through which request.
+    pub provenance: &'a Provenance,
 }
 
 /// One version as listed: everything but the document.
@@ -300,23 +301,8 @@ impl HistoryStore {
             .await
     }
 
-    /// Writes a change's version, and with it (through the view) its state row.
-    pub async fn record(
-        &self,
-        version: &NewVersion<'_>,
-        context: &ChangeContext,
-    ) -> Result<(), StoreError> {
-        self.record_many(std::slice::from_ref(version), context)
-            .await
-    }
-
     /// Writes a batch of changes' versions, and with them their state rows, in one INSERT.
-    pub async fn record_many(
-        &self,
-        versions: &[NewVersion<'_>],
-        context: &ChangeContext,
-    ) -> Result<(), StoreError> {
-        let provenance = &context.provenance;
+    pub async fn record_many(&self, versions: &[NewVersion<'_>]) -> Result<(), StoreError> {
         self.ch
             .timed("history_record", async {
                 let mut insert = self
@@ -325,7 +311,7 @@ impl HistoryStore {
                     .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
                     .await?;
                 for new in versions {
-                    let lease = new.lease.or(context.lease.as_ref());
+                    let (lease, provenance) = (new.lease, new.provenance);
                     insert
                         .write(&HistoryRowOut {
                             state_id: new.id.as_str(),

@@ -47,6 +47,11 @@ pub enum StoreError {
     Unrecognized { status: u16, excerpt: String },
     #[error("state {id:?} in ClickHouse cannot be read: {source}")]
     Corrupt { id: String, source: CorruptState },
+    /// The INSERT of a batch of writes failed (see `states::group_commit`).
+    #[error("{0}")]
+    InBatch(Arc<StoreError>),
+    #[error("the write was abandoned: the gateway is shutting down")]
+    Abandoned,
 }
 
 #[derive(Clone)]

@@ -13,6 +13,7 @@ mod coordination_start;
 mod dashboards;
 mod first_start;
 mod gateways;
+mod group_commit;
 mod helpers;
 mod history;
 mod https;

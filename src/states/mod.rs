@@ -8,10 +8,16 @@
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod group_commit;
+mod memory;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use uuid::Uuid;
+
+use self::group_commit::{GroupCommit, Outgoing, Submission, Target};
+use self::memory::Memory;
 
 use crate::domain::{
     IfMatch, Lease, PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern,
@@ -19,9 +25,10 @@ use crate::domain::{
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager, SeenLease, Sending};
+use crate::metrics::Metrics;
 use crate::store::{
-    ChangeContext, HistoryStore, NewVersion, Operation, Selection, StateStore, StateSummary,
-    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
+    ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
+    StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -83,80 +90,16 @@ pub struct Written {
     pub created: bool,
 }
 
-/// A change decided and ready to go out (see [`States::commit`]).
-struct Outgoing {
-    id: StateId,
-    doc: StateDocument,
-    version: Version,
-    operation: Operation,
-    /// Empty with history off, which records none.
-    changed_streams: Vec<String>,
-    /// The lease the write carries, when the id is locked.
-    lease: Option<Lease>,
-    /// The claim under which this gateway is the id's authority, if it is.
-    claim: Option<Uuid>,
-}
-
 pub struct States {
     store: StateStore,
     /// None when history is off.
     history: Option<HistoryStore>,
     locks: Arc<LockManager>,
+    /// One write of an id at a time on this gateway: its read-decide-write
+    /// sees no other, and the lock stays with the change until it landed.
     writers: KeyedMutex<StateId>,
-    known: Known,
-    /// Versions of failed writes whose history rows may have landed (see
-    /// [`States::failed_version`]); an entry goes with the next write that lands.
-    failed: Mutex<HashMap<StateId, Version>>,
-}
-
-/// The last state read or written of ids this gateway is the authority for,
-/// each under the claim it was taken under (`LockManager::authority_claim`):
-/// once that claim is gone, another gateway may have written, and the entry
-/// counts for nothing. `None` is a state known not to exist.
-#[derive(Default)]
-struct Known {
-    rows: Mutex<KnownRows>,
-}
-
-#[derive(Default)]
-struct KnownRows {
-    by_id: HashMap<StateId, (Uuid, Option<StoredRow>)>,
-    /// Size after the last sweep of entries whose claim is gone; the next
-    /// sweep runs when the map doubles.
-    swept_at: usize,
-}
-
-/// Larger states are read from ClickHouse each time: a gateway holding many
-/// claims must not hold many large documents.
-const MAX_KNOWN_BYTES: usize = 1 << 20;
-
-impl Known {
-    fn get(&self, id: &StateId, claim: Uuid) -> Option<Option<StoredRow>> {
-        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        rows.by_id
-            .get(id)
-            .filter(|(under, _)| *under == claim)
-            .map(|(_, row)| row.clone())
-    }
-
-    fn put(&self, id: &StateId, claim: Uuid, row: Option<StoredRow>, locks: &LockManager) {
-        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        if row.as_ref().is_some_and(|r| r.size() > MAX_KNOWN_BYTES) {
-            rows.by_id.remove(id);
-            return;
-        }
-        rows.by_id.insert(id.clone(), (claim, row));
-        if rows.by_id.len() >= 2 * rows.swept_at.max(64) {
-            rows.by_id
-                .retain(|id, (under, _)| locks.authority_claim(id) == Some(*under));
-            rows.swept_at = rows.by_id.len();
-        }
-    }
-
-    fn forget(&self, matching: impl Fn(&StateId) -> bool) {
-        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        rows.by_id.retain(|id, _| !matching(id));
-    }
+    memory: Arc<Memory>,
+    commits: Arc<GroupCommit>,
 }
 
 /// What a write carries besides its document.
@@ -182,14 +125,24 @@ pub struct ListedVersion {
 }
 
 impl States {
-    pub fn new(store: StateStore, history: Option<HistoryStore>, locks: Arc<LockManager>) -> Self {
+    pub fn new(
+        store: StateStore,
+        history: Option<HistoryStore>,
+        locks: Arc<LockManager>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
+        let target = match &history {
+            Some(history) => Target::History(history.clone()),
+            None => Target::States(store.clone()),
+        };
         Self {
+            commits: Arc::new(GroupCommit::new(target, memory.clone(), metrics)),
             store,
             history,
             locks,
             writers: KeyedMutex::default(),
-            known: Known::default(),
-            failed: Mutex::default(),
+            memory,
         }
     }
 
@@ -197,7 +150,7 @@ impl States {
         let Some(claim) = self.locks.authority_claim(id) else {
             return self.store.get(id).await?.map(StoredRow::parse).transpose();
         };
-        if let Some(row) = self.known.get(id, claim) {
+        if let Some(row) = self.memory.known(id, claim) {
             return row.map(StoredRow::parse).transpose();
         }
         // Read under the writer lock, so no write of this gateway lands
@@ -214,12 +167,12 @@ impl States {
         id: &StateId,
         claim: Option<Uuid>,
     ) -> Result<Option<StoredRow>, StoreError> {
-        if let Some(row) = claim.and_then(|claim| self.known.get(id, claim)) {
+        if let Some(row) = claim.and_then(|claim| self.memory.known(id, claim)) {
             return Ok(row);
         }
         let row = self.store.get(id).await?;
         if let Some(claim) = claim {
-            self.known.put(id, claim, row.clone(), &self.locks);
+            self.memory.keep(id, claim, row.clone());
         }
         Ok(row)
     }
@@ -273,7 +226,7 @@ impl States {
         provenance: &Provenance,
         operation: Operation,
     ) -> Result<Written, StateError> {
-        let _writing = self.writers.lock(id).await;
+        let writing = self.writers.lock(id).await;
         let admitted = self
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
@@ -311,26 +264,34 @@ impl States {
                     .ok_or(StateError::NoBookmark(stream))?
             }
         };
-        let version = next_version(current.as_ref(), self.failed_version(id));
+        let version = next_version(current.as_ref(), self.memory.failed_version(id));
         let changed_streams = match &self.history {
             Some(_) => StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc)),
             None => Vec::new(),
         };
+        let (row, state) = StoredRow::written(id, doc, version);
         let outgoing = Outgoing {
             id: id.clone(),
-            doc,
             version,
             operation,
             changed_streams,
             lease: admitted.lease().cloned(),
             claim,
+            row,
+            state,
         };
-        let sending = admitted.sending()?;
-        let (_, state) = self
-            .commit(sending, vec![outgoing], provenance)
+        let submission = Submission {
+            changes: vec![outgoing],
+            provenance: provenance.clone(),
+            sending: admitted.sending()?,
+            writing: vec![writing],
+        };
+        let state = self
+            .commits
+            .commit(submission)
             .await?
             .pop()
-            .expect("one row per change");
+            .expect("one state per change");
         Ok(Written {
             state,
             created: current.is_none(),
@@ -365,9 +326,9 @@ impl States {
         let mut ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
         ids.sort();
         // In one order for every batch, so two batches never wait on each other.
-        let mut _writing = Vec::with_capacity(ids.len());
+        let mut writing = Vec::with_capacity(ids.len());
         for id in &ids {
-            _writing.push(self.writers.lock(id).await);
+            writing.push(self.writers.lock(id).await);
         }
         let checks: Vec<(&StateId, Option<Uuid>)> =
             entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
@@ -404,86 +365,33 @@ impl States {
                     ),
                     None => Vec::new(),
                 };
+                let version = next_version(before, self.memory.failed_version(&id));
+                let (row, state) = StoredRow::written(&id, doc, version);
                 Outgoing {
-                    version: next_version(before, self.failed_version(&id)),
+                    version,
                     id,
-                    doc,
                     operation: Operation::Import,
                     changed_streams,
                     lease: admitted.lease().cloned(),
                     claim: admitted.claim(),
+                    row,
+                    state,
                 }
             })
             .collect();
-        let written = self.commit(sending, batch, provenance).await?.len();
-        Ok(Imported { written, created })
-    }
-
-    /// The one write pipeline: every change of a document (PUT, PATCH, a
-    /// stream reset, a rollback, an import) goes out here, a single write as
-    /// a batch of one. One INSERT carries the batch (its versions, which carry
-    /// the states along; the states alone with history off). A failed one
-    /// remembers its versions; one that landed keeps the rows written of the
-    /// ids this gateway is the authority for.
-    async fn commit(
-        &self,
-        sending: Sending,
-        batch: Vec<Outgoing>,
-        provenance: &Provenance,
-    ) -> Result<Vec<(StoredRow, StoredState)>, StoreError> {
-        let sent = match &self.history {
-            Some(history) => {
-                let versions: Vec<NewVersion<'_>> = batch
-                    .iter()
-                    .map(|change| NewVersion {
-                        id: &change.id,
-                        version: change.version,
-                        operation: change.operation,
-                        doc: Some(&change.doc),
-                        changed_streams: change.changed_streams.clone(),
-                        lease: change.lease.as_ref(),
-                    })
-                    .collect();
-                let context = ChangeContext {
-                    provenance: provenance.clone(),
-                    lease: None,
-                };
-                sending.run(history.record_many(&versions, &context)).await
-            }
-            None => {
-                let rows: Vec<StoredRow> = batch
-                    .iter()
-                    .map(|c| StoredRow::written(&c.id, c.doc.clone(), c.version).0)
-                    .collect();
-                sending.run(self.store.put(&rows)).await
-            }
+        let submission = Submission {
+            changes: batch,
+            provenance: provenance.clone(),
+            sending,
+            writing,
         };
-        if let Err(err) = sent {
-            for change in &batch {
-                self.remember_failed(&change.id, change.version);
-            }
-            return Err(err);
-        }
-        Ok(batch
-            .into_iter()
-            .map(|change| {
-                let (row, state) = StoredRow::written(&change.id, change.doc, change.version);
-                self.forget_failed(&change.id);
-                match change.claim {
-                    Some(claim) => {
-                        self.known
-                            .put(&change.id, claim, Some(row.clone()), &self.locks)
-                    }
-                    None => self.known.forget(|known| *known == change.id),
-                }
-                (row, state)
-            })
-            .collect())
+        let written = self.commits.commit(submission).await?.len();
+        Ok(Imported { written, created })
     }
 
     /// Forgets what this gateway knew of `ids`: another gateway wrote them.
     pub fn forget(&self, ids: &[StateId]) {
-        self.known.forget(|id| ids.contains(id));
+        self.memory.forget(|id| ids.contains(id));
     }
 
     /// Deleting what does not exist succeeds: the outcome is the same (and
@@ -518,7 +426,7 @@ impl States {
             }
         }
         // Forgotten first: a delete that fails midway leaves nothing known.
-        self.known.forget(|known| known == id);
+        self.memory.forget(|known| known == id);
         let selection = Selection::One(id.clone());
         // Each step goes out only while the lease still stands: one refused
         // after the tombstone leaves a version that is never current.
@@ -533,7 +441,7 @@ impl States {
             .await?;
         admitted.sending()?.run(self.store.delete(id)).await?;
         if let Some(claim) = claim {
-            self.known.put(id, claim, None, &self.locks);
+            self.memory.keep(id, claim, None);
         }
         Ok(())
     }
@@ -545,7 +453,7 @@ impl States {
         pattern: &StatePattern,
         provenance: &Provenance,
     ) -> Result<u64, StoreError> {
-        self.known.forget(|id| pattern.matches(id));
+        self.memory.forget(|id| pattern.matches(id));
         let selection = Selection::Matching(pattern.clone());
         self.record_deletions(&selection, Operation::DeleteByPattern, None, provenance)
             .await?;
@@ -651,28 +559,6 @@ impl States {
                 .delete_as(id, conditions, provenance, Operation::Rollback)
                 .await
                 .map(|()| None),
-        }
-    }
-
-    /// A version whose history row landed but whose state write failed: the
-    /// next write of the id on this gateway stamps a later one, so that no
-    /// two changes share a version.
-    fn failed_version(&self, id: &StateId) -> Option<Version> {
-        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.get(id).map(|v| Version::from_millis(v.millis() + 1))
-    }
-
-    fn remember_failed(&self, id: &StateId, version: Version) {
-        if self.history.is_some() {
-            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-            failed.insert(id.clone(), version);
-        }
-    }
-
-    fn forget_failed(&self, id: &StateId) {
-        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-        if !failed.is_empty() {
-            failed.remove(id);
         }
     }
 }

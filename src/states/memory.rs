@@ -1,0 +1,106 @@
+//! What a gateway remembers between writes: the state of ids it is the
+//! authority for, and the versions of failed writes. Shared by the request
+//! path and the group commit's task, which updates it for every batch,
+//! also for a change whose client has gone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use uuid::Uuid;
+
+use crate::domain::{StateId, Version};
+use crate::locks::LockManager;
+use crate::store::StoredRow;
+
+pub(super) struct Memory {
+    known: Known,
+    /// Versions of failed writes whose history rows may have landed (see
+    /// [`Memory::failed_version`]); an entry goes with the next write that
+    /// lands. Only kept with history on.
+    failed: Mutex<HashMap<StateId, Version>>,
+    history: bool,
+    locks: Arc<LockManager>,
+}
+
+/// The last state read or written of ids this gateway is the authority for,
+/// each under the claim it was taken under (`LockManager::authority_claim`):
+/// once that claim is gone, another gateway may have written, and the entry
+/// counts for nothing. `None` is a state known not to exist.
+#[derive(Default)]
+struct Known {
+    rows: Mutex<KnownRows>,
+}
+
+#[derive(Default)]
+struct KnownRows {
+    by_id: HashMap<StateId, (Uuid, Option<StoredRow>)>,
+    /// Size after the last sweep of entries whose claim is gone; the next
+    /// sweep runs when the map doubles.
+    swept_at: usize,
+}
+
+/// Larger states are read from ClickHouse each time: a gateway holding many
+/// claims must not hold many large documents.
+const MAX_KNOWN_BYTES: usize = 1 << 20;
+
+impl Memory {
+    pub fn new(history: bool, locks: Arc<LockManager>) -> Self {
+        Self {
+            known: Known::default(),
+            failed: Mutex::default(),
+            history,
+            locks,
+        }
+    }
+
+    /// The row known of `id` under `claim`: `Some(None)` for a state known
+    /// not to exist, None when nothing is known.
+    pub fn known(&self, id: &StateId, claim: Uuid) -> Option<Option<StoredRow>> {
+        let rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
+        rows.by_id
+            .get(id)
+            .filter(|(under, _)| *under == claim)
+            .map(|(_, row)| row.clone())
+    }
+
+    pub fn keep(&self, id: &StateId, claim: Uuid, row: Option<StoredRow>) {
+        let mut rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if row.as_ref().is_some_and(|r| r.size() > MAX_KNOWN_BYTES) {
+            rows.by_id.remove(id);
+            return;
+        }
+        rows.by_id.insert(id.clone(), (claim, row));
+        if rows.by_id.len() >= 2 * rows.swept_at.max(64) {
+            rows.by_id
+                .retain(|id, (under, _)| self.locks.authority_claim(id) == Some(*under));
+            rows.swept_at = rows.by_id.len();
+        }
+    }
+
+    pub fn forget(&self, matching: impl Fn(&StateId) -> bool) {
+        let mut rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
+        rows.by_id.retain(|id, _| !matching(id));
+    }
+
+    /// A version whose history row landed but whose state write failed: the
+    /// next write of the id on this gateway stamps a later one, so that no
+    /// two changes share a version.
+    pub fn failed_version(&self, id: &StateId) -> Option<Version> {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.get(id).map(|v| Version::from_millis(v.millis() + 1))
+    }
+
+    pub fn remember_failed(&self, id: &StateId, version: Version) {
+        if self.history {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            failed.insert(id.clone(), version);
+        }
+    }
+
+    pub fn forget_failed(&self, id: &StateId) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if !failed.is_empty() {
+            failed.remove(id);
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! A fleet of writers, each on its own state_id: W = 1, 8 and 64 writers
+//! through the gateway, unlocked and under a lease held on the gateway,
+//! beside the same writers sending single-row INSERTs straight to
+//! ClickHouse. Prints writes/s, p50/p99 and ClickHouse INSERT statements
+//! per acknowledged write (from the gateway's own /metrics), with the
+//! ratios, all from one run.
+//!
+//! Run with `bench/run fleet` (it starts the local ClickHouse); or set
+//! STATEHOUSE_BENCH_CLICKHOUSE_URL and run `cargo bench --bench fleet`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clickhouse::Client;
+use serde::Serialize;
+use serde_json::Value;
+
+mod support;
+
+/// How long each cell runs.
+const FOR: Duration = Duration::from_secs(4);
+
+#[derive(clickhouse::Row, Serialize)]
+struct RowOut {
+    state_id: String,
+    partial_state: Option<String>,
+    completed_state: Option<String>,
+    updated_at: i64,
+}
+
+#[derive(Default)]
+struct Cell {
+    latencies: Vec<Duration>,
+    took: Duration,
+    inserts: f64,
+}
+
+impl Cell {
+    fn percentile_ms(&mut self, p: f64) -> f64 {
+        self.latencies.sort();
+        let rank = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[rank].as_secs_f64() * 1000.0
+    }
+
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.took.as_secs_f64()
+    }
+
+    fn inserts_per_write(&self) -> f64 {
+        self.inserts / self.latencies.len() as f64
+    }
+}
+
+fn document(n: usize) -> String {
+    format!(
+        r#"{{"completed": {{"singer_state": {{"bookmarks": {{"orders": {{"replication_key": "updated_at", "replication_key_value": "{n}"}}}}}}}}}}"#
+    )
+}
+
+/// INSERT statements the gateway has sent so far: versions (which carry
+/// the states), states alone, and lease rows.
+async fn inserts(http: &reqwest::Client, base: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    ["history_record", "put", "lease_write"]
+        .iter()
+        .map(|op| {
+            let prefix = format!(
+                "statehouse_clickhouse_query_duration_seconds_count{{operation=\"{op}\"}} "
+            );
+            text.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .map_or(0.0, |n| n.trim().parse().unwrap())
+        })
+        .sum()
+}
+
+/// `writers` loops of `write(writer, n)` for `FOR`, all at once.
+async fn run<F, Fut>(writers: usize, write: Arc<F>) -> Cell
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let (write, latencies) = (write.clone(), latencies.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while started.elapsed() < FOR {
+                    let t = Instant::now();
+                    write(w, n).await;
+                    latencies.lock().unwrap().push(t.elapsed());
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    Cell {
+        latencies,
+        took: started.elapsed(),
+        inserts: 0.0,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
+    let (base, target) = (gateway.base, gateway.config.clickhouse);
+    let schema = gateway.config.schema.as_str().to_owned();
+    let http = reqwest::Client::new();
+    let direct = Client::default()
+        .with_url(target.endpoint())
+        .with_user(&target.user)
+        .with_password(&target.password)
+        .with_setting("async_insert", "0");
+    let table = format!("`{schema}`.`state`");
+
+    println!("statehouse fleet bench: each writer on its own state_id, {FOR:?} per cell");
+    println!(
+        "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>10}",
+        "writers", "path", "writes/s", "p50 ms", "p99 ms", "INSERT/wr", "x direct"
+    );
+    for writers in [1, 8, 64] {
+        let unlocked = {
+            let (http, base) = (http.clone(), base.clone());
+            Arc::new(move |w: usize, n: usize| {
+                let (http, url) = (http.clone(), format!("{base}/v1/states/fleet-open-{w}"));
+                async move {
+                    let reply = http.put(url).body(document(n)).send().await.unwrap();
+                    assert!(reply.status().is_success(), "{}", reply.status());
+                }
+            })
+        };
+        // Each writer holds a lease on its id, as a pipeline under
+        // `statehouse lock` does, and writes with it.
+        let mut leases = Vec::new();
+        for w in 0..writers {
+            let reply: Value = http
+                .post(format!("{base}/v1/locks/fleet-held-{w}"))
+                .json(&serde_json::json!({"owner": "bench", "ttl_seconds": 600}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            leases.push(reply["lease_id"].as_str().unwrap().to_owned());
+        }
+        let leases = Arc::new(leases);
+        let held = {
+            let (http, base) = (http.clone(), base.clone());
+            Arc::new(move |w: usize, n: usize| {
+                let (http, leases) = (http.clone(), leases.clone());
+                let url = format!("{base}/v1/states/fleet-held-{w}");
+                async move {
+                    let reply = http
+                        .put(url)
+                        .header("lease-id", leases[w].as_str())
+                        .body(document(n))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert!(reply.status().is_success(), "{}", reply.status());
+                }
+            })
+        };
+        let straight = {
+            let (direct, table) = (direct.clone(), table.clone());
+            Arc::new(move |w: usize, n: usize| {
+                let (direct, table) = (direct.clone(), table.clone());
+                async move {
+                    let mut insert = direct.insert_unescaped::<RowOut>(&table).await.unwrap();
+                    insert
+                        .write(&RowOut {
+                            state_id: format!("fleet-direct-{w}"),
+                            partial_state: Some("{}".into()),
+                            completed_state: Some(document(n)),
+                            updated_at: i64::try_from(n).unwrap() + 1,
+                        })
+                        .await
+                        .unwrap();
+                    insert.end().await.unwrap();
+                }
+            })
+        };
+        let before = inserts(&http, &base).await;
+        let mut open = run(writers, unlocked).await;
+        let middle = inserts(&http, &base).await;
+        let mut leased = run(writers, held).await;
+        let after = inserts(&http, &base).await;
+        open.inserts = middle - before;
+        leased.inserts = after - middle;
+        let mut direct_cell = run(writers, straight).await;
+        direct_cell.inserts = direct_cell.latencies.len() as f64;
+        let direct_rate = direct_cell.per_second();
+        for (name, cell) in [
+            ("gateway, unlocked", &mut open),
+            ("gateway, under lease", &mut leased),
+            ("straight INSERT", &mut direct_cell),
+        ] {
+            let (p50, p99, rate) = (
+                cell.percentile_ms(0.5),
+                cell.percentile_ms(0.99),
+                cell.per_second(),
+            );
+            println!(
+                "{writers:<8} {name:<22} {rate:>9.0} {p50:>9.1} {p99:>9.1} {:>11.3} {:>10.2}",
+                cell.inserts_per_write(),
+                rate / direct_rate
+            );
+        }
+    }
+    println!(
+        "INSERT/wr: ClickHouse INSERT statements per acknowledged write (lease rows included)"
+    );
+    println!("x direct: writes/s against the straight single-row INSERTs of as many writers");
+}

@@ -136,7 +136,10 @@ async fn main() {
         let unlocked = {
             let (http, base) = (http.clone(), base.clone());
             Arc::new(move |w: usize, n: usize| {
-                let (http, url) = (http.clone(), format!("{base}/v1/states/fleet-open-{w}"));
+                let (http, url) = (
+                    http.clone(),
+                    format!("{base}/v1/states/fleet-open-{writers}-{w}"),
+                );
                 async move {
                     let reply = http.put(url).body(document(n)).send().await.unwrap();
                     assert!(reply.status().is_success(), "{}", reply.status());
@@ -148,7 +151,7 @@ async fn main() {
         let mut leases = Vec::new();
         for w in 0..writers {
             let reply: Value = http
-                .post(format!("{base}/v1/locks/fleet-held-{w}"))
+                .post(format!("{base}/v1/locks/fleet-held-{writers}-{w}"))
                 .json(&serde_json::json!({"owner": "bench", "ttl_seconds": 600}))
                 .send()
                 .await
@@ -156,14 +159,19 @@ async fn main() {
                 .json()
                 .await
                 .unwrap();
-            leases.push(reply["lease_id"].as_str().unwrap().to_owned());
+            let lease = reply["lease_id"].as_str();
+            leases.push(
+                lease
+                    .unwrap_or_else(|| panic!("no lease: {reply}"))
+                    .to_owned(),
+            );
         }
         let leases = Arc::new(leases);
         let held = {
             let (http, base) = (http.clone(), base.clone());
             Arc::new(move |w: usize, n: usize| {
                 let (http, leases) = (http.clone(), leases.clone());
-                let url = format!("{base}/v1/states/fleet-held-{w}");
+                let url = format!("{base}/v1/states/fleet-held-{writers}-{w}");
                 async move {
                     let reply = http
                         .put(url)
@@ -184,7 +192,7 @@ async fn main() {
                     let mut insert = direct.insert_unescaped::<RowOut>(&table).await.unwrap();
                     insert
                         .write(&RowOut {
-                            state_id: format!("fleet-direct-{w}"),
+                            state_id: format!("fleet-direct-{writers}-{w}"),
                             partial_state: Some("{}".into()),
                             completed_state: Some(document(n)),
                             updated_at: i64::try_from(n).unwrap() + 1,

@@ -319,15 +319,16 @@ impl LeaseStore {
         claims: &[Uuid],
         ttl: Duration,
     ) -> Result<Vec<Uuid>, StoreError> {
+        // This gateway's live claims among `claims`.
+        let live_and_mine = "kind = 'claim' AND gateway_id = {gateway:UUID} AND released = 0
+            AND expires_at > now64(3) AND has({claims:Array(String)}, toString(claim_id))";
         let mut renewed = Vec::with_capacity(claims.len());
         for chunk in claims.chunks(CLAIMS_PER_QUERY) {
             let sql = format!(
                 "INSERT INTO {table} {INSERT_COLUMNS}
                  SELECT state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at,
                         now64(3) + toIntervalMillisecond({{ttl:UInt64}}), released, version + 1, advertise_url
-                 FROM {table} FINAL
-                 WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
-                   AND expires_at > now64(3) AND has({{claims:Array(String)}}, toString(claim_id))",
+                 FROM {table} FINAL WHERE {live_and_mine}",
                 table = self.table
             );
             let query = self
@@ -341,9 +342,7 @@ impl LeaseStore {
             // A claim that lapsed before the INSERT ran was silently left
             // out: read back which ones are live, so the caller drops the rest.
             let sql = format!(
-                "SELECT toString(claim_id) FROM {table} FINAL
-                 WHERE kind = 'claim' AND gateway_id = {{gateway:UUID}} AND released = 0
-                   AND expires_at > now64(3) AND has({{claims:Array(String)}}, toString(claim_id))",
+                "SELECT toString(claim_id) FROM {table} FINAL WHERE {live_and_mine}",
                 table = self.table
             );
             let query = self

@@ -147,11 +147,18 @@ impl GroupCommit {
 
     /// Sends batches until none is waiting.
     async fn send_all(self: Arc<Self>) {
+        let mut stopped = Stopped {
+            commits: &self,
+            armed: true,
+        };
         loop {
             let batch = {
                 let mut queue = self.queue();
                 if queue.waiting.is_empty() {
+                    // Under the same lock as the look: a submission after it
+                    // finds no task and starts one.
                     queue.sending = false;
+                    stopped.armed = false;
                     return;
                 }
                 take_batch(&mut queue.waiting)
@@ -264,6 +271,22 @@ impl GroupCommit {
                     .collect();
                 store.put(&rows).await
             }
+        }
+    }
+}
+
+/// Marks the sending task gone when it is stopped midway (a shutdown, a
+/// panic), so that the next submission starts another rather than waiting
+/// for one that will not come.
+struct Stopped<'a> {
+    commits: &'a GroupCommit,
+    armed: bool,
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.commits.queue().sending = false;
         }
     }
 }

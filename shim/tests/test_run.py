@@ -117,3 +117,26 @@ def test_a_run_through_three_gateways_behind_a_round_robin_balancer(tmp_path, cl
     # Nobody holds the lock afterwards, as seen from each gateway.
     for gateway in cluster.gateways:
         assert gateway.session.get(f"{gateway.base}/v1/locks/{quote(JOB, safe='')}", timeout=10).status_code == 404
+
+
+def inserts(gateway: Gateway) -> int:
+    """INSERT statements the gateway sent ClickHouse (versions, states, lease rows), by its /metrics."""
+    metrics = gateway.session.get(f"{gateway.base}/metrics", timeout=10).text
+    operations = ('"history_record"', '"put"', '"lease_write"')
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in metrics.splitlines()
+        if line.startswith("statehouse_clickhouse_query_duration_seconds_count{")
+        and any(f"operation={op}" in line for op in operations)
+    )
+
+
+def test_a_run_of_100_state_messages_costs_clickhouse_at_most_110_inserts(project: Project, gateway: Gateway):
+    # Each STATE message is one version INSERT; the lease rows of its lock
+    # and unlock are coalesced, at most one INSERT a second.
+    before = inserts(gateway)
+    project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "100"})
+    assert bookmark(gateway) == 100
+    time.sleep(1.5)  # the last lease rows go out within a second
+    spent = inserts(gateway) - before
+    assert spent <= 110, f"100 STATE messages took {spent} INSERTs"

@@ -11,7 +11,7 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::auth::{TokenError, Tokens};
-pub use crate::domain::Coordination;
+pub use crate::domain::{Coordination, RegressionMode};
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
 use crate::tls::{ServerTls, TlsError};
@@ -217,6 +217,14 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_CLUSTER")]
     pub cluster: Option<String>,
 
+    /// What to do with a write whose bookmark goes backwards (a stream whose
+    /// replication_key_value moves back under an unchanged replication_key):
+    /// warn (write it, and say so in a header, the log and /metrics), reject
+    /// (409 unless the request's Statehouse-Allow-Regression names the
+    /// stream) or off.
+    #[arg(long, env = "STATEHOUSE_BOOKMARK_REGRESSION", value_enum, default_value_t = RegressionMode::Warn)]
+    pub bookmark_regression: RegressionMode,
+
     /// Keep a version of every change made through the gateway in
     /// `<table>_history` (see --history-retention); false records none, and
     /// the history endpoints answer 404 saying so.
@@ -328,6 +336,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub locks: LockSettings,
     pub history: History,
+    pub bookmark_regression: RegressionMode,
     pub tokens: Tokens,
     pub protect_metrics: bool,
     pub allow_unauthenticated: bool,
@@ -497,6 +506,7 @@ impl TryFrom<ServeArgs> for Config {
                 (true, Duration::ZERO) => History::Kept(None),
                 (true, retention) => History::Kept(Some(retention)),
             },
+            bookmark_regression: args.bookmark_regression,
             tokens,
             protect_metrics: args.protect_metrics,
             allow_unauthenticated: args.allow_unauthenticated,

@@ -190,6 +190,7 @@ impl App {
                     store.history,
                     locks.clone(),
                     metrics.clone(),
+                    config.bookmark_regression,
                 )),
                 locks,
                 clickhouse,

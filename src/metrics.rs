@@ -103,6 +103,7 @@ pub struct Metrics {
     shed: Family<ShedLabels, Counter>,
     connections_closed: Family<ClosedLabels, Counter>,
     write_batch_rows: Histogram,
+    bookmark_regressions: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -122,6 +123,12 @@ impl Default for Metrics {
         let lock_events = Family::<LockLabels, Counter>::default();
         let shed = Family::<ShedLabels, Counter>::default();
         let connections_closed = Family::<ClosedLabels, Counter>::default();
+        let bookmark_regressions = Counter::default();
+        registry.register(
+            "bookmark_regressions",
+            "Bookmarks that went backwards in a write (one per stream or partition), written or refused",
+            bookmark_regressions.clone(),
+        );
         // 1 .. 1024 rows: a lone write up to a full batch.
         let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 11));
         registry.register(
@@ -179,6 +186,7 @@ impl Default for Metrics {
         }
         Self {
             write_batch_rows,
+            bookmark_regressions,
             lock_events,
             shed,
             connections_closed,
@@ -207,6 +215,10 @@ impl Metrics {
                 status,
             })
             .inc();
+    }
+
+    pub fn bookmark_regressions(&self, count: usize) {
+        self.bookmark_regressions.inc_by(count as u64);
     }
 
     pub fn observe_write_batch(&self, rows: usize) {

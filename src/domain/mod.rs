@@ -8,6 +8,7 @@ mod lease;
 mod page;
 mod pattern;
 mod provenance;
+mod regression;
 mod state_id;
 mod version;
 
@@ -19,5 +20,6 @@ pub use lease::Lease;
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;
+pub use regression::{AllowedRegressions, Regression, RegressionMode, regressions};
 pub use state_id::{StateId, StateIdError};
 pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};

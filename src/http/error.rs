@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::locks::LockView;
-use crate::domain::{DocumentError, StateIdError};
+use crate::domain::{DocumentError, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
@@ -63,6 +63,8 @@ pub enum ApiError {
     AuthorityUnreachable(ForwardError),
     #[error("the claim on this state_id is moving between gateways; retry shortly")]
     AuthorityMoving,
+    #[error("{0}")]
+    BookmarkRegression(String, Vec<Regression>),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -107,6 +109,7 @@ problem_types! {
     LeaseNotCurrent => CONFLICT, "lease-not-current", "Lease is not current";
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
+    BookmarkRegression => CONFLICT, "bookmark-regression", "Bookmark goes backwards";
     PreconditionFailed => PRECONDITION_FAILED, "precondition-failed", "Precondition failed";
     PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large";
     Misdirected => MISDIRECTED_REQUEST, "misdirected", "Another gateway is the authority";
@@ -156,23 +159,27 @@ struct ProblemBody<'a> {
     /// Lock conflicts say who holds the lock (null when nobody can be named).
     #[serde(skip_serializing_if = "Option::is_none")]
     holder: Option<Option<LockView>>,
+    /// A refused regression says which bookmarks went from what to what.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    regressions: Option<&'a [Regression]>,
 }
 
 /// Builds a problem+json response, with the problem type's status.
 pub fn problem(kind: ProblemType, detail: &str) -> Response {
-    problem_with_holder(kind.status(), kind, detail, None)
+    problem_with(kind.status(), kind, detail, None, None)
 }
 
 /// A problem+json response for a bare `status` some layer answered.
 pub fn bare_problem(status: StatusCode, detail: &str) -> Response {
-    problem_with_holder(status, ProblemType::for_status(status), detail, None)
+    problem_with(status, ProblemType::for_status(status), detail, None, None)
 }
 
-fn problem_with_holder(
+fn problem_with(
     status: StatusCode,
     kind: ProblemType,
     detail: &str,
     holder: Option<Option<LockView>>,
+    regressions: Option<&[Regression]>,
 ) -> Response {
     let body = ProblemBody {
         kind: format!("urn:statehouse:problem:{}", kind.slug()),
@@ -180,6 +187,7 @@ fn problem_with_holder(
         status: status.as_u16(),
         detail,
         holder,
+        regressions,
     };
     let mut response = (status, Json(body)).into_response();
     response
@@ -211,6 +219,7 @@ impl ApiError {
             Self::CorruptState(_) => ProblemType::CorruptState,
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
+            Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
             Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
             Self::Lock(LockError::HeldElsewhere { .. }) => ProblemType::LeaseHeldElsewhere,
@@ -241,7 +250,15 @@ impl IntoResponse for ApiError {
             }
             _ => None,
         };
-        let mut response = problem_with_holder(status, kind, &self.to_string(), holder);
+        let regressions = match &self {
+            Self::BookmarkRegression(_, found) => Some(found.as_slice()),
+            Self::InBatch { inner, .. } => match inner.as_ref() {
+                Self::BookmarkRegression(_, found) => Some(found.as_slice()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let mut response = problem_with(status, kind, &self.to_string(), holder, regressions);
         if let Self::BodyTimeout(_) = self {
             // The rest of the body may still be trickling in; only closing
             // the connection frees it.
@@ -287,6 +304,7 @@ impl From<StateError> for ApiError {
             StateError::PreconditionFailed(why) => Self::PreconditionFailed(why),
             StateError::Lock(lock) => lock.into(),
             StateError::HistoryOff => Self::HistoryOff(text),
+            StateError::BookmarkRegression(found) => Self::BookmarkRegression(text, found),
             StateError::VersionNotFound(_) => Self::VersionNotFound(text),
             StateError::NotFound(id) => Self::StateNotFound(id),
             StateError::NoBookmark(_) => Self::BookmarkNotFound(text),

@@ -4,7 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderName, header};
+use axum::http::{HeaderMap, HeaderName, header};
 use http_body::Body as _;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use percent_encoding::percent_decode_str;
@@ -14,12 +14,15 @@ use uuid::Uuid;
 use super::error::ApiError;
 use crate::AppContext;
 use crate::auth::Actor;
-use crate::domain::{IfMatch, PageLimit, Provenance, StateDocument, StateId};
+use crate::domain::{AllowedRegressions, IfMatch, PageLimit, Provenance, StateDocument, StateId};
 use crate::locks::SeenLease;
 use crate::states::WriteConditions;
 
 /// The header that carries a lease on writes to a locked state.
 pub const LEASE_ID: HeaderName = HeaderName::from_static("lease-id");
+
+/// The streams a write lets go backwards (see `domain::regression`).
+pub const ALLOW_REGRESSION: HeaderName = HeaderName::from_static("statehouse-allow-regression");
 
 /// The `{state_id}` path segment, percent-decoded and validated.
 pub struct StatePath(pub StateId);
@@ -159,11 +162,25 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
                     })?,
             ),
         };
+        let allow_regression = allowed_regressions(&parts.headers)?;
         Ok(Self {
             if_match,
             lease_id,
             seen_lease: parts.extensions.get::<SeenLease>().cloned(),
+            allow_regression,
         })
+    }
+}
+
+/// The request's `Statehouse-Allow-Regression`: none when it is absent.
+pub fn allowed_regressions(headers: &HeaderMap) -> Result<AllowedRegressions, ApiError> {
+    match headers.get(ALLOW_REGRESSION) {
+        None => Ok(AllowedRegressions::None),
+        Some(value) => value.to_str().map(AllowedRegressions::parse).map_err(|_| {
+            ApiError::InvalidHeader(
+                "Statehouse-Allow-Regression must be stream names, comma-separated, or *".into(),
+            )
+        }),
     }
 }
 

@@ -3,13 +3,13 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::extract::{ApiQuery, StateBody, StatePath, page_limit, read_body};
+use super::extract::{ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_body};
 use super::rfc3339_millis;
 use crate::AppContext;
 use crate::domain::{
@@ -192,7 +192,8 @@ pub async fn import(
         ctx.states.forget(&ids);
         return Ok(Json(serde_json::json!({"written": 0, "created": 0})).into_response());
     }
-    let imported = ctx.states.import(batch, &provenance).await?;
+    let allowed = allowed_regressions(&parts.headers)?;
+    let imported = ctx.states.import(batch, &allowed, &provenance).await?;
     // Authorities keep their states in memory: they forget these before this answers.
     ctx.locks.tell_peers(&parts, &bytes).await?;
     let body = serde_json::json!({"written": imported.written, "created": imported.created});
@@ -290,6 +291,9 @@ pub async fn patch(
     Ok(written_response(&written))
 }
 
+/// Names the streams whose bookmarks a write moved backwards (in warn mode).
+const BOOKMARK_REGRESSION: HeaderName = HeaderName::from_static("statehouse-bookmark-regression");
+
 /// 201 with the new state when it was created, 200 when it was replaced.
 pub(super) fn written_response(written: &Written) -> Response {
     let status = if written.created {
@@ -297,7 +301,13 @@ pub(super) fn written_response(written: &Written) -> Response {
     } else {
         StatusCode::OK
     };
-    representation(&written.state, status)
+    let mut response = representation(&written.state, status);
+    if !written.regressed.is_empty()
+        && let Ok(streams) = HeaderValue::from_str(&written.regressed.join(", "))
+    {
+        response.headers_mut().insert(BOOKMARK_REGRESSION, streams);
+    }
+    response
 }
 
 pub async fn delete(

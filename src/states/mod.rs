@@ -20,8 +20,8 @@ use self::group_commit::{GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
 
 use crate::domain::{
-    IfMatch, Lease, PageCursor, PageLimit, Provenance, StateDocument, StateId, StatePattern,
-    Version, VersionCursor,
+    AllowedRegressions, IfMatch, Lease, PageCursor, PageLimit, Provenance, Regression,
+    RegressionMode, StateDocument, StateId, StatePattern, Version, VersionCursor, regressions,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{LockError, LockManager, SeenLease, Sending};
@@ -55,6 +55,8 @@ pub enum StateError {
         first: usize,
         state_id: String,
     },
+    #[error("{} went backwards (--bookmark-regression reject); send Statehouse-Allow-Regression naming the streams to write it anyway", .0.iter().map(|r| r.stream.as_str()).collect::<Vec<_>>().join(", "))]
+    BookmarkRegression(Vec<Regression>),
     #[error("history is off on this gateway (--history=false), so no versions are kept")]
     HistoryOff,
     #[error("this state has no version {}", .0.to_rfc3339())]
@@ -88,6 +90,8 @@ fn in_batch(index: usize, state_id: &str, source: StateError) -> StateError {
 pub struct Written {
     pub state: StoredState,
     pub created: bool,
+    /// Streams whose bookmarks went backwards in it (`--bookmark-regression warn`).
+    pub regressed: Vec<String>,
 }
 
 pub struct States {
@@ -100,6 +104,8 @@ pub struct States {
     writers: KeyedMutex<StateId>,
     memory: Arc<Memory>,
     commits: Arc<GroupCommit>,
+    regression: RegressionMode,
+    metrics: Arc<Metrics>,
 }
 
 /// What a write carries besides its document.
@@ -110,6 +116,8 @@ pub struct WriteConditions {
     pub lease_id: Option<Uuid>,
     /// The lease ClickHouse records, as routing the request read it.
     pub seen_lease: Option<SeenLease>,
+    /// `Statehouse-Allow-Regression`: streams whose bookmarks may go back.
+    pub allow_regression: AllowedRegressions,
 }
 
 /// A state's history, as the API shows it.
@@ -130,6 +138,7 @@ impl States {
         history: Option<HistoryStore>,
         locks: Arc<LockManager>,
         metrics: Arc<Metrics>,
+        regression: RegressionMode,
     ) -> Self {
         let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
         let target = match &history {
@@ -137,7 +146,9 @@ impl States {
             None => Target::States(store.clone()),
         };
         Self {
-            commits: Arc::new(GroupCommit::new(target, memory.clone(), metrics)),
+            commits: Arc::new(GroupCommit::new(target, memory.clone(), metrics.clone())),
+            regression,
+            metrics,
             store,
             history,
             locks,
@@ -241,9 +252,14 @@ impl States {
         // The current state, parsed once: PATCH and a stream reset build on it
         // (and refuse one that is unreadable); history's changed streams
         // compare against it (an unreadable one, written by something else,
-        // changed every stream). A PUT without history needs none of it.
+        // changed every stream), and so does the bookmark guard. A PUT
+        // with neither needs none of it.
         let before = match &change {
-            Change::Replace(_) if self.history.is_none() => None,
+            Change::Replace(_)
+                if self.history.is_none() && self.regression == RegressionMode::Off =>
+            {
+                None
+            }
             Change::Replace(_) => current.clone().and_then(|row| row.parse().ok()),
             Change::Update(_) | Change::ResetStream(_) => {
                 current.clone().map(StoredRow::parse).transpose()?
@@ -263,6 +279,16 @@ impl States {
                     .without_stream(&stream)
                     .ok_or(StateError::NoBookmark(stream))?
             }
+        };
+        // Rollbacks and stream resets are deliberate: never refused.
+        let regressed = match operation {
+            Operation::Put | Operation::Patch => self.guard(
+                id,
+                before.as_ref().map(|s| &s.doc),
+                &doc,
+                &conditions.allow_regression,
+            )?,
+            _ => Vec::new(),
         };
         let version = next_version(current.as_ref(), self.memory.failed_version(id));
         let changed_streams = match &self.history {
@@ -295,6 +321,7 @@ impl States {
         Ok(Written {
             state,
             created: current.is_none(),
+            regressed,
         })
     }
 
@@ -305,6 +332,7 @@ impl States {
     pub async fn import(
         &self,
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
+        allowed: &AllowedRegressions,
         provenance: &Provenance,
     ) -> Result<Imported, StateError> {
         if entries.is_empty() {
@@ -344,6 +372,21 @@ impl States {
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
+        // The current states, parsed once: history's changed streams and the
+        // bookmark guard compare against them.
+        let befores: Vec<Option<StateDocument>> = entries
+            .iter()
+            .map(|(id, _, _)| {
+                current
+                    .get(id)
+                    .and_then(|row| row.clone().parse().ok())
+                    .map(|s| s.doc)
+            })
+            .collect();
+        for (index, ((id, doc, _), before)) in entries.iter().zip(&befores).enumerate() {
+            self.guard(id, before.as_ref(), doc, allowed)
+                .map_err(|err| in_batch(index, id.as_str(), err))?;
+        }
         let sending = Sending::all(&admitted)
             .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
         let created = entries
@@ -353,19 +396,13 @@ impl States {
         let batch: Vec<Outgoing> = entries
             .into_iter()
             .zip(&admitted)
-            .map(|((id, doc, _), admitted)| {
-                let before = current.get(&id);
+            .zip(&befores)
+            .map(|(((id, doc, _), admitted), before)| {
                 let changed_streams = match &self.history {
-                    Some(_) => StateDocument::changed_streams(
-                        before
-                            .and_then(|row| row.clone().parse().ok())
-                            .map(|s| s.doc)
-                            .as_ref(),
-                        Some(&doc),
-                    ),
+                    Some(_) => StateDocument::changed_streams(before.as_ref(), Some(&doc)),
                     None => Vec::new(),
                 };
-                let version = next_version(before, self.memory.failed_version(&id));
+                let version = next_version(current.get(&id), self.memory.failed_version(&id));
                 let (row, state) = StoredRow::written(&id, doc, version);
                 Outgoing {
                     version,
@@ -387,6 +424,37 @@ impl States {
         };
         let written = self.commits.commit(submission).await?.len();
         Ok(Imported { written, created })
+    }
+
+    /// The bookmark guard: the streams of `after` whose bookmarks go
+    /// backwards against `before`; with `--bookmark-regression reject`, the
+    /// write is refused unless `allowed` lets every one of them through.
+    fn guard(
+        &self,
+        id: &StateId,
+        before: Option<&StateDocument>,
+        after: &StateDocument,
+        allowed: &AllowedRegressions,
+    ) -> Result<Vec<String>, StateError> {
+        let (RegressionMode::Warn | RegressionMode::Reject, Some(before)) =
+            (self.regression, before)
+        else {
+            return Ok(Vec::new());
+        };
+        let found = regressions(before, after);
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.metrics.bookmark_regressions(found.len());
+        if self.regression == RegressionMode::Reject
+            && found.iter().any(|r| !allowed.allows(&r.stream))
+        {
+            return Err(StateError::BookmarkRegression(found));
+        }
+        let mut streams: Vec<String> = found.into_iter().map(|r| r.stream).collect();
+        streams.dedup();
+        tracing::warn!(state_id = %id, streams = %streams.join(", "), "bookmark went backwards");
+        Ok(streams)
     }
 
     /// Forgets what this gateway knew of `ids`: another gateway wrote them.

@@ -4,6 +4,7 @@
 mod auth;
 mod bad_input;
 mod balancer;
+mod bookmark_regressions;
 mod bookmarks;
 mod bulk;
 mod cli;

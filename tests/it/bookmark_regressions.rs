@@ -1,0 +1,191 @@
+//! Bookmarks that go backwards (`--bookmark-regression warn|reject|off`):
+//! warned about in an answer header and /metrics, refused with 409 unless
+//! allowed, or not compared. Rollbacks and stream resets are never refused.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Api, TestApp, encode_id, metric, spawn_app, spawn_app_with};
+use statehouse::domain::RegressionMode;
+
+fn state(orders: &str, users: u64) -> Value {
+    json!({"completed": {"singer_state": {"bookmarks": {
+        "orders": {"replication_key": "updated_at", "replication_key_value": orders},
+        "users": {"replication_key": "id", "replication_key_value": users}
+    }}}})
+}
+
+async fn put(api: &Api, id: &str, body: &Value, allow: Option<&str>) -> crate::helpers::Reply {
+    let headers: Vec<(&str, &str)> = allow
+        .map(|a| vec![("statehouse-allow-regression", a)])
+        .unwrap_or_default();
+    api.request(
+        Method::PUT,
+        &format!("/v1/states/{}", encode_id(id)),
+        Some(&body.to_string()),
+        &headers,
+    )
+    .await
+}
+
+async fn regressions_counted(api: &Api) -> f64 {
+    let text = api.get("/metrics").await.text;
+    metric(&text, "statehouse_bookmark_regressions_total").unwrap()
+}
+
+async fn orders(api: &Api, id: &str) -> String {
+    api.get_state(id).await.json()["completed"]["singer_state"]["bookmarks"]["orders"]
+        ["replication_key_value"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn reject_app() -> TestApp {
+    spawn_app_with(|config| config.bookmark_regression = RegressionMode::Reject).await
+}
+
+#[tokio::test]
+async fn by_default_a_regression_is_written_and_named_in_a_header_and_the_metric() {
+    let app = spawn_app().await;
+    put(&app, "job", &state("2024-05-01T10:00:00Z", 10), None).await;
+    let before = regressions_counted(&app).await;
+    let forward = put(&app, "job", &state("2024-05-01T12:00:00+01:00", 11), None).await;
+    assert_eq!(forward.status, StatusCode::OK);
+    assert_eq!(forward.header("statehouse-bookmark-regression"), None);
+
+    let back = put(&app, "job", &state("2024-05-01T10:30:00+02:00", 9), None).await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.text);
+    assert_eq!(
+        back.header("statehouse-bookmark-regression"),
+        Some("orders, users")
+    );
+    assert_eq!(regressions_counted(&app).await - before, 2.0);
+    assert_eq!(orders(&app, "job").await, "2024-05-01T10:30:00+02:00");
+}
+
+#[tokio::test]
+async fn reject_refuses_a_regression_naming_each_stream_and_writes_nothing() {
+    let app = reject_app().await;
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    let back = put(&app, "job", &state("2024-05-01", 10), None).await;
+    assert_eq!(back.status, StatusCode::CONFLICT);
+    assert_eq!(back.problem_type(), "bookmark-regression");
+    let found = back.json()["regressions"].clone();
+    assert_eq!(
+        found,
+        json!([{"stream": "orders", "from": "2024-05-02", "to": "2024-05-01"}])
+    );
+    assert_eq!(orders(&app, "job").await, "2024-05-02", "nothing written");
+
+    // A PATCH whose partial moves the effective bookmark back is one too.
+    let patch = app
+        .patch_state(
+            "job",
+            &json!({"partial": {"singer_state": {"bookmarks": {"users": {"replication_key": "id", "replication_key_value": 3}}}}}),
+        )
+        .await;
+    assert_eq!(patch.problem_type(), "bookmark-regression");
+}
+
+#[tokio::test]
+async fn the_allow_header_lets_named_streams_or_all_of_them_through() {
+    let app = reject_app().await;
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    let other = put(&app, "job", &state("2024-05-01", 10), Some("users")).await;
+    assert_eq!(other.problem_type(), "bookmark-regression");
+    let named = put(&app, "job", &state("2024-05-01", 10), Some("orders")).await;
+    assert_eq!(named.status, StatusCode::OK, "{}", named.text);
+    let all = put(&app, "job", &state("2024-04-01", 1), Some("*")).await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    assert_eq!(
+        all.header("statehouse-bookmark-regression"),
+        Some("orders, users")
+    );
+    assert_eq!(orders(&app, "job").await, "2024-04-01");
+}
+
+#[tokio::test]
+async fn off_compares_nothing() {
+    let app = spawn_app_with(|config| config.bookmark_regression = RegressionMode::Off).await;
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    let back = put(&app, "job", &state("2024-05-01", 9), None).await;
+    assert_eq!(back.status, StatusCode::OK);
+    assert_eq!(back.header("statehouse-bookmark-regression"), None);
+}
+
+#[tokio::test]
+async fn a_changed_key_or_a_new_stream_is_not_a_regression() {
+    let app = reject_app().await;
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    let rekeyed = json!({"completed": {"singer_state": {"bookmarks": {
+        "orders": {"replication_key": "created_at", "replication_key_value": "2020-01-01"},
+        "users": {"replication_key": "id", "replication_key_value": 10},
+        "items": {"replication_key": "id", "replication_key_value": 1}
+    }}}});
+    let reply = put(&app, "job", &rekeyed, None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+}
+
+#[tokio::test]
+async fn rollback_and_stream_reset_are_never_refused() {
+    let app = reject_app().await;
+    put(&app, "job", &state("2024-05-01", 10), None).await;
+    let history = app.get("/v1/states/job/history").await.json();
+    let first = history["versions"][0]["version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    put(&app, "job", &state("2024-05-02", 11), None).await;
+    let rollback = app
+        .request(
+            Method::POST,
+            "/v1/states/job/rollback",
+            Some(&json!({"version": first}).to_string()),
+            &[],
+        )
+        .await;
+    assert!(rollback.status.is_success(), "{}", rollback.text);
+    assert_eq!(orders(&app, "job").await, "2024-05-01");
+    let reset = app
+        .request(Method::DELETE, "/v1/states/job/bookmarks/orders", None, &[])
+        .await;
+    assert!(reset.status.is_success(), "{}", reset.text);
+}
+
+#[tokio::test]
+async fn a_bulk_import_is_refused_whole_naming_the_entry_unless_allowed() {
+    let app = reject_app().await;
+    put(&app, "b", &state("2024-05-02", 10), None).await;
+    let batch = json!([
+        {"state_id": "a", "completed": state("2024-01-01", 1)["completed"]},
+        {"state_id": "b", "completed": state("2024-05-01", 10)["completed"]}
+    ])
+    .to_string();
+    let refused = app
+        .request(Method::POST, "/v1/states", Some(&batch), &[])
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert_eq!(refused.problem_type(), "bookmark-regression");
+    assert!(
+        refused.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("entry 1")
+    );
+    assert_eq!(
+        app.get_state("a").await.status,
+        StatusCode::NOT_FOUND,
+        "nothing written"
+    );
+    let allowed = app
+        .request(
+            Method::POST,
+            "/v1/states",
+            Some(&batch),
+            &[("statehouse-allow-regression", "orders")],
+        )
+        .await;
+    assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text);
+    assert_eq!(orders(&app, "b").await, "2024-05-01");
+}

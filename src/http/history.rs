@@ -30,6 +30,7 @@ struct VersionView<'a> {
     /// The version the state is at now.
     current: bool,
     changed_streams: &'a [String],
+    regressed_streams: &'a [String],
     actor: &'a str,
     lease_owner: Option<&'a str>,
     fencing_token: Option<u64>,
@@ -45,6 +46,7 @@ impl<'a> VersionView<'a> {
             deleted: meta.deleted,
             current,
             changed_streams: &meta.changed_streams,
+            regressed_streams: &meta.regressed_streams,
             actor: &meta.actor,
             lease_owner: meta.lease_owner.as_deref(),
             fencing_token: meta.fencing_token,

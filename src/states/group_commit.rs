@@ -43,6 +43,8 @@ pub(super) struct Outgoing {
     pub operation: Operation,
     /// Empty with history off, which records none.
     pub changed_streams: Vec<String>,
+    /// Streams whose bookmarks the change moves backwards.
+    pub regressed_streams: Vec<String>,
     /// The lease the write carries, when the id is locked.
     pub lease: Option<Lease>,
     /// The claim under which this gateway is the id's authority, if it is.
@@ -257,6 +259,7 @@ impl GroupCommit {
                             operation: change.operation,
                             doc: Some(&change.state.doc),
                             changed_streams: change.changed_streams.clone(),
+                            regressed_streams: change.regressed_streams.clone(),
                             lease: change.lease.as_ref(),
                             provenance: &part.provenance,
                         })

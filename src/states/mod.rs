@@ -280,16 +280,15 @@ impl States {
                     .ok_or(StateError::NoBookmark(stream))?
             }
         };
-        // Rollbacks and stream resets are deliberate: never refused.
-        let regressed = match operation {
-            Operation::Put | Operation::Patch => self.guard(
-                id,
-                before.as_ref().map(|s| &s.doc),
-                &doc,
-                &conditions.allow_regression,
-            )?,
-            _ => Vec::new(),
-        };
+        // Rollbacks and stream resets are deliberate: never refused, but
+        // recorded as regressions when they are ones.
+        let refusable = matches!(operation, Operation::Put | Operation::Patch);
+        let regressed = self.guard(
+            id,
+            before.as_ref().map(|s| &s.doc),
+            &doc,
+            refusable.then_some(&conditions.allow_regression),
+        )?;
         let version = next_version(current.as_ref(), self.memory.failed_version(id));
         let changed_streams = match &self.history {
             Some(_) => StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc)),
@@ -301,6 +300,7 @@ impl States {
             version,
             operation,
             changed_streams,
+            regressed_streams: regressed.clone(),
             lease: admitted.lease().cloned(),
             claim,
             row,
@@ -383,9 +383,12 @@ impl States {
                     .map(|s| s.doc)
             })
             .collect();
+        let mut regressed = Vec::with_capacity(entries.len());
         for (index, ((id, doc, _), before)) in entries.iter().zip(&befores).enumerate() {
-            self.guard(id, before.as_ref(), doc, allowed)
-                .map_err(|err| in_batch(index, id.as_str(), err))?;
+            regressed.push(
+                self.guard(id, before.as_ref(), doc, Some(allowed))
+                    .map_err(|err| in_batch(index, id.as_str(), err))?,
+            );
         }
         let sending = Sending::all(&admitted)
             .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
@@ -397,7 +400,8 @@ impl States {
             .into_iter()
             .zip(&admitted)
             .zip(&befores)
-            .map(|(((id, doc, _), admitted), before)| {
+            .zip(regressed)
+            .map(|((((id, doc, _), admitted), before), regressed_streams)| {
                 let changed_streams = match &self.history {
                     Some(_) => StateDocument::changed_streams(before.as_ref(), Some(&doc)),
                     None => Vec::new(),
@@ -409,6 +413,7 @@ impl States {
                     id,
                     operation: Operation::Import,
                     changed_streams,
+                    regressed_streams,
                     lease: admitted.lease().cloned(),
                     claim: admitted.claim(),
                     row,
@@ -427,14 +432,15 @@ impl States {
     }
 
     /// The bookmark guard: the streams of `after` whose bookmarks go
-    /// backwards against `before`; with `--bookmark-regression reject`, the
-    /// write is refused unless `allowed` lets every one of them through.
+    /// backwards against `before`; with `--bookmark-regression reject`, a
+    /// refusable write (`allowed` given) is refused unless `allowed` lets
+    /// every one of them through.
     fn guard(
         &self,
         id: &StateId,
         before: Option<&StateDocument>,
         after: &StateDocument,
-        allowed: &AllowedRegressions,
+        allowed: Option<&AllowedRegressions>,
     ) -> Result<Vec<String>, StateError> {
         let (RegressionMode::Warn | RegressionMode::Reject, Some(before)) =
             (self.regression, before)
@@ -447,6 +453,7 @@ impl States {
         }
         self.metrics.bookmark_regressions(found.len());
         if self.regression == RegressionMode::Reject
+            && let Some(allowed) = allowed
             && found.iter().any(|r| !allowed.allows(&r.stream))
         {
             return Err(StateError::BookmarkRegression(found));

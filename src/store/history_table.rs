@@ -67,6 +67,8 @@ pub struct NewVersion<'a> {
     /// None for a tombstone.
     pub doc: Option<&'a StateDocument>,
     pub changed_streams: Vec<String>,
+    /// Streams whose bookmarks this version moved backwards.
+    pub regressed_streams: Vec<String>,
     /// The lease this change carried, when the id was locked.
     pub lease: Option<&'a Lease>,
     /// Who made the change, and through which request.
@@ -82,6 +84,8 @@ pub struct VersionMeta {
     pub deleted: bool,
     /// Streams whose bookmark this version changed against the one before.
     pub changed_streams: Vec<String>,
+    /// Streams whose bookmark it moved backwards (see `domain::regression`).
+    pub regressed_streams: Vec<String>,
     pub actor: String,
     pub lease_owner: Option<String>,
     pub fencing_token: Option<u64>,
@@ -105,6 +109,7 @@ struct HistoryRowOut<'a> {
     completed_state: Option<String>,
     partial_state: Option<String>,
     changed_streams: Vec<String>,
+    regressed_streams: Vec<String>,
     actor: &'a str,
     lease_owner: &'a str,
     fencing_token: u64,
@@ -119,6 +124,7 @@ struct VersionRowIn {
     operation: String,
     deleted: u8,
     changed_streams: Vec<String>,
+    regressed_streams: Vec<String>,
     actor: String,
     lease_owner: String,
     fencing_token: u64,
@@ -129,7 +135,7 @@ struct VersionRowIn {
 }
 
 const META_COLUMNS: &str = "toUnixTimestamp64Milli(version) AS version_ms, operation, deleted, \
-    changed_streams, actor, lease_owner, fencing_token, request_id, user_agent";
+    changed_streams, regressed_streams, actor, lease_owner, fencing_token, request_id, user_agent";
 
 /// Effective bookmarks' streams of a stored row, computed by ClickHouse: what
 /// a deletion changes.
@@ -157,6 +163,7 @@ impl VersionRowIn {
             operation: self.operation,
             deleted: self.deleted != 0,
             changed_streams: self.changed_streams,
+            regressed_streams: self.regressed_streams,
             actor: self.actor,
             lease_owner: Some(self.lease_owner).filter(|o| !o.is_empty()),
             // Tokens start at 1: 0 is a write without a lease.
@@ -193,6 +200,7 @@ pub(super) fn create_table_sql(
             completed_state Nullable(String),
             partial_state Nullable(String),
             changed_streams Array(String),
+            regressed_streams Array(String) DEFAULT [],
             actor String,
             lease_owner String,
             fencing_token UInt64,
@@ -301,6 +309,26 @@ impl HistoryStore {
             .await
     }
 
+    /// Adds what a table made by an earlier version lacks: the regressed
+    /// streams of each version (empty for the versions before).
+    pub async fn upgrade_table(
+        &self,
+        columns: &[(String, String)],
+        placement: &Placement,
+    ) -> Result<(), StoreError> {
+        if columns.iter().any(|(name, _)| name == "regressed_streams") {
+            return Ok(());
+        }
+        let alter = format!(
+            "ALTER TABLE {}{} ADD COLUMN IF NOT EXISTS regressed_streams Array(String) DEFAULT [] AFTER changed_streams",
+            self.table,
+            placement.on_cluster()
+        );
+        self.ch
+            .timed("ensure_schema", self.ch.client.query(&alter).execute())
+            .await
+    }
+
     /// Writes a batch of changes' versions, and with them their state rows, in one INSERT.
     pub async fn record_many(&self, versions: &[NewVersion<'_>]) -> Result<(), StoreError> {
         self.ch
@@ -321,6 +349,7 @@ impl HistoryStore {
                             completed_state: new.doc.map(StateDocument::completed_json),
                             partial_state: new.doc.map(StateDocument::partial_json),
                             changed_streams: new.changed_streams.clone(),
+                            regressed_streams: new.regressed_streams.clone(),
                             actor: &provenance.actor,
                             lease_owner: lease.map_or("", |l| l.owner.as_str()),
                             fencing_token: lease.map_or(0, |l| l.fencing_token),

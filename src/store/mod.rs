@@ -321,7 +321,11 @@ impl Store {
         if let Some(history) = &self.history {
             match engine_of(&history_table) {
                 None => history.ensure_table(&placement).await?,
-                Some(engine) => history.ensure_retention(engine, &placement).await?,
+                Some(engine) => {
+                    history.ensure_retention(engine, &placement).await?;
+                    let columns = ch.columns(self.schema.as_str(), &history_table).await?;
+                    history.upgrade_table(&columns, &placement).await?;
+                }
             }
             if engine_of(&history_view).is_none() {
                 history.ensure_view(&placement).await?;

@@ -5,7 +5,10 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, TestApp, encode_id, metric, spawn_app, spawn_app_with};
+use crate::helpers::{
+    Api, TestApp, encode_id, metric, raw_sql, spawn_app, spawn_app_with, spawn_configured,
+    test_config, unique_schema,
+};
 use statehouse::domain::RegressionMode;
 
 fn state(orders: &str, users: u64) -> Value {
@@ -147,6 +150,12 @@ async fn rollback_and_stream_reset_are_never_refused() {
         .await;
     assert!(rollback.status.is_success(), "{}", rollback.text);
     assert_eq!(orders(&app, "job").await, "2024-05-01");
+    // Not refused, but recorded for what it is.
+    let history = app.get("/v1/states/job/history").await.json();
+    assert_eq!(
+        history["versions"][0]["regressed_streams"],
+        json!(["orders", "users"])
+    );
     let reset = app
         .request(Method::DELETE, "/v1/states/job/bookmarks/orders", None, &[])
         .await;
@@ -188,4 +197,45 @@ async fn a_bulk_import_is_refused_whole_naming_the_entry_unless_allowed() {
         .await;
     assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text);
     assert_eq!(orders(&app, "b").await, "2024-05-01");
+}
+
+#[tokio::test]
+async fn history_records_the_regressed_streams_of_each_version() {
+    let app = spawn_app().await;
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    put(&app, "job", &state("2024-05-01", 11), None).await;
+    let versions = app.get("/v1/states/job/history").await.json()["versions"].clone();
+    assert_eq!(versions[0]["regressed_streams"], json!(["orders"]));
+    assert_eq!(versions[1]["regressed_streams"], json!([]));
+}
+
+/// A history table made before versions recorded their regressed streams
+/// gains the column at start; its old versions read as having none.
+#[tokio::test]
+async fn a_history_table_from_before_gains_the_regressed_streams() {
+    let schema = unique_schema();
+    raw_sql(&format!("CREATE DATABASE `{schema}`")).await;
+    raw_sql(&format!(
+        "CREATE TABLE `{schema}`.state_history (
+            state_id String, version DateTime64(3), operation LowCardinality(String),
+            deleted UInt8, completed_state Nullable(String), partial_state Nullable(String),
+            changed_streams Array(String), actor String, lease_owner String,
+            fencing_token UInt64, request_id String, user_agent String
+        ) ENGINE = MergeTree ORDER BY (state_id, version)"
+    ))
+    .await;
+    raw_sql(&format!(
+        "INSERT INTO `{schema}`.state_history (state_id, version, operation, deleted,
+            completed_state, partial_state, changed_streams, actor, lease_owner,
+            fencing_token, request_id, user_agent)
+         VALUES ('old', now64(3), 'put', 0, '{{}}', '{{}}', [], 'anonymous', '', 0, '', '')"
+    ))
+    .await;
+    let app = spawn_configured(test_config(&schema)).await;
+    let old = app.get("/v1/states/old/history").await.json();
+    assert_eq!(old["versions"][0]["regressed_streams"], json!([]));
+    put(&app, "job", &state("2024-05-02", 10), None).await;
+    put(&app, "job", &state("2024-05-01", 10), None).await;
+    let versions = app.get("/v1/states/job/history").await.json()["versions"].clone();
+    assert_eq!(versions[0]["regressed_streams"], json!(["orders"]));
 }

@@ -81,6 +81,7 @@ class StatehouseStateStoreManager(StateStoreManager):
         request_timeout: int | None = 10,
         lease_ttl: int | None = 30,
         owner: str | None = None,
+        allow_regression: str | None = None,
         ca_file: str | None = None,
         client_cert_file: str | None = None,
         client_key_file: str | None = None,
@@ -97,6 +98,7 @@ class StatehouseStateStoreManager(StateStoreManager):
             token=token,
             timeout=float(request_timeout or 10),
             tls=TlsSettings(ca_file=ca_file, client_cert_file=client_cert_file, client_key_file=client_key_file),
+            allow_regression=allow_regression,
         )
         # Leases this process holds, by state_id: writes inside a lock block carry them.
         self._leases: dict[str, str] = {}

@@ -63,6 +63,12 @@ CLIENT_CERT_HINT = (
 )
 
 
+REGRESSION_HINT = (
+    "if this is meant, set state_backend.statehouse.allow_regression "
+    "(MELTANO_STATE_BACKEND_STATEHOUSE_ALLOW_REGRESSION) to the streams, or *"
+)
+
+
 def gateway_url(uri: str) -> str:
     """The gateway's HTTP(S) base URL for a statehouse:// or statehouses:// URI."""
     parsed = urlparse(uri)
@@ -98,7 +104,13 @@ class GatewayClient:
     """Calls the gateway; every failure names it."""
 
     def __init__(
-        self, base_url: str, *, token: str | None = None, timeout: float = 10.0, tls: TlsSettings | None = None
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        tls: TlsSettings | None = None,
+        allow_regression: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
@@ -109,6 +121,9 @@ class GatewayClient:
         self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
+        if allow_regression:
+            # Streams whose bookmarks this project's writes may move backwards.
+            self.session.headers["Statehouse-Allow-Regression"] = allow_regression
 
     def close(self) -> None:
         self.session.close()
@@ -165,6 +180,8 @@ class GatewayClient:
         kind = str(problem.get("type", ""))
         if response.status_code == 403 and "client certificate" in detail:
             message += f"; {CLIENT_CERT_HINT}"
+        if kind.endswith(":bookmark-regression"):
+            message += f"; {REGRESSION_HINT}"
         if response.status_code == 409 and kind.endswith(":lock-held"):
             return LockHeldError(message)
         if response.status_code in (502, 503, 504):

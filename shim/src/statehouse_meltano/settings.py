@@ -32,6 +32,12 @@ SPECS: dict[str, dict[str, t.Any]] = {
         "description": "Name shown as the holder of this process's locks (default: meltano@host:pid)",
         "kind": SettingKind.STRING,
     },
+    "allow_regression": {
+        "label": "Allow bookmark regressions",
+        "description": "Streams whose bookmarks may go backwards (comma-separated, or *) on a gateway "
+        "with --bookmark-regression reject; sent as Statehouse-Allow-Regression",
+        "kind": SettingKind.STRING,
+    },
     "ca_file": {
         "label": "CA file",
         "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
@@ -59,10 +65,12 @@ STATEHOUSE_TOKEN = setting("statehouse", "token")
 STATEHOUSE_REQUEST_TIMEOUT = setting("statehouse", "request_timeout")
 STATEHOUSE_LEASE_TTL = setting("statehouse", "lease_ttl")
 STATEHOUSE_OWNER = setting("statehouse", "owner")
+STATEHOUSE_ALLOW_REGRESSION = setting("statehouse", "allow_regression")
 STATEHOUSES_TOKEN = setting("statehouses", "token")
 STATEHOUSES_REQUEST_TIMEOUT = setting("statehouses", "request_timeout")
 STATEHOUSES_LEASE_TTL = setting("statehouses", "lease_ttl")
 STATEHOUSES_OWNER = setting("statehouses", "owner")
+STATEHOUSES_ALLOW_REGRESSION = setting("statehouses", "allow_regression")
 STATEHOUSES_CA_FILE = setting("statehouses", "ca_file")
 STATEHOUSES_CLIENT_CERT_FILE = setting("statehouses", "client_cert_file")
 STATEHOUSES_CLIENT_KEY_FILE = setting("statehouses", "client_key_file")

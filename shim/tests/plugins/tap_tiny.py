@@ -4,7 +4,9 @@
 TAP_TINY_COUNT records (default 5), one STATE after each, TAP_TINY_DELAY
 seconds apart; the state it was given is appended to TAP_TINY_LOG as JSON.
 TAP_TINY_RUN tags every state, so tests can tell whose state is stored.
-TAP_TINY_EXIT is the exit code it ends with (default 0).
+TAP_TINY_EXIT is the exit code it ends with (default 0). TAP_TINY_START
+makes it start at that id instead, as a tap that emits an older bookmark.
+Bookmarks carry Singer's replication_key and replication_key_value too.
 """
 
 import argparse
@@ -43,9 +45,11 @@ def main():
     run = os.environ.get("TAP_TINY_RUN", "")
     emit({"type": "SCHEMA", "stream": "numbers", "key_properties": ["id"],
           "schema": {"type": "object", "properties": {"id": {"type": "integer"}}}})
-    for n in range(last + 1, last + count + 1):
+    first = int(os.environ.get("TAP_TINY_START", last + 1))
+    for n in range(first, first + count):
         emit({"type": "RECORD", "stream": "numbers", "record": {"id": n}})
-        emit({"type": "STATE", "value": {"bookmarks": {"numbers": {"last_id": n}}, "run": run}})
+        bookmark = {"last_id": n, "replication_key": "id", "replication_key_value": n}
+        emit({"type": "STATE", "value": {"bookmarks": {"numbers": bookmark}, "run": run}})
         time.sleep(delay)
     sys.exit(int(os.environ.get("TAP_TINY_EXIT", "0")))
 

@@ -16,14 +16,11 @@ use uuid::Uuid;
 
 use crate::helpers::{clickhouse_url, node_b_url, unique_schema};
 
-/// The claims of `schema` through the ClickHouse at `url`, tables made.
-async fn claims_at(url: &str, schema: &str) -> KeeperClaimStore {
+/// The claims of `schema` through the ClickHouse at `url`, tables made,
+/// every query bounded by `timeout`.
+pub async fn claims_at(url: &str, schema: &str, timeout: Duration) -> KeeperClaimStore {
     let target = parse_clickhouse_url(url).expect("a valid ClickHouse URI");
-    let ch = ClickHouse::new(
-        &target,
-        Duration::from_secs(10),
-        Arc::new(Metrics::default()),
-    );
+    let ch = ClickHouse::new(&target, timeout, Arc::new(Metrics::default()));
     let store = Store::with_layout(
         ch,
         Identifier::parse(schema).unwrap(),
@@ -54,8 +51,8 @@ async fn all<T: Send + 'static>(
 /// The same schema's claims through both nodes.
 async fn two_nodes() -> (KeeperClaimStore, KeeperClaimStore) {
     let schema = unique_schema();
-    let a = claims_at(&clickhouse_url(), &schema).await;
-    let b = claims_at(&node_b_url(), &schema).await;
+    let a = claims_at(&clickhouse_url(), &schema, Duration::from_secs(10)).await;
+    let b = claims_at(&node_b_url(), &schema, Duration::from_secs(10)).await;
     (a, b)
 }
 

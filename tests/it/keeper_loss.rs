@@ -3,18 +3,14 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use statehouse::config::parse_clickhouse_url;
-use statehouse::domain::{Coordination, StateId};
-use statehouse::metrics::Metrics;
-use statehouse::store::{
-    ClickHouse, History, Identifier, KeeperClaimStore, Layout, NewClaim, Outcome, Store, StoreError,
-};
+use statehouse::domain::StateId;
+use statehouse::store::{NewClaim, Outcome, StoreError};
 use uuid::Uuid;
 
 use crate::helpers::{free_port, unique_schema};
+use crate::keeper_claims::claims_at;
 
 /// A ZooKeeper and a local ClickHouse node on it, both on free ports, both
 /// stopped (and their data removed) on drop.
@@ -92,29 +88,11 @@ impl Drop for KeeperNode {
     }
 }
 
-async fn claims_at(url: &str, timeout: Duration) -> KeeperClaimStore {
-    let target = parse_clickhouse_url(url).expect("a valid ClickHouse URI");
-    let ch = ClickHouse::new(&target, timeout, Arc::new(Metrics::default()));
-    let store = Store::with_layout(
-        ch,
-        Identifier::parse(&unique_schema()).unwrap(),
-        &Identifier::parse("state").unwrap(),
-        History::Off,
-        Layout {
-            coordination: Coordination::Keeper,
-            cluster: None,
-        },
-    );
-    store.ensure_schema().await.expect("tables made");
-    store.ensure_claims().await.expect("claims table made");
-    store.claims
-}
-
 #[tokio::test]
 async fn keeper_calls_fail_within_the_query_timeout_while_it_is_down_and_a_stray_claim_only_lapses()
 {
     let node = KeeperNode::start();
-    let claims = claims_at(&node.url, Duration::from_secs(2)).await;
+    let claims = claims_at(&node.url, &unique_schema(), Duration::from_secs(2)).await;
     let held = StateId::parse("dev:held".to_owned()).unwrap();
     let mine = NewClaim {
         claim_id: Uuid::new_v4(),

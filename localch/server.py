@@ -365,6 +365,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 overflows when a hundred lock
+    # acquires open connections at once; a dropped SYN is retried only after
+    # 1, 3, 7 ... s, which turns a burst into 503s and minute-long queries.
+    request_queue_size = 1024
 
 
 def write_keeper_config(data: str, zookeeper: str) -> str:

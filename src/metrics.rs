@@ -25,6 +25,11 @@ struct QueryLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReadLabels {
+    read: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShedLabels {
     limit: &'static str,
 }
@@ -103,6 +108,7 @@ pub struct Metrics {
     shed: Family<ShedLabels, Counter>,
     connections_closed: Family<ClosedLabels, Counter>,
     write_batch_rows: Histogram,
+    read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
 }
 
@@ -135,6 +141,14 @@ impl Default for Metrics {
             "write_batch_rows",
             "Rows per INSERT of state changes (group commit: the changes that arrived together)",
             write_batch_rows.clone(),
+        );
+        // 1 .. 512 keys: a lone read up to a full query (`store::read_batch`).
+        let read_batch_keys: HistogramFamily<ReadLabels> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10)));
+        registry.register(
+            "read_batch_keys",
+            "Keys per coalesced ClickHouse point read, by read (state: current rows, locks: lock rows, keeper_claims: claims in Keeper)",
+            read_batch_keys.clone(),
         );
         registry.register(
             "http_requests",
@@ -186,6 +200,7 @@ impl Default for Metrics {
         }
         Self {
             write_batch_rows,
+            read_batch_keys,
             bookmark_regressions,
             lock_events,
             shed,
@@ -223,6 +238,12 @@ impl Metrics {
 
     pub fn observe_write_batch(&self, rows: usize) {
         self.write_batch_rows.observe(rows as f64);
+    }
+
+    pub fn observe_read_batch(&self, read: &'static str, keys: usize) {
+        self.read_batch_keys
+            .get_or_create(&ReadLabels { read })
+            .observe(keys as f64);
     }
 
     pub fn observe_query(&self, operation: &'static str, seconds: f64, ok: bool) {

@@ -4,12 +4,15 @@
 //! fencing token reserved for it. ReplacingMergeTree keeps each row's highest
 //! `version`, so writes that land out of order still resolve to the newest.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::ddl::Placement;
+use super::read_batch::ReadBatch;
 use super::{ClickHouse, StoreError};
 use crate::domain::{Lease, StateId};
 
@@ -121,7 +124,7 @@ const KIND_CLAIM: i8 = 1;
 const KIND_LEASE: i8 = 2;
 
 /// A claim or lease row as read: the columns of both kinds.
-#[derive(clickhouse::Row, Deserialize)]
+#[derive(Clone, clickhouse::Row, Deserialize)]
 struct LockRowIn {
     kind_code: i8,
     state_id: String,
@@ -206,6 +209,21 @@ impl IdLocks {
     }
 }
 
+/// Claim and lease rows of `table` matching `filter`, by id, then earliest first.
+fn lock_rows_sql(table: &str, filter: &str) -> String {
+    format!(
+        "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
+                toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+                fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
+                toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
+                advertise_url, expires_at > now64(3) AS unexpired
+         FROM {table} FINAL
+         WHERE {filter}
+           AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
+         ORDER BY state_id, created_at, claim_id"
+    )
+}
+
 /// The lease table's DDL (see [`Placement`]). Claims are only needed while
 /// they can matter; lease and token rows stay, since they carry the last
 /// fencing token of their state_id.
@@ -236,11 +254,36 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
 pub struct LeaseStore {
     ch: ClickHouse,
     table: String,
+    /// Point reads of one id's lock rows, coalesced: every routing read and
+    /// lock check is one.
+    lock_reads: Arc<ReadBatch<String, Vec<LockRowIn>>>,
 }
 
 impl LeaseStore {
     pub fn new(ch: ClickHouse, table: String) -> Self {
-        Self { ch, table }
+        let lock_reads = {
+            let (ch, table) = (ch.clone(), table.clone());
+            ReadBatch::new("locks", ch.metrics.clone(), move |ids: Vec<String>| {
+                let (ch, table) = (ch.clone(), table.clone());
+                Box::pin(async move {
+                    let sql = lock_rows_sql(&table, "state_id IN {ids:Array(String)}");
+                    let query = ch.latest_read(&sql).param("ids", ids);
+                    let rows = ch
+                        .timed("lock_read", query.fetch_all::<LockRowIn>())
+                        .await?;
+                    let mut by_id: HashMap<String, Vec<LockRowIn>> = HashMap::new();
+                    for row in rows {
+                        by_id.entry(row.state_id.clone()).or_default().push(row);
+                    }
+                    Ok(by_id)
+                })
+            })
+        };
+        Self {
+            ch,
+            table,
+            lock_reads: Arc::new(lock_reads),
+        }
     }
 
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
@@ -503,30 +546,11 @@ impl LeaseStore {
 
     /// The live claim rows and the lease rows of the state_ids `filter`
     /// selects, in state_id order, each id's candidates earliest first.
-    fn lock_rows_sql(&self, filter: &str) -> String {
-        format!(
-            "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
-                    toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
-                    fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
-                    toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
-                    advertise_url, expires_at > now64(3) AS unexpired
-             FROM {} FINAL
-             WHERE {filter}
-               AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
-             ORDER BY state_id, created_at, claim_id",
-            self.table
-        )
-    }
-
-    /// One state_id's live claim candidates and latest lease, in one round trip.
+    /// One state_id's live claim candidates and latest lease, in one round
+    /// trip shared with the other ids asked for meanwhile (see `read_batch`).
     pub async fn id_locks(&self, id: &StateId) -> Result<IdLocks, StoreError> {
-        let sql = self.lock_rows_sql("state_id = {id:String}");
-        let query = self.ch.latest_read(&sql).param("id", id.as_str());
-        let rows = self
-            .ch
-            .timed("lock_read", query.fetch_all::<LockRowIn>())
-            .await?;
-        IdLocks::assemble(rows)
+        let rows = self.lock_reads.read(id.as_str().to_owned()).await?;
+        IdLocks::assemble(rows.unwrap_or_default())
     }
 
     /// Every id with an unexpired lease row, in state_id order, with its
@@ -536,8 +560,10 @@ impl LeaseStore {
         // that cannot be in force (released or expired), so that the listing
         // carries what is locked now, not the table. The lock protocol
         // decides for the rest, with the candidates read beside them.
-        let sql = self
-            .lock_rows_sql("(kind = 'claim' OR (released IN (0, 2) AND expires_at > now64(3)))");
+        let sql = lock_rows_sql(
+            &self.table,
+            "(kind = 'claim' OR (released IN (0, 2) AND expires_at > now64(3)))",
+        );
         let rows = self
             .ch
             .timed(

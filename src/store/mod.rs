@@ -9,6 +9,7 @@ mod http_client;
 mod keeper_claims;
 mod lease_table;
 mod ping;
+mod read_batch;
 mod state_table;
 mod target;
 
@@ -47,7 +48,8 @@ pub enum StoreError {
     Unrecognized { status: u16, excerpt: String },
     #[error("state {id:?} in ClickHouse cannot be read: {source}")]
     Corrupt { id: String, source: CorruptState },
-    /// The INSERT of a batch of writes failed (see `states::group_commit`).
+    /// The query of a batch failed: the INSERT of writes (see
+    /// `states::group_commit`) or a coalesced read (see `read_batch`).
     #[error("{0}")]
     InBatch(Arc<StoreError>),
     #[error("the write was abandoned: the gateway is shutting down")]

@@ -2,7 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::ddl::Placement;
+use super::read_batch::ReadBatch;
 use super::{ClickHouse, StoreError, now_ms};
 use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
@@ -101,13 +104,6 @@ struct StateRowOut {
 }
 
 #[derive(clickhouse::Row, Deserialize)]
-struct StateRowIn {
-    partial_state: Option<String>,
-    completed_state: Option<String>,
-    updated_at_ms: i64,
-}
-
-#[derive(clickhouse::Row, Deserialize)]
 struct ListedRow {
     state_id: String,
     partial_state: Option<String>,
@@ -125,6 +121,25 @@ impl ListedRow {
             updated_at_ms: self.updated_at_ms,
         })
     }
+}
+
+/// The rows of `ids` in `table` (those that exist), in one round trip
+/// timed as `operation`.
+async fn rows_of(
+    ch: &ClickHouse,
+    table: &str,
+    ids: &[StateId],
+    operation: &'static str,
+) -> Result<Vec<StoredRow>, StoreError> {
+    let sql = format!(
+        "SELECT state_id, partial_state, completed_state,
+            toUnixTimestamp64Milli(updated_at) AS updated_at_ms
+         FROM {table} FINAL WHERE state_id IN {{ids:Array(String)}}"
+    );
+    let names: Vec<&str> = ids.iter().map(StateId::as_str).collect();
+    let query = ch.latest_read(&sql).param("ids", names);
+    let rows = ch.timed(operation, query.fetch_all::<ListedRow>()).await?;
+    Ok(rows.into_iter().filter_map(ListedRow::into_row).collect())
 }
 
 #[derive(clickhouse::Row, Deserialize)]
@@ -152,11 +167,27 @@ pub struct StateStore {
     ch: ClickHouse,
     /// `schema`.`table`, ready to splice into SQL (both parts are plain identifiers).
     table: String,
+    /// Point reads of current rows, coalesced.
+    gets: Arc<ReadBatch<StateId, StoredRow>>,
 }
 
 impl StateStore {
     pub fn new(ch: ClickHouse, table: String) -> Self {
-        Self { ch, table }
+        let gets = {
+            let (ch, table) = (ch.clone(), table.clone());
+            ReadBatch::new("state", ch.metrics.clone(), move |ids: Vec<StateId>| {
+                let (ch, table) = (ch.clone(), table.clone());
+                Box::pin(async move {
+                    let rows = rows_of(&ch, &table, &ids, "get").await?;
+                    Ok(rows.into_iter().map(|row| (row.id.clone(), row)).collect())
+                })
+            })
+        };
+        Self {
+            ch,
+            table,
+            gets: Arc::new(gets),
+        }
     }
 
     /// Creates the state table if missing. Its layout is the seed plugin's,
@@ -171,40 +202,15 @@ impl StateStore {
             .await
     }
 
+    /// The stored row of `id`, read together with the others asked for
+    /// while a read was on its way (see `read_batch`).
     pub async fn get(&self, id: &StateId) -> Result<Option<StoredRow>, StoreError> {
-        let sql = format!(
-            "SELECT partial_state, completed_state, toUnixTimestamp64Milli(updated_at) AS updated_at_ms
-             FROM {} FINAL WHERE state_id = {{id:String}} LIMIT 1",
-            self.table
-        );
-        let query = self.ch.latest_read(&sql).param("id", id.as_str());
-        let row = self
-            .ch
-            .timed("get", query.fetch_optional::<StateRowIn>())
-            .await?;
-        Ok(row.map(|row| StoredRow {
-            id: id.clone(),
-            completed: row.completed_state,
-            partial: row.partial_state,
-            updated_at_ms: row.updated_at_ms,
-        }))
+        self.gets.read(id.clone()).await
     }
 
     /// The stored rows of `ids` (those that exist), in one round trip.
     pub async fn get_many(&self, ids: &[StateId]) -> Result<Vec<StoredRow>, StoreError> {
-        let sql = format!(
-            "SELECT state_id, partial_state, completed_state,
-                toUnixTimestamp64Milli(updated_at) AS updated_at_ms
-             FROM {} FINAL WHERE state_id IN {{ids:Array(String)}}",
-            self.table
-        );
-        let names: Vec<&str> = ids.iter().map(StateId::as_str).collect();
-        let query = self.ch.latest_read(&sql).param("ids", names);
-        let rows = self
-            .ch
-            .timed("get_many", query.fetch_all::<ListedRow>())
-            .await?;
-        Ok(rows.into_iter().filter_map(ListedRow::into_row).collect())
+        rows_of(&self.ch, &self.table, ids, "get_many").await
     }
 
     /// Writes rows straight into the state table (history off), all in one INSERT.

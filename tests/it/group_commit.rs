@@ -296,8 +296,8 @@ async fn statements(api: &Api) -> f64 {
 
 /// An unlocked PUT (routing read, current row, INSERT) costs no more
 /// statements under load than alone: 32 writers at once through a slowed
-/// ClickHouse spend at most what one writer spends per write (their
-/// INSERTs are shared; their reads are still one each).
+/// ClickHouse share their reads as they share their INSERTs, so they spend
+/// at most half of what one writer spends per write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unlocked_puts_statements_do_not_grow_with_load() {
     let (app, proxy) = spawn_app_behind_proxy(|_| {}).await;
@@ -325,7 +325,7 @@ async fn an_unlocked_puts_statements_do_not_grow_with_load() {
     let loaded = (statements(&app).await - before) / 32.0;
     proxy.set_delay(Duration::ZERO);
     assert!(
-        loaded <= alone,
+        loaded * 2.0 <= alone,
         "{loaded:.2} statements per write under load against {alone:.2} alone"
     );
 }

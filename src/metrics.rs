@@ -147,7 +147,7 @@ impl Default for Metrics {
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(1.0, 2.0, 10)));
         registry.register(
             "read_batch_keys",
-            "Keys per coalesced ClickHouse point read, by read (state: current rows, locks: lock rows, keeper_claims: claims in Keeper)",
+            "Keys per coalesced ClickHouse point read, by read (state: current rows, locks: an id's lock rows)",
             read_batch_keys.clone(),
         );
         registry.register(
@@ -194,6 +194,9 @@ impl Default for Metrics {
         }
         for limit in ["requests", "lock_waiters"] {
             let _ = shed.get_or_create(&ShedLabels { limit });
+        }
+        for read in ["state", "locks"] {
+            let _ = read_batch_keys.get_or_create(&ReadLabels { read });
         }
         for reason in ["header_timeout", "idle_timeout", "tls_handshake"] {
             let _ = connections_closed.get_or_create(&ClosedLabels { reason });

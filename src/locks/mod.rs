@@ -1,4 +1,4 @@
-//! Lease-style locks, on two levels (see design.md):
+//! Lease-style locks, on two levels (see docs/locks.md):
 //!
 //! 1. The gateway claim, in ClickHouse ([`claim`]): before this gateway
 //!    grants the first lease on a state_id it proposes a candidate row, waits

@@ -12,6 +12,7 @@ mod clickhouse_faults;
 mod contract;
 mod coordination_start;
 mod dashboards;
+mod docs;
 mod first_start;
 mod gateways;
 mod group_commit;

@@ -2,8 +2,8 @@
 //! exactly the body limit (16 MiB) at once, against a gateway process with
 //! production defaults, for a few rounds. Prints the gateway's resident
 //! memory before and at its peak, and the peak per body in flight: the
-//! factor in the bound the README states (body limit x max concurrent
-//! requests x factor, plus base). Exits non-zero on any answer but 2xx.
+//! factor in the bound docs/operations.md states (body limit x max
+//! concurrent requests x factor, plus base). Exits non-zero on any answer but 2xx.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,17 +1,20 @@
 //! Writes under the lock rule, from admission to landing. A write is checked
-//! against the id's lease when it is admitted, and again when it goes out to
-//! ClickHouse; in between it reads and merges, and a lease may end. The
-//! second check closes that gap: a write whose lease ended before it went out
-//! is refused (409), never sent. One that went out in time may land after
-//! its lease's end, so on the authority the lease's end does not free the id
-//! until such writes are done: the next holder reads them.
+//! against the id's lease when it is admitted, and again when its batch goes
+//! out to ClickHouse (`states::group_commit`); in between it reads, merges
+//! and waits in the queue, and a lease may end. The second check closes that
+//! gap: a write whose lease ended before it went out is refused (409), never
+//! sent. One that went out in time may land after its lease's end, so on the
+//! authority the lease's end does not free the id until such writes are done:
+//! the next holder reads them.
 //!
-//! A sent write is done when ClickHouse answers, or at its time budget: the
-//! query timeout, and never past the claim's validity (another gateway may
-//! take the id over once the claim can have lapsed). The same budget makes
-//! ClickHouse stop work that the gateway gave up on (`max_execution_time`).
-//! A write whose future is dropped mid-flight (its client hung up) counts as
-//! in flight until its budget runs out: it may still land.
+//! A sent write's budget starts when it goes out: the query timeout, and
+//! never past the claim's validity (another gateway may take the id over once
+//! the claim can have lapsed) or a recorded lease's expiry. A write that
+//! ClickHouse answered, or refused, is done. One whose outcome is unknown (it
+//! timed out, or its future was dropped mid-flight) may still land: ClickHouse
+//! works on a query it has received for up to its `max_execution_time`, the
+//! query timeout. So it keeps the id from the next grant until its budget and
+//! that much more have passed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -139,7 +142,10 @@ pub struct Sending {
     budget: Duration,
     /// When the budget is spent: every entry's end.
     until: Instant,
-    /// The write ran to its end (answered, failed or timed out).
+    /// How long past `until` a write whose outcome is unknown may still land
+    /// (ClickHouse's `max_execution_time`, the query timeout).
+    landing: Duration,
+    /// ClickHouse answered: the write landed or failed, and frees its ids.
     done: bool,
 }
 
@@ -154,10 +160,16 @@ impl Sending {
         }
         // Checked and registered one slot at a time: a slot whose lease ends
         // between the check above and its registration is caught below.
+        let landing = writes
+            .iter()
+            .map(|w| w.query_timeout)
+            .max()
+            .unwrap_or(Duration::ZERO);
         let mut sending = Self {
             entries: Vec::with_capacity(writes.len()),
             budget,
             until: now + budget,
+            landing,
             done: true,
         };
         for (index, write) in writes.iter().enumerate() {
@@ -183,6 +195,7 @@ impl Sending {
             entries: Vec::new(),
             budget: Duration::ZERO,
             until: Instant::now(),
+            landing: Duration::ZERO,
             done: false,
         };
         for (n, mut permit) in permits.into_iter().enumerate() {
@@ -190,40 +203,45 @@ impl Sending {
                 joined.until = permit.until;
                 joined.budget = permit.budget;
             }
+            joined.landing = joined.landing.max(permit.landing);
             joined.entries.append(&mut permit.entries);
         }
         joined
     }
 
-    /// When this permit's budget is spent.
-    pub fn until(&self) -> Instant {
-        self.until
-    }
-
-    /// Sends: runs `write` (ClickHouse round trips) within the budget.
+    /// Sends: runs `write` (ClickHouse round trips) within the budget. A
+    /// write that timed out leaves its outcome unknown (see `Drop`).
     pub async fn run<T>(
         mut self,
         write: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let result = match tokio::time::timeout_at(self.until.into(), write).await {
-            Ok(result) => result,
+        match tokio::time::timeout_at(self.until.into(), write).await {
+            Ok(result) => {
+                self.done = true;
+                result
+            }
             Err(_) => Err(StoreError::Timeout(self.budget)),
-        };
-        self.done = true;
-        result
+        }
     }
 }
 
 impl Drop for Sending {
     fn drop(&mut self) {
-        if !self.done {
-            // Abandoned mid-flight: the write may still land, so its entry
-            // stays until its budget is spent (`SlotState::expire`).
+        if self.done {
+            for (slot, number) in &self.entries {
+                slot.lock().sending.remove(number);
+                slot.changed.notify_waiters();
+            }
             return;
         }
+        // Timed out or abandoned mid-flight: ClickHouse may have the write
+        // and still apply it, so its ids stay ungrantable until it can no
+        // longer land (`SlotState::expire` drops the entries then).
+        let unknown_until = self.until + self.landing;
         for (slot, number) in &self.entries {
-            slot.lock().sending.remove(number);
-            slot.changed.notify_waiters();
+            if let Some(until) = slot.lock().sending.get_mut(number) {
+                *until = unknown_until;
+            }
         }
     }
 }

@@ -3,12 +3,21 @@
 //! proposals do. There is no timer: a lone change goes out at once, and
 //! under load each INSERT carries what arrived during the one before.
 //!
+//! This is the one door of every change (PUT, PATCH, DELETE, rollback,
+//! stream reset, bulk import): each is a submission here, and a batch is
+//! admitted by the lock rule as it goes out (`locks::write`). A submission
+//! whose lease ended while it queued is refused (409) and never sent; the
+//! others' budget starts then, not when they queued.
+//!
 //! The INSERTs run in a task of their own, so a client that hangs up
 //! cancels nothing: a change handed over here is written or failed with
 //! its batch, whole, and what the gateway remembers (`Memory`) is updated
 //! either way. Each change carries what keeps it in order until then: its
 //! id's writer lock (so two changes of one id never share a batch) and its
-//! lock permit (a lease's end waits for it, see `locks::write`).
+//! admission (once sent, a lease's end waits for it).
+//!
+//! A batch's deletes go out after its INSERT, as one `DELETE ... IN`, under
+//! the same permit: their tombstones are in the INSERT.
 //!
 //! A batch is one INSERT of at most `MAX_ROWS` rows and `MAX_BYTES` of
 //! documents, far below the rows ClickHouse puts in one block
@@ -17,18 +26,16 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
 use uuid::Uuid;
 
 use super::memory::Memory;
-use crate::domain::{Lease, Provenance, StateId, Version};
-use crate::locks::Sending;
+use super::prepare::Prepared;
+use crate::domain::{Lease, Provenance, StateId};
+use crate::locks::{Admitted, LockError, Sending};
 use crate::metrics::Metrics;
-use crate::store::{
-    HistoryStore, NewVersion, Operation, StateStore, StoreError, StoredRow, StoredState,
-};
+use crate::store::{HistoryStore, NewVersion, StateStore, StoreError, StoredRow, StoredState};
 
 /// The most rows one INSERT carries.
 const MAX_ROWS: usize = 1000;
@@ -39,39 +46,49 @@ const MAX_BYTES: usize = 16 << 20;
 /// A change decided and ready to go out.
 pub(super) struct Outgoing {
     pub id: StateId,
-    pub version: Version,
-    pub operation: Operation,
-    /// Empty with history off, which records none.
-    pub changed_streams: Vec<String>,
-    /// Streams whose bookmarks the change moves backwards.
-    pub regressed_streams: Vec<String>,
+    pub prepared: Prepared,
     /// The lease the write carries, when the id is locked.
     pub lease: Option<Lease>,
     /// The claim under which this gateway is the id's authority, if it is.
     pub claim: Option<Uuid>,
-    /// The row and the state it writes.
-    pub row: StoredRow,
-    pub state: StoredState,
+}
+
+impl Outgoing {
+    fn row(&self) -> Option<&StoredRow> {
+        self.prepared.written.as_ref().map(|(row, _)| row)
+    }
 }
 
 /// Where batches go: history (whose view carries the states along) or,
-/// with history off, the state table.
-pub(super) enum Target {
-    History(HistoryStore),
-    States(StateStore),
+/// with history off (None), the state table. Deletes go to the state table.
+pub(super) struct Target {
+    pub history: Option<HistoryStore>,
+    pub states: StateStore,
 }
 
-/// One write's changes (one, or an import's) and what keeps them in order.
+/// One request's changes (one, or an import's) and what keeps them in order.
 pub(super) struct Submission {
     pub changes: Vec<Outgoing>,
+    /// Each change's admission, in the same order, checked again as the
+    /// batch goes out.
+    pub admitted: Vec<Admitted>,
     pub provenance: Provenance,
-    pub sending: Sending,
     /// The writer locks of the changes' ids, released once they have
     /// landed or failed.
     pub writing: Vec<OwnedMutexGuard<()>>,
 }
 
-type Answer = Result<Vec<StoredState>, Arc<StoreError>>;
+/// Why a submission was not written.
+pub(super) enum CommitError {
+    /// Its change at this index lost its lease (or the id its authority)
+    /// while it queued: nothing of it was sent.
+    Refused(usize, LockError),
+    /// Its batch failed, or its outcome is unknown (a timeout).
+    Store(Arc<StoreError>),
+}
+
+/// Each change's state as written, None for a delete.
+type Answer = Result<Vec<Option<StoredState>>, CommitError>;
 
 struct Entry {
     submission: Submission,
@@ -92,7 +109,12 @@ impl Entry {
     }
 
     fn bytes(&self) -> usize {
-        self.submission.changes.iter().map(|c| c.row.size()).sum()
+        self.submission
+            .changes
+            .iter()
+            .filter_map(Outgoing::row)
+            .map(StoredRow::size)
+            .sum()
     }
 }
 
@@ -125,12 +147,9 @@ impl GroupCommit {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands `submission` over and waits for the INSERT that carries it;
+    /// Hands `submission` over and waits for the batch that carries it;
     /// answers the states written, in the order of its changes.
-    pub async fn commit(
-        self: &Arc<Self>,
-        submission: Submission,
-    ) -> Result<Vec<StoredState>, StoreError> {
+    pub async fn commit(self: &Arc<Self>, submission: Submission) -> Answer {
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut queue = self.queue();
@@ -140,11 +159,10 @@ impl GroupCommit {
         if start {
             tokio::spawn(self.clone().send_all());
         }
-        match answered.await {
-            Ok(answer) => answer.map_err(StoreError::InBatch),
-            // The task was stopped with the runtime (a shutdown).
-            Err(_) => Err(StoreError::Abandoned),
-        }
+        // An error here: the task was stopped with the runtime (a shutdown).
+        answered
+            .await
+            .unwrap_or_else(|_| Err(CommitError::Store(Arc::new(StoreError::Abandoned))))
     }
 
     /// Sends batches until none is waiting.
@@ -170,24 +188,23 @@ impl GroupCommit {
     }
 
     async fn send(&self, batch: Vec<Entry>) {
-        let now = Instant::now();
         let mut permits = Vec::with_capacity(batch.len());
         let mut parts = Vec::with_capacity(batch.len());
         for entry in batch {
             let Submission {
                 changes,
+                admitted,
                 provenance,
-                sending,
                 writing,
             } = entry.submission;
-            // Its budget ran out while it waited: it fails alone, unsent.
-            if sending.until() <= now {
-                let _ = entry
-                    .answer
-                    .send(Err(Arc::new(StoreError::Timeout(Duration::ZERO))));
-                continue;
+            // Admitted again as it goes out; refused alone, unsent.
+            match Sending::all(&admitted) {
+                Ok(permit) => permits.push(permit),
+                Err((index, err)) => {
+                    let _ = entry.answer.send(Err(CommitError::Refused(index, err)));
+                    continue;
+                }
             }
-            permits.push(sending);
             parts.push(Part {
                 changes,
                 provenance,
@@ -199,80 +216,89 @@ impl GroupCommit {
             return;
         }
         let rows: usize = parts.iter().map(|part| part.changes.len()).sum();
-        let sent = Sending::join(permits).run(self.insert(&parts)).await;
+        let sent = Sending::join(permits).run(self.write(&parts)).await;
         self.metrics.observe_write_batch(rows);
         match sent {
             Ok(()) => {
-                for Part {
-                    changes,
-                    writing,
-                    answer,
-                    ..
-                } in parts
-                {
-                    let states = changes
+                for part in parts {
+                    let states = part
+                        .changes
                         .into_iter()
-                        .map(|change| {
-                            self.memory.forget_failed(&change.id);
-                            match change.claim {
-                                Some(claim) => {
-                                    self.memory.keep(&change.id, claim, Some(change.row))
-                                }
-                                None => self.memory.forget(|known| *known == change.id),
-                            }
-                            change.state
-                        })
+                        .map(|change| self.landed(change))
                         .collect();
-                    let _ = answer.send(Ok(states));
-                    drop(writing);
+                    let _ = part.answer.send(Ok(states));
+                    drop(part.writing);
                 }
             }
             Err(err) => {
                 let err = Arc::new(err);
-                for Part {
-                    changes,
-                    writing,
-                    answer,
-                    ..
-                } in parts
-                {
-                    for change in &changes {
-                        self.memory.remember_failed(&change.id, change.version);
+                for part in parts {
+                    for change in &part.changes {
+                        // It may land yet: the next write stamps a later
+                        // version, and the id is read afresh from ClickHouse.
+                        self.memory
+                            .remember_failed(&change.id, change.prepared.version);
+                        self.memory.forget(|known| *known == change.id);
                     }
-                    let _ = answer.send(Err(err.clone()));
-                    drop(writing);
+                    let _ = part.answer.send(Err(CommitError::Store(err.clone())));
+                    drop(part.writing);
                 }
             }
         }
     }
 
-    /// One INSERT of every change of the batch.
-    async fn insert(&self, parts: &[Part]) -> Result<(), StoreError> {
-        match &self.target {
-            Target::History(history) => {
+    /// What the gateway remembers of a change that landed; its state.
+    fn landed(&self, change: Outgoing) -> Option<StoredState> {
+        self.memory.forget_failed(&change.id);
+        let (row, state) = change.prepared.written.unzip();
+        match change.claim {
+            Some(claim) => self.memory.keep(&change.id, claim, row),
+            None => self.memory.forget(|known| *known == change.id),
+        }
+        state
+    }
+
+    /// One INSERT of every change of the batch, then one DELETE of the
+    /// states it deletes.
+    async fn write(&self, parts: &[Part]) -> Result<(), StoreError> {
+        let changes = || parts.iter().flat_map(|part| part.changes.iter());
+        let deleted: Vec<StateId> = changes()
+            .filter(|change| change.row().is_none())
+            .map(|change| change.id.clone())
+            .collect();
+        let Target { history, states } = &self.target;
+        match history {
+            Some(history) => {
                 let versions: Vec<NewVersion<'_>> = parts
                     .iter()
                     .flat_map(|part| {
                         part.changes.iter().map(|change| NewVersion {
                             id: &change.id,
-                            version: change.version,
-                            operation: change.operation,
-                            doc: Some(&change.state.doc),
-                            changed_streams: change.changed_streams.clone(),
-                            regressed_streams: change.regressed_streams.clone(),
+                            version: change.prepared.version,
+                            operation: change.prepared.operation,
+                            doc: change.prepared.written.as_ref().map(|(_, s)| &s.doc),
+                            changed_streams: change.prepared.changed_streams.clone(),
+                            regressed_streams: change.prepared.regressed_streams.clone(),
                             lease: change.lease.as_ref(),
                             provenance: &part.provenance,
                         })
                     })
                     .collect();
-                history.record_many(&versions).await
+                history.record_many(&versions).await?;
+                if !deleted.is_empty() {
+                    states.delete_many(&deleted).await?;
+                }
+                Ok(())
             }
-            Target::States(store) => {
-                let rows: Vec<StoredRow> = parts
-                    .iter()
-                    .flat_map(|part| part.changes.iter().map(|c| c.row.clone()))
-                    .collect();
-                store.put(&rows).await
+            None => {
+                let rows: Vec<StoredRow> = changes().filter_map(Outgoing::row).cloned().collect();
+                if !rows.is_empty() {
+                    states.put(&rows).await?;
+                }
+                if !deleted.is_empty() {
+                    states.delete_many(&deleted).await?;
+                }
+                Ok(())
             }
         }
     }

@@ -1,90 +1,48 @@
-//! State operations: the rules of the API on top of the store. Writes to one
-//! state_id are serialized in this process, so a read-decide-write (If-Match,
-//! PATCH's merge) sees no interleaved write from this gateway, and a write
-//! checked against the lock cannot be overtaken by the next holder's.
+//! State operations: the rules of the API on top of the store. Every change
+//! is decided by one pure function (`prepare`) and goes out through one door
+//! (`group_commit`), admitted by the lock rule as it is submitted and again as
+//! its batch is sent. Writes to one state_id are serialized in this process,
+//! so a read-decide-write (If-Match, PATCH's merge) sees no interleaved write
+//! from this gateway, and a write checked against the lock cannot be
+//! overtaken by the next holder's.
 //!
 //! On the ids it is the authority for, a gateway keeps the state it last
 //! read or wrote: every write to such an id comes through it (its peers
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod error;
 mod group_commit;
 mod memory;
+mod prepare;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use uuid::Uuid;
 
-use self::group_commit::{GroupCommit, Outgoing, Submission, Target};
+pub use self::error::StateError;
+use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
+pub use self::prepare::Change;
+use self::prepare::{Policy, Prepared, prepare};
 
 use crate::domain::{
-    AllowedRegressions, IfMatch, Lease, PageCursor, PageLimit, Provenance, Regression,
-    RegressionMode, StateDocument, StateId, StatePattern, Version, VersionCursor, regressions,
+    AllowedRegressions, IfMatch, PageCursor, PageLimit, Provenance, RegressionMode, StateDocument,
+    StateId, StatePattern, Version, VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
-use crate::locks::{LockError, LockManager, SeenLease, Sending};
+use crate::locks::{Admitted, LockManager, SeenLease};
 use crate::metrics::Metrics;
 use crate::store::{
     ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
-    StoredRow, StoredState, StoredVersion, VersionMeta, next_version, now_ms,
+    StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("{0}")]
-    PreconditionFailed(&'static str),
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    #[error("no state with id {0:?}")]
-    NotFound(String),
-    #[error("the state has no bookmark for stream {0:?} in completed or partial")]
-    NoBookmark(String),
-    #[error("entry {index} (state_id {state_id:?}): {source}")]
-    InBatch {
-        index: usize,
-        state_id: String,
-        source: Box<StateError>,
-    },
-    #[error("entry {index}: state_id {state_id:?} is in the batch twice (first at entry {first})")]
-    Duplicate {
-        index: usize,
-        first: usize,
-        state_id: String,
-    },
-    #[error("{} went backwards (--bookmark-regression reject); send Statehouse-Allow-Regression naming the streams to write it anyway", .0.iter().map(|r| r.stream.as_str()).collect::<Vec<_>>().join(", "))]
-    BookmarkRegression(Vec<Regression>),
-    #[error("history is off on this gateway (--history=false), so no versions are kept")]
-    HistoryOff,
-    #[error("this state has no version {}", .0.to_rfc3339())]
-    VersionNotFound(Version),
-}
-
-/// What a write does with the incoming document.
-pub enum Change {
-    /// Meltano `set`: the document replaces the state.
-    Replace(StateDocument),
-    /// Meltano `update`: see [`StateDocument::updated_by`]; a missing state is created.
-    Update(StateDocument),
-    /// Remove one stream's bookmark from both halves of an existing state.
-    ResetStream(String),
-}
 
 /// What a batch write did.
 pub struct Imported {
     pub written: usize,
     pub created: usize,
-}
-
-fn in_batch(index: usize, state_id: &str, source: StateError) -> StateError {
-    StateError::InBatch {
-        index,
-        state_id: state_id.to_owned(),
-        source: Box::new(source),
-    }
 }
 
 pub struct Written {
@@ -141,9 +99,9 @@ impl States {
         regression: RegressionMode,
     ) -> Self {
         let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
-        let target = match &history {
-            Some(history) => Target::History(history.clone()),
-            None => Target::States(store.clone()),
+        let target = Target {
+            history: history.clone(),
+            states: store.clone(),
         };
         Self {
             commits: Arc::new(GroupCommit::new(target, memory.clone(), metrics.clone())),
@@ -212,7 +170,7 @@ impl States {
         Ok((states, has_more))
     }
 
-    /// Meltano `set` (`Change::Replace`) or `update` (`Change::Update`).
+    /// PUT, PATCH or a stream reset: the state as written.
     pub async fn write(
         &self,
         id: &StateId,
@@ -220,109 +178,115 @@ impl States {
         conditions: &WriteConditions,
         provenance: &Provenance,
     ) -> Result<Written, StateError> {
-        let operation = match change {
-            Change::Replace(_) => Operation::Put,
-            Change::Update(_) => Operation::Patch,
-            Change::ResetStream(_) => Operation::ResetStream,
+        let written = self.commit(id, change, conditions, provenance).await?;
+        Ok(written.expect("a write that is not a delete answers its state"))
+    }
+
+    /// Deleting what does not exist succeeds: the outcome is the same (and
+    /// leaves no version, since nothing changed).
+    pub async fn delete(
+        &self,
+        id: &StateId,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<(), StateError> {
+        self.commit(id, Change::Delete, conditions, provenance)
+            .await
+            .map(|_| ())
+    }
+
+    /// Writes `version`'s document as a new version, or deletes the state
+    /// when `version` is a tombstone. Answers the state written, if any.
+    pub async fn rollback(
+        &self,
+        id: &StateId,
+        version: Version,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<Option<Written>, StateError> {
+        let Some(stored) = self.history()?.get(id, version).await? else {
+            return Err(StateError::VersionNotFound(version));
         };
-        self.write_as(id, change, conditions, provenance, operation)
+        self.commit(id, Change::Restore(stored.doc), conditions, provenance)
             .await
     }
 
-    async fn write_as(
+    /// One change of one id through the door: admitted, decided against the
+    /// current row, then submitted. None when it deleted the state, or
+    /// there was nothing to delete.
+    async fn commit(
         &self,
         id: &StateId,
         change: Change,
         conditions: &WriteConditions,
         provenance: &Provenance,
-        operation: Operation,
-    ) -> Result<Written, StateError> {
+    ) -> Result<Option<Written>, StateError> {
         let writing = self.writers.lock(id).await;
         let admitted = self
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
             .await?;
-        let claim = admitted.claim();
-        let current = self.current(id, claim).await?;
-        if let Some(precondition) = &conditions.if_match
-            && !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref())
-        {
-            return Err(precondition_failed(current.is_some()));
-        }
-        // The current state, parsed once: PATCH and a stream reset build on it
-        // (and refuse one that is unreadable); history's changed streams
-        // compare against it (an unreadable one, written by something else,
-        // changed every stream), and so does the bookmark guard. A PUT
-        // with neither needs none of it.
-        let before = match &change {
-            Change::Replace(_)
-                if self.history.is_none() && self.regression == RegressionMode::Off =>
-            {
-                None
-            }
-            Change::Replace(_) => current.clone().and_then(|row| row.parse().ok()),
-            Change::Update(_) | Change::ResetStream(_) => {
-                current.clone().map(StoredRow::parse).transpose()?
-            }
+        let current = self.current(id, admitted.claim()).await?;
+        let policy = Policy {
+            if_match: conditions.if_match.as_ref(),
+            regression: self.regression,
+            allowed: &conditions.allow_regression,
+            history: self.history.is_some(),
         };
-        let doc = match change {
-            Change::Replace(doc) => doc,
-            Change::Update(doc) => {
-                StateDocument::updated_by(before.as_ref().map(|s| s.doc.clone()), doc)
-            }
-            Change::ResetStream(stream) => {
-                let Some(stored) = &before else {
-                    return Err(StateError::NotFound(id.as_str().to_owned()));
-                };
-                stored
-                    .doc
-                    .without_stream(&stream)
-                    .ok_or(StateError::NoBookmark(stream))?
-            }
-        };
-        // Rollbacks and stream resets are deliberate: never refused, but
-        // recorded as regressions when they are ones.
-        let refusable = matches!(operation, Operation::Put | Operation::Patch);
-        let regressed = self.guard(
+        let decided = prepare(
             id,
-            before.as_ref().map(|s| &s.doc),
-            &doc,
-            refusable.then_some(&conditions.allow_regression),
-        )?;
-        let version = next_version(current.as_ref(), self.memory.failed_version(id));
-        let changed_streams = match &self.history {
-            Some(_) => StateDocument::changed_streams(before.as_ref().map(|s| &s.doc), Some(&doc)),
-            None => Vec::new(),
+            current.as_ref(),
+            change,
+            &policy,
+            self.memory.failed_version(id),
+            now_ms(),
+        );
+        let Some(prepared) = self.guarded(id, decided)? else {
+            return Ok(None);
         };
-        let (row, state) = StoredRow::written(id, doc, version);
-        let outgoing = Outgoing {
-            id: id.clone(),
-            version,
-            operation,
-            changed_streams,
-            regressed_streams: regressed.clone(),
-            lease: admitted.lease().cloned(),
-            claim,
-            row,
-            state,
-        };
+        let (created, regressed) = (prepared.created, prepared.regressed_streams.clone());
         let submission = Submission {
-            changes: vec![outgoing],
+            changes: vec![outgoing(id.clone(), prepared, &admitted)],
+            admitted: vec![admitted],
             provenance: provenance.clone(),
-            sending: admitted.sending()?,
             writing: vec![writing],
         };
         let state = self
             .commits
             .commit(submission)
-            .await?
+            .await
+            .map_err(|err| batch_error(err, std::slice::from_ref(id)))?
             .pop()
             .expect("one state per change");
-        Ok(Written {
+        Ok(state.map(|state| Written {
             state,
-            created: current.is_none(),
+            created,
             regressed,
-        })
+        }))
+    }
+
+    /// Counts and logs what the bookmark guard found in a decision.
+    fn guarded(
+        &self,
+        id: &StateId,
+        decided: Result<Option<Prepared>, StateError>,
+    ) -> Result<Option<Prepared>, StateError> {
+        match &decided {
+            Ok(Some(prepared)) if prepared.regressions_found > 0 => {
+                self.metrics
+                    .bookmark_regressions(prepared.regressions_found);
+                tracing::warn!(
+                    state_id = %id,
+                    streams = %prepared.regressed_streams.join(", "),
+                    "bookmark went backwards"
+                );
+            }
+            Err(StateError::BookmarkRegression(found)) => {
+                self.metrics.bookmark_regressions(found.len());
+            }
+            _ => {}
+        }
+        decided
     }
 
     /// Writes every state of a batch as a PUT would, checking each against its
@@ -351,11 +315,12 @@ impl States {
                 });
             }
         }
-        let mut ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
-        ids.sort();
+        let ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
         // In one order for every batch, so two batches never wait on each other.
-        let mut writing = Vec::with_capacity(ids.len());
-        for id in &ids {
+        let mut writing = Vec::with_capacity(sorted.len());
+        for id in &sorted {
             writing.push(self.writers.lock(id).await);
         }
         let checks: Vec<(&StateId, Option<Uuid>)> =
@@ -364,104 +329,55 @@ impl States {
             .locks
             .check_writes(&checks)
             .await
-            .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
+            .map_err(|(index, err)| {
+                StateError::in_batch(index, entries[index].0.as_str(), err.into())
+            })?;
         let current: HashMap<StateId, StoredRow> = self
             .store
-            .get_many(&ids)
+            .get_many(&sorted)
             .await?
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
-        // The current states, parsed once: history's changed streams and the
-        // bookmark guard compare against them.
-        let befores: Vec<Option<StateDocument>> = entries
-            .iter()
-            .map(|(id, _, _)| {
-                current
-                    .get(id)
-                    .and_then(|row| row.clone().parse().ok())
-                    .map(|s| s.doc)
-            })
-            .collect();
-        let mut regressed = Vec::with_capacity(entries.len());
-        for (index, ((id, doc, _), before)) in entries.iter().zip(&befores).enumerate() {
-            regressed.push(
-                self.guard(id, before.as_ref(), doc, Some(allowed))
-                    .map_err(|err| in_batch(index, id.as_str(), err))?,
+        let policy = Policy {
+            if_match: None,
+            regression: self.regression,
+            allowed,
+            history: self.history.is_some(),
+        };
+        let now = now_ms();
+        let mut changes = Vec::with_capacity(entries.len());
+        for (index, ((id, doc, _), admitted)) in entries.into_iter().zip(&admitted).enumerate() {
+            let decided = prepare(
+                &id,
+                current.get(&id),
+                Change::Import(doc),
+                &policy,
+                self.memory.failed_version(&id),
+                now,
             );
+            let Some(prepared) = self
+                .guarded(&id, decided)
+                .map_err(|err| StateError::in_batch(index, id.as_str(), err))?
+            else {
+                unreachable!("an import replaces, it never deletes");
+            };
+            changes.push(outgoing(id, prepared, admitted));
         }
-        let sending = Sending::all(&admitted)
-            .map_err(|(index, err)| in_batch(index, entries[index].0.as_str(), err.into()))?;
-        let created = entries
-            .iter()
-            .filter(|(id, _, _)| !current.contains_key(id))
-            .count();
-        let batch: Vec<Outgoing> = entries
-            .into_iter()
-            .zip(&admitted)
-            .zip(&befores)
-            .zip(regressed)
-            .map(|((((id, doc, _), admitted), before), regressed_streams)| {
-                let changed_streams = match &self.history {
-                    Some(_) => StateDocument::changed_streams(before.as_ref(), Some(&doc)),
-                    None => Vec::new(),
-                };
-                let version = next_version(current.get(&id), self.memory.failed_version(&id));
-                let (row, state) = StoredRow::written(&id, doc, version);
-                Outgoing {
-                    version,
-                    id,
-                    operation: Operation::Import,
-                    changed_streams,
-                    regressed_streams,
-                    lease: admitted.lease().cloned(),
-                    claim: admitted.claim(),
-                    row,
-                    state,
-                }
-            })
-            .collect();
+        let created = changes.iter().filter(|c| c.prepared.created).count();
         let submission = Submission {
-            changes: batch,
+            changes,
+            admitted,
             provenance: provenance.clone(),
-            sending,
             writing,
         };
-        let written = self.commits.commit(submission).await?.len();
+        let written = self
+            .commits
+            .commit(submission)
+            .await
+            .map_err(|err| batch_error(err, &ids))?
+            .len();
         Ok(Imported { written, created })
-    }
-
-    /// The bookmark guard: the streams of `after` whose bookmarks go
-    /// backwards against `before`; with `--bookmark-regression reject`, a
-    /// refusable write (`allowed` given) is refused unless `allowed` lets
-    /// every one of them through.
-    fn guard(
-        &self,
-        id: &StateId,
-        before: Option<&StateDocument>,
-        after: &StateDocument,
-        allowed: Option<&AllowedRegressions>,
-    ) -> Result<Vec<String>, StateError> {
-        let (RegressionMode::Warn | RegressionMode::Reject, Some(before)) =
-            (self.regression, before)
-        else {
-            return Ok(Vec::new());
-        };
-        let found = regressions(before, after);
-        if found.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.metrics.bookmark_regressions(found.len());
-        if self.regression == RegressionMode::Reject
-            && let Some(allowed) = allowed
-            && found.iter().any(|r| !allowed.allows(&r.stream))
-        {
-            return Err(StateError::BookmarkRegression(found));
-        }
-        let mut streams: Vec<String> = found.into_iter().map(|r| r.stream).collect();
-        streams.dedup();
-        tracing::warn!(state_id = %id, streams = %streams.join(", "), "bookmark went backwards");
-        Ok(streams)
     }
 
     /// Forgets what this gateway knew of `ids`: another gateway wrote them.
@@ -469,90 +385,32 @@ impl States {
         self.memory.forget(|id| ids.contains(id));
     }
 
-    /// Deleting what does not exist succeeds: the outcome is the same (and
-    /// leaves no version, since nothing changed).
-    pub async fn delete(
-        &self,
-        id: &StateId,
-        conditions: &WriteConditions,
-        provenance: &Provenance,
-    ) -> Result<(), StateError> {
-        self.delete_as(id, conditions, provenance, Operation::Delete)
-            .await
-    }
-
-    async fn delete_as(
-        &self,
-        id: &StateId,
-        conditions: &WriteConditions,
-        provenance: &Provenance,
-        operation: Operation,
-    ) -> Result<(), StateError> {
-        let _writing = self.writers.lock(id).await;
-        let admitted = self
-            .locks
-            .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
-            .await?;
-        let claim = admitted.claim();
-        if let Some(precondition) = &conditions.if_match {
-            let current = self.current(id, claim).await?;
-            if !precondition.holds_for(current.as_ref().map(StoredRow::etag).as_ref()) {
-                return Err(precondition_failed(current.is_some()));
-            }
-        }
-        // Forgotten first: a delete that fails midway leaves nothing known.
-        self.memory.forget(|known| known == id);
-        let selection = Selection::One(id.clone());
-        // Each step goes out only while the lease still stands: one refused
-        // after the tombstone leaves a version that is never current.
-        admitted
-            .sending()?
-            .run(self.record_deletions(
-                &selection,
-                operation,
-                admitted.lease().cloned(),
-                provenance,
-            ))
-            .await?;
-        admitted.sending()?.run(self.store.delete(id)).await?;
-        if let Some(claim) = claim {
-            self.memory.keep(id, claim, None);
-        }
-        Ok(())
-    }
-
-    /// Deletes every match; what this gateway knew of them goes too (peers
-    /// that are authorities for some of them are told by the caller).
+    /// Deletes every match, tombstones first; what this gateway knew of
+    /// them goes too (peers that are authorities for some of them are told
+    /// by the caller). It carries no lease: an admin's clean-up.
     pub async fn delete_matching(
         &self,
         pattern: &StatePattern,
         provenance: &Provenance,
     ) -> Result<u64, StoreError> {
         self.memory.forget(|id| pattern.matches(id));
-        let selection = Selection::Matching(pattern.clone());
-        self.record_deletions(&selection, Operation::DeleteByPattern, None, provenance)
-            .await?;
+        if let Some(history) = &self.history {
+            let context = ChangeContext {
+                provenance: provenance.clone(),
+                lease: None,
+            };
+            let selection = Selection::Matching(pattern.clone());
+            history
+                .record_deletions(
+                    self.store.table(),
+                    &selection,
+                    Operation::DeleteByPattern,
+                    now_ms(),
+                    &context,
+                )
+                .await?;
+        }
         self.store.delete_matching(pattern).await
-    }
-
-    /// Tombstones for what `selection` is about to delete, written first.
-    async fn record_deletions(
-        &self,
-        selection: &Selection,
-        operation: Operation,
-        lease: Option<Lease>,
-        provenance: &Provenance,
-    ) -> Result<(), StoreError> {
-        let Some(history) = &self.history else {
-            return Ok(());
-        };
-        let context = ChangeContext {
-            provenance: provenance.clone(),
-            lease,
-        };
-        history
-            .record_deletions(self.store.table(), selection, operation, now_ms(), &context)
-            .await
     }
 
     fn history(&self) -> Result<&HistoryStore, StateError> {
@@ -606,42 +464,25 @@ impl States {
         }
         Ok(history.newest_tombstone(id).await?.map(|v| (v, true)))
     }
+}
 
-    /// Writes `version`'s document as a new version, or deletes the state
-    /// when `version` is a tombstone. Answers the state written, if any.
-    pub async fn rollback(
-        &self,
-        id: &StateId,
-        version: Version,
-        conditions: &WriteConditions,
-        provenance: &Provenance,
-    ) -> Result<Option<Written>, StateError> {
-        let Some(stored) = self.history()?.get(id, version).await? else {
-            return Err(StateError::VersionNotFound(version));
-        };
-        match stored.doc {
-            Some(doc) => self
-                .write_as(
-                    id,
-                    Change::Replace(doc),
-                    conditions,
-                    provenance,
-                    Operation::Rollback,
-                )
-                .await
-                .map(Some),
-            None => self
-                .delete_as(id, conditions, provenance, Operation::Rollback)
-                .await
-                .map(|()| None),
-        }
+fn outgoing(id: StateId, prepared: Prepared, admitted: &Admitted) -> Outgoing {
+    Outgoing {
+        id,
+        prepared,
+        lease: admitted.lease().cloned(),
+        claim: admitted.claim(),
     }
 }
 
-fn precondition_failed(exists: bool) -> StateError {
-    StateError::PreconditionFailed(if exists {
-        "If-Match does not match the current ETag of the state"
-    } else {
-        "If-Match was given but the state does not exist"
-    })
+/// A submission's failure as the API tells it: a refusal names its entry
+/// when the submission is an import's (of `ids`).
+fn batch_error(err: CommitError, ids: &[StateId]) -> StateError {
+    match err {
+        CommitError::Refused(_, err) if ids.len() == 1 => err.into(),
+        CommitError::Refused(index, err) => {
+            StateError::in_batch(index, ids[index].as_str(), err.into())
+        }
+        CommitError::Store(err) => StoreError::InBatch(err).into(),
+    }
 }

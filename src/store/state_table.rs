@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::ddl::Placement;
 use super::read_batch::ReadBatch;
-use super::{ClickHouse, StoreError, now_ms};
+use super::{ClickHouse, StoreError};
 use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a
@@ -22,6 +22,22 @@ pub struct StoredRow {
 }
 
 impl StoredRow {
+    /// A row as the state table holds it: the halves as stored text, which
+    /// may be NULL, or not even JSON when another writer wrote them.
+    pub fn from_columns(
+        id: StateId,
+        completed: Option<String>,
+        partial: Option<String>,
+        updated_at_ms: i64,
+    ) -> Self {
+        Self {
+            id,
+            completed,
+            partial,
+            updated_at_ms,
+        }
+    }
+
     /// Bytes of document text it holds.
     pub fn size(&self) -> usize {
         [&self.completed, &self.partial]
@@ -114,11 +130,13 @@ struct ListedRow {
 impl ListedRow {
     /// None for a row whose state_id no request can name (another writer's).
     fn into_row(self) -> Option<StoredRow> {
-        StateId::parse(self.state_id).ok().map(|id| StoredRow {
-            id,
-            completed: self.completed_state,
-            partial: self.partial_state,
-            updated_at_ms: self.updated_at_ms,
+        StateId::parse(self.state_id).ok().map(|id| {
+            StoredRow::from_columns(
+                id,
+                self.completed_state,
+                self.partial_state,
+                self.updated_at_ms,
+            )
         })
     }
 }
@@ -247,8 +265,9 @@ impl StateStore {
         &self.table
     }
 
-    pub async fn delete(&self, id: &StateId) -> Result<(), StoreError> {
-        self.delete_selected(&Selection::One(id.clone())).await
+    /// Deletes the rows of `ids`, in one statement.
+    pub async fn delete_many(&self, ids: &[StateId]) -> Result<(), StoreError> {
+        self.delete_selected(&Selection::Ids(ids.to_vec())).await
     }
 
     /// Deletes every state whose id matches; answers how many there were.
@@ -280,7 +299,7 @@ impl StateStore {
             .bind(self.ch.client.query(&sql))
             .with_setting("lightweight_deletes_sync", "2");
         let operation = match selection {
-            Selection::One(_) => "delete",
+            Selection::Ids(_) => "delete",
             Selection::Matching(_) => "delete_matching",
         };
         self.ch.timed(operation, query.execute()).await
@@ -365,9 +384,10 @@ impl StateStore {
     }
 }
 
-/// The states a statement is about: one id, or every id a glob matches.
+/// The states a statement is about: ids named one by one (a batch's
+/// deletes), or every id a glob matches.
 pub enum Selection {
-    One(StateId),
+    Ids(Vec<StateId>),
     Matching(StatePattern),
 }
 
@@ -376,7 +396,7 @@ impl Selection {
     /// use the primary key) plus the full match, skipped when it is all stars.
     pub fn sql(&self) -> &'static str {
         match self {
-            Self::One(_) => "state_id = {id:String}",
+            Self::Ids(_) => "state_id IN {ids:Array(String)}",
             Self::Matching(pattern) if pattern.matches_everything() => "1",
             Self::Matching(_) => {
                 "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String})"
@@ -386,7 +406,9 @@ impl Selection {
 
     pub fn bind(&self, query: clickhouse::query::Query) -> clickhouse::query::Query {
         match self {
-            Self::One(id) => query.param("id", id.as_str()),
+            Self::Ids(ids) => {
+                query.param("ids", ids.iter().map(StateId::as_str).collect::<Vec<_>>())
+            }
             Self::Matching(pattern) if pattern.matches_everything() => query,
             Self::Matching(pattern) => query
                 .param("prefix", pattern.literal_prefix())
@@ -399,8 +421,12 @@ impl Selection {
 /// version it replaces and after `at_least`, so it wins even over a row
 /// another writer stamped with a clock ahead of ours, and two writes in one
 /// millisecond still resolve to the later one.
-pub fn next_version(replacing: Option<&StoredRow>, at_least: Option<Version>) -> Version {
+pub fn next_version(
+    replacing: Option<&StoredRow>,
+    at_least: Option<Version>,
+    now_ms: i64,
+) -> Version {
     let floor = replacing.map_or(i64::MIN, |current| current.updated_at_ms + 1);
     let floor = floor.max(at_least.map_or(i64::MIN, Version::millis));
-    Version::from_millis(now_ms().max(floor))
+    Version::from_millis(now_ms.max(floor))
 }

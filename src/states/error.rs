@@ -1,0 +1,57 @@
+//! Why a change of state was refused or failed: one enum for the whole
+//! commit path, mapped to problem+json by `http::error`.
+
+use crate::domain::{Regression, Version};
+use crate::locks::LockError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    PreconditionFailed(&'static str),
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("no state with id {0:?}")]
+    NotFound(String),
+    #[error("the state has no bookmark for stream {0:?} in completed or partial")]
+    NoBookmark(String),
+    #[error("entry {index} (state_id {state_id:?}): {source}")]
+    InBatch {
+        index: usize,
+        state_id: String,
+        source: Box<StateError>,
+    },
+    #[error("entry {index}: state_id {state_id:?} is in the batch twice (first at entry {first})")]
+    Duplicate {
+        index: usize,
+        first: usize,
+        state_id: String,
+    },
+    #[error("{} went backwards (--bookmark-regression reject); send Statehouse-Allow-Regression naming the streams to write it anyway", .0.iter().map(|r| r.stream.as_str()).collect::<Vec<_>>().join(", "))]
+    BookmarkRegression(Vec<Regression>),
+    #[error("history is off on this gateway (--history=false), so no versions are kept")]
+    HistoryOff,
+    #[error("this state has no version {}", .0.to_rfc3339())]
+    VersionNotFound(Version),
+}
+
+impl StateError {
+    /// `source`, as the refusal of entry `index` of a batch.
+    pub fn in_batch(index: usize, state_id: &str, source: StateError) -> Self {
+        Self::InBatch {
+            index,
+            state_id: state_id.to_owned(),
+            source: Box::new(source),
+        }
+    }
+
+    pub fn precondition_failed(exists: bool) -> Self {
+        Self::PreconditionFailed(if exists {
+            "If-Match does not match the current ETag of the state"
+        } else {
+            "If-Match was given but the state does not exist"
+        })
+    }
+}

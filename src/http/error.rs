@@ -223,8 +223,12 @@ impl ApiError {
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
             Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
             Self::Lock(LockError::HeldElsewhere { .. }) => ProblemType::LeaseHeldElsewhere,
-            Self::Lock(LockError::Locked { .. }) => ProblemType::StateLocked,
-            Self::Lock(LockError::Elsewhere(_)) => ProblemType::Misdirected,
+            Self::Lock(LockError::Locked { .. } | LockError::LockedElsewhere(_)) => {
+                ProblemType::StateLocked
+            }
+            Self::Lock(LockError::Elsewhere(_) | LockError::NotAuthority(_)) => {
+                ProblemType::Misdirected
+            }
             Self::AuthorityUnreachable(_)
             | Self::AuthorityMoving
             | Self::Lock(LockError::Moving(_)) => ProblemType::AuthorityUnreachable,

@@ -12,6 +12,7 @@ mod history;
 mod locks;
 mod server;
 mod states;
+mod tickets;
 
 use std::borrow::Cow;
 use std::time::Instant;
@@ -103,6 +104,8 @@ fn operations() -> Vec<Operation> {
         op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), Request, ByAuthority),
         op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request, ByAuthority),
+        op!(POST "/v1/internal/tickets" => tickets::issue, Needs(Write), Request, Anywhere),
+        op!(DELETE "/v1/internal/tickets/{ticket}" => tickets::settle, Needs(Write), Request, Anywhere),
         op!(GET "/" => dashboard::page, Open, Request, Anywhere),
         op!(GET "/healthz" => health::healthz, Open, Nothing, Anywhere),
         op!(GET "/readyz" => health::readyz, Open, Nothing, Anywhere),

@@ -148,8 +148,7 @@ pub async fn list(
 }
 
 /// `POST /v1/states`: many states at once (a JSON array), written as PUTs
-/// would be, or none of them. A request another gateway forwards after such
-/// a write only makes this one forget what it knew of those states.
+/// would be, or none of them.
 pub async fn import(
     State(ctx): State<AppContext>,
     provenance: Provenance,
@@ -187,15 +186,14 @@ pub async fn import(
             .transpose()?;
         batch.push((id, entry.doc, lease));
     }
-    if parts.headers.contains_key(FORWARDED_BY) {
-        let ids: Vec<StateId> = batch.into_iter().map(|(id, _, _)| id).collect();
-        ctx.states.forget(&ids);
-        return Ok(Json(serde_json::json!({"written": 0, "created": 0})).into_response());
-    }
     let allowed = allowed_regressions(&parts.headers)?;
-    let imported = ctx.states.import(batch, &allowed, &provenance).await?;
-    // Authorities keep their states in memory: they forget these before this answers.
-    ctx.locks.tell_peers(&parts, &bytes).await?;
+    // The entries of ids another gateway is the authority for are admitted
+    // by a ticket from it, asked for with this request's credentials.
+    let authorization = parts.headers.get(header::AUTHORIZATION);
+    let imported = ctx
+        .states
+        .import(batch, &allowed, &provenance, authorization)
+        .await?;
     let body = serde_json::json!({"written": imported.written, "created": imported.created});
     Ok(Json(body).into_response())
 }

@@ -82,11 +82,15 @@ pub enum ForwardError {
         gateway_id: Uuid,
         url: String,
         reason: String,
+        /// It could not be reached at all (not merely slow): it is looked
+        /// up afresh for every id.
+        refused: bool,
     },
 }
 
 /// The HTTP client to peers: plain HTTP to `http://` advertise URLs, TLS
 /// checked against the peer CA to `https://` ones.
+#[derive(Clone)]
 pub(super) struct PeerClient {
     client: Client<HttpsConnector<HttpConnector>, Body>,
 }
@@ -206,10 +210,32 @@ impl LockManager {
         request: Request<Body>,
         deadline: Duration,
     ) -> Result<Response<Body>, ForwardError> {
-        let unreachable = |reason: String| ForwardError::Unreachable {
+        let sent = self
+            .peers
+            .send(self.settings.gateway_id, peer, request, deadline)
+            .await;
+        if let Err(ForwardError::Unreachable { refused: true, .. }) = &sent {
+            self.authorities.forget_peer(peer.gateway_id);
+        }
+        sent
+    }
+}
+
+impl PeerClient {
+    /// Sends `request` to `peer` as gateway `me`, one hop: it is marked
+    /// forwarded, so the peer never sends it on.
+    pub(super) async fn send(
+        &self,
+        me: Uuid,
+        peer: &Peer,
+        request: Request<Body>,
+        deadline: Duration,
+    ) -> Result<Response<Body>, ForwardError> {
+        let unreachable = |reason: String, refused: bool| ForwardError::Unreachable {
             gateway_id: peer.gateway_id,
             url: peer.url.clone(),
             reason,
+            refused,
         };
         let (mut parts, body) = request.into_parts();
         let path = parts
@@ -219,21 +245,19 @@ impl LockManager {
             .to_owned();
         parts.uri = format!("{}{path}", peer.url)
             .parse::<Uri>()
-            .map_err(|e| unreachable(format!("bad advertised URL: {e}")))?;
+            .map_err(|e| unreachable(format!("bad advertised URL: {e}"), false))?;
         for name in HOP_BY_HOP.iter().chain([&header::HOST]) {
             parts.headers.remove(name);
         }
-        let me = HeaderValue::from_str(&self.settings.gateway_id.to_string())
-            .expect("a UUID is a valid header value");
+        let me = HeaderValue::from_str(&me.to_string()).expect("a UUID is a valid header value");
         parts.headers.insert(FORWARDED_BY, me);
-        let sent = self.peers.client.request(Request::from_parts(parts, body));
+        let sent = self.client.request(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(deadline, sent).await {
             Ok(Ok(response)) => response,
-            Ok(Err(err)) => {
-                self.authorities.forget_peer(peer.gateway_id);
-                return Err(unreachable(with_causes(&err)));
+            Ok(Err(err)) => return Err(unreachable(with_causes(&err), true)),
+            Err(_) => {
+                return Err(unreachable(format!("no answer within {deadline:?}"), false));
             }
-            Err(_) => return Err(unreachable(format!("no answer within {deadline:?}"))),
         };
         let (mut parts, body) = response.into_parts();
         for name in &HOP_BY_HOP {

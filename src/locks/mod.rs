@@ -50,12 +50,14 @@ mod forward;
 mod maintain;
 mod record;
 mod slot;
+mod ticket;
 mod write;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::http::HeaderValue;
 use uuid::Uuid;
 
 use self::claim::{ClaimOutcome, Claims};
@@ -63,6 +65,8 @@ use self::forward::{Authorities, PeerClient};
 pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route, SeenLease};
 use self::record::Recorder;
 use self::slot::{ClaimAttempt, InLine, Rules, Slot, Step, Waiter, millis};
+use self::ticket::Tickets;
+pub use self::ticket::{TICKETS_PATH, TicketGrant, TicketRequest};
 pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 use crate::domain::Coordination;
@@ -91,10 +95,17 @@ pub enum LockError {
         state_id: StateId,
         holder: Box<Lease>,
     },
+    /// As `Locked`, told by the id's authority, another gateway.
+    #[error("{0} is locked; writes need the holder's Lease-Id")]
+    LockedElsewhere(StateId),
     /// The claim a write was admitted under went before the write went out
     /// (a hand-over or a lapse): the id's authority is moving.
     #[error("the claim on {0} moved while the write was on its way; retry shortly")]
     Moving(StateId),
+    /// This gateway holds no claim on the id, so it cannot admit a write
+    /// to it for another gateway (a ticket asked of the wrong gateway).
+    #[error("this gateway is not the authority for {0}")]
+    NotAuthority(StateId),
     /// Another gateway won the claim: the request belongs there.
     #[error("gateway {} is the authority for this state_id", .0.gateway_id)]
     Elsewhere(Peer),
@@ -127,6 +138,8 @@ pub struct LockManager {
     /// Who the authority for an id is, as looked up lately.
     authorities: Authorities,
     peers: PeerClient,
+    /// Admissions this gateway, as authority, gave writes another gateway sends.
+    tickets: Tickets,
 }
 
 impl LockManager {
@@ -152,6 +165,7 @@ impl LockManager {
             slots: Mutex::new(HashMap::new()),
             authorities: Authorities::default(),
             peers,
+            tickets: Tickets::default(),
         }
     }
 
@@ -648,12 +662,15 @@ impl LockManager {
     }
 
     /// [`LockManager::check_write`] for a batch: against this gateway's own
-    /// leases where it is the authority, and the ones ClickHouse records
-    /// for the others, read once. Answers each entry's admission, or the
-    /// first entry refused.
+    /// leases where it is the authority; by a ticket from the authority
+    /// where another gateway is (asked once per authority, with
+    /// `authorization`, the request's credentials); and against the leases
+    /// ClickHouse records, read once, for ids nobody holds a claim on.
+    /// Answers each entry's admission, or the first entry refused.
     pub async fn check_writes(
         &self,
         writes: &[(&StateId, Option<Uuid>)],
+        authorization: Option<&HeaderValue>,
     ) -> Result<Vec<Admitted>, (usize, LockError)> {
         let recorded: HashMap<String, Lease> = self
             .recorded_leases()
@@ -662,17 +679,61 @@ impl LockManager {
             .into_iter()
             .map(|lease| (lease.state_id.as_str().to_owned(), lease))
             .collect();
-        writes
-            .iter()
-            .enumerate()
-            .map(|(index, (id, lease_id))| {
-                let admitted = self.admit_here(id, *lease_id).unwrap_or_else(|| {
-                    lease_rule(id, recorded.get(id.as_str()), *lease_id)
-                        .map(|lease| Admitted::recorded((*id).clone(), lease, self.query_timeout))
-                });
-                admitted.map_err(|err| (index, err))
-            })
-            .collect()
+        // With no other gateway holding any claim, none is an authority.
+        let peers_hold_claims = !self
+            .claim_holders()
+            .await
+            .map_err(|err| (0, err.into()))?
+            .is_empty();
+        let mut admitted: Vec<Option<Admitted>> = writes.iter().map(|_| None).collect();
+        let mut by_authority: HashMap<Uuid, (Peer, Vec<usize>)> = HashMap::new();
+        for (index, (id, lease_id)) in writes.iter().enumerate() {
+            if let Some(here) = self.admit_here(id, *lease_id) {
+                admitted[index] = Some(here.map_err(|err| (index, err))?);
+                continue;
+            }
+            if peers_hold_claims
+                && let Route::Peer(peer) = self.route(id, true).await.map_err(|e| (index, e))?
+            {
+                by_authority
+                    .entry(peer.gateway_id)
+                    .or_insert_with(|| (peer, Vec::new()))
+                    .1
+                    .push(index);
+                continue;
+            }
+            let lease =
+                lease_rule(id, recorded.get(id.as_str()), *lease_id).map_err(|err| (index, err))?;
+            admitted[index] = Some(Admitted::recorded((*id).clone(), lease, self.query_timeout));
+        }
+        for (peer, indexes) in by_authority.into_values() {
+            let theirs: Vec<(&StateId, Option<Uuid>)> =
+                indexes.iter().map(|&i| writes[i]).collect();
+            let (ticket, leases) = self
+                .request_ticket(&peer, &theirs, authorization)
+                .await
+                .map_err(|(n, err)| (indexes[n], err))?;
+            for (&index, lease) in indexes.iter().zip(leases) {
+                admitted[index] = Some(Admitted::remote(
+                    writes[index].0.clone(),
+                    lease,
+                    ticket.clone(),
+                    self.query_timeout,
+                ));
+            }
+        }
+        Ok(admitted
+            .into_iter()
+            .map(|write| write.expect("every write admitted or refused"))
+            .collect())
+    }
+
+    /// Whether no write sent under this gateway's claim on `id` may still
+    /// land (its own, or one another gateway sends under its ticket): only
+    /// then does what it reads of the id stay current.
+    pub fn nothing_landing(&self, id: &StateId) -> bool {
+        self.existing_slot(id)
+            .is_none_or(|slot| slot.lock().sending.is_empty())
     }
 }
 

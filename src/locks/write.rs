@@ -23,6 +23,7 @@ use uuid::Uuid;
 
 use super::LockError;
 use super::slot::Slot;
+use super::ticket::RemoteTicket;
 use crate::domain::{Lease, StateId};
 use crate::store::{StoreError, now_ms};
 
@@ -34,6 +35,8 @@ pub struct Admitted {
     lease: Option<Lease>,
     /// Where its lease lives, when this gateway is the id's authority.
     local: Option<LocalAuthority>,
+    /// The authority's ticket, when another gateway is the id's authority.
+    remote: Option<Arc<RemoteTicket>>,
     query_timeout: Duration,
 }
 
@@ -54,6 +57,23 @@ impl Admitted {
             state_id,
             lease,
             local: Some(LocalAuthority { slot, claim_id }),
+            remote: None,
+            query_timeout,
+        }
+    }
+
+    /// Admitted by another gateway, the id's authority, under its ticket.
+    pub(super) fn remote(
+        state_id: StateId,
+        lease: Option<Lease>,
+        ticket: Arc<RemoteTicket>,
+        query_timeout: Duration,
+    ) -> Self {
+        Self {
+            state_id,
+            lease,
+            local: None,
+            remote: Some(ticket),
             query_timeout,
         }
     }
@@ -68,6 +88,7 @@ impl Admitted {
             state_id,
             lease,
             local: None,
+            remote: None,
             query_timeout,
         }
     }
@@ -94,6 +115,13 @@ impl Admitted {
             Some(lease) => LockError::NotCurrent(lease.lease_id),
             None => LockError::Moving(self.state_id.clone()),
         };
+        if let Some(ticket) = &self.remote {
+            // The authority admitted it for the ticket's budget.
+            return match ticket.until().checked_duration_since(now) {
+                Some(left) if !left.is_zero() => Ok(self.query_timeout.min(left)),
+                _ => Err(LockError::Moving(self.state_id.clone())),
+            };
+        }
         let Some(local) = &self.local else {
             // Its lease, if any, ends at its recorded expiry; the write must
             // be done by then.
@@ -139,6 +167,8 @@ impl Admitted {
 /// on their ids here and their claims stay.
 pub struct Sending {
     entries: Vec<(Arc<Slot>, u64)>,
+    /// Other authorities' tickets for the writes they admitted.
+    tickets: Vec<Arc<RemoteTicket>>,
     budget: Duration,
     /// When the budget is spent: every entry's end.
     until: Instant,
@@ -167,6 +197,7 @@ impl Sending {
             .unwrap_or(Duration::ZERO);
         let mut sending = Self {
             entries: Vec::with_capacity(writes.len()),
+            tickets: writes.iter().filter_map(|w| w.remote.clone()).collect(),
             budget,
             until: now + budget,
             landing,
@@ -193,6 +224,7 @@ impl Sending {
     pub fn join(permits: Vec<Sending>) -> Sending {
         let mut joined = Sending {
             entries: Vec::new(),
+            tickets: Vec::new(),
             budget: Duration::ZERO,
             until: Instant::now(),
             landing: Duration::ZERO,
@@ -205,8 +237,25 @@ impl Sending {
             }
             joined.landing = joined.landing.max(permit.landing);
             joined.entries.append(&mut permit.entries);
+            joined.tickets.append(&mut permit.tickets);
         }
         joined
+    }
+
+    /// How long the writes may take from when the permit was given.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// When the budget is spent.
+    pub fn until(&self) -> Instant {
+        self.until
+    }
+
+    /// Ends a permit whose writes were sent elsewhere (a ticket): `known`
+    /// when they landed or failed, else their outcome is unknown.
+    pub fn settle(mut self, known: bool) {
+        self.done = known;
     }
 
     /// Sends: runs `write` (ClickHouse round trips) within the budget. A
@@ -238,6 +287,9 @@ impl Drop for Sending {
         // and still apply it, so its ids stay ungrantable until it can no
         // longer land (`SlotState::expire` drops the entries then).
         let unknown_until = self.until + self.landing;
+        for ticket in &self.tickets {
+            ticket.mark_unknown();
+        }
         for (slot, number) in &self.entries {
             if let Some(until) = slot.lock().sending.get_mut(number) {
                 *until = unknown_until;

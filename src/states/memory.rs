@@ -63,8 +63,15 @@ impl Memory {
             .map(|(_, row)| row.clone())
     }
 
+    /// Keeps `row` as `id`'s state under `claim`, unless a write may still
+    /// land on the id (one whose outcome is unknown, or another gateway's
+    /// under a ticket): until it can no longer, the id is read afresh.
     pub fn keep(&self, id: &StateId, claim: Uuid, row: Option<StoredRow>) {
         let mut rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.locks.nothing_landing(id) {
+            rows.by_id.remove(id);
+            return;
+        }
         if row.as_ref().is_some_and(|r| r.size() > MAX_KNOWN_BYTES) {
             rows.by_id.remove(id);
             return;

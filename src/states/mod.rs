@@ -19,6 +19,7 @@ mod prepare;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::http::HeaderValue;
 use uuid::Uuid;
 
 pub use self::error::StateError;
@@ -32,7 +33,7 @@ use crate::domain::{
     StateId, StatePattern, Version, VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
-use crate::locks::{Admitted, LockManager, SeenLease};
+use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
     ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
@@ -298,6 +299,7 @@ impl States {
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
         allowed: &AllowedRegressions,
         provenance: &Provenance,
+        authorization: Option<&HeaderValue>,
     ) -> Result<Imported, StateError> {
         if entries.is_empty() {
             return Ok(Imported {
@@ -327,7 +329,7 @@ impl States {
             entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
         let admitted = self
             .locks
-            .check_writes(&checks)
+            .check_writes(&checks, authorization)
             .await
             .map_err(|(index, err)| {
                 StateError::in_batch(index, entries[index].0.as_str(), err.into())
@@ -380,9 +382,26 @@ impl States {
         Ok(Imported { written, created })
     }
 
-    /// Forgets what this gateway knew of `ids`: another gateway wrote them.
-    pub fn forget(&self, ids: &[StateId]) {
-        self.memory.forget(|id| ids.contains(id));
+    /// As the authority of every id of `writes`, admits them for another
+    /// gateway to send (see `locks::ticket`); what this gateway knew of
+    /// them is stale from now on.
+    pub fn issue_ticket(
+        &self,
+        writes: &[(StateId, Option<Uuid>)],
+    ) -> Result<TicketGrant, StateError> {
+        let grant = self.locks.issue_ticket(writes).map_err(|(index, err)| {
+            StateError::in_batch(index, writes[index].0.as_str(), err.into())
+        })?;
+        self.memory.forget(|id| writes.iter().any(|(w, _)| w == id));
+        Ok(grant)
+    }
+
+    /// Settles a ticket: its writes landed or failed (`known`), or their
+    /// outcome is unknown. False for an unknown ticket.
+    pub fn settle_ticket(&self, ticket: Uuid, known: bool) -> bool {
+        self.locks.settle_ticket(ticket, known, |ids| {
+            self.memory.forget(|id| ids.contains(id));
+        })
     }
 
     /// Deletes every match, tombstones first; what this gateway knew of

@@ -19,6 +19,7 @@ mod group_commit;
 mod helpers;
 mod history;
 mod https;
+mod import_faults;
 mod keeper_claims;
 mod keeper_locks;
 mod keeper_loss;

@@ -40,6 +40,9 @@ struct Shared {
     /// is cut before the answer: it ran, but the gateway cannot know.
     lose_answer: std::sync::Mutex<Option<String>>,
     delay_ms: AtomicU64,
+    /// A request whose first chunk contains this text waits `held_ms` before
+    /// it goes on: one kind of query is slow, the rest are not.
+    hold: std::sync::Mutex<Option<(String, u64)>>,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
 }
@@ -71,6 +74,7 @@ impl Proxy {
             refuse: std::sync::Mutex::new(None),
             lose_answer: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
+            hold: std::sync::Mutex::new(None),
             cut: watch::channel(0).0,
         });
         let accepting = shared.clone();
@@ -104,6 +108,12 @@ impl Proxy {
         *self.shared.lose_answer.lock().unwrap() = text.map(str::to_owned);
     }
 
+    /// Holds every request that contains `text` for `delay` before it goes on.
+    pub fn hold_requests_containing(&self, text: Option<(&str, Duration)>) {
+        *self.shared.hold.lock().unwrap() =
+            text.map(|(text, delay)| (text.to_owned(), delay.as_millis() as u64));
+    }
+
     /// Every chunk sent towards ClickHouse waits this long first.
     pub fn set_delay(&self, delay: Duration) {
         self.shared
@@ -129,13 +139,14 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             if n == 0 {
                 return;
             }
-            let (refuse, lose) = (
+            let (refuse, lose, hold) = (
                 shared.refuse.lock().unwrap().clone(),
                 shared.lose_answer.lock().unwrap().clone(),
+                shared.hold.lock().unwrap().clone(),
             );
             // Decoded only while a test looks for something: the other tests
             // (and their slow-ClickHouse timings) pay nothing for it.
-            if refuse.is_some() || lose.is_some() {
+            if refuse.is_some() || lose.is_some() || hold.is_some() {
                 let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
                 let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
                 let found = |needle: &Option<String>| {
@@ -148,6 +159,11 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 }
                 if found(&lose) {
                     losing.store(true, Ordering::SeqCst);
+                }
+                if let Some((text, held_ms)) = &hold
+                    && decoded.contains(text.as_str())
+                {
+                    tokio::time::sleep(Duration::from_millis(*held_ms)).await;
                 }
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);

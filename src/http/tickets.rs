@@ -1,0 +1,64 @@
+//! `/v1/internal/tickets`: the authority's admission of writes another
+//! gateway sends (a bulk import's entries; see `locks::ticket`). Gateways
+//! call these on each other, with the importing client's credentials.
+
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{ApiQuery, read_body};
+use crate::AppContext;
+use crate::domain::StateId;
+use crate::locks::TicketRequest;
+
+/// `POST /v1/internal/tickets`: 201 with the ticket, or the problem of the
+/// first write refused, naming its entry.
+pub async fn issue(State(ctx): State<AppContext>, request: Request) -> Result<Response, ApiError> {
+    let bytes = read_body(request, &ctx, ctx.body_limit).await?;
+    let asked: TicketRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::InvalidBody(format!("not a ticket request: {e}")))?;
+    let mut writes = Vec::with_capacity(asked.writes.len());
+    for (index, write) in asked.writes.into_iter().enumerate() {
+        let state_id = write.state_id.clone();
+        let id = StateId::parse(write.state_id).map_err(|e| ApiError::InBatch {
+            index,
+            state_id,
+            inner: Box::new(e.into()),
+        })?;
+        writes.push((id, write.lease_id));
+    }
+    let grant = ctx.states.issue_ticket(&writes)?;
+    Ok((StatusCode::CREATED, Json(grant)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleParams {
+    outcome: Option<String>,
+}
+
+/// `DELETE /v1/internal/tickets/{ticket}?outcome=known|unknown`: 204, also
+/// for a ticket already settled or dropped at the end of its budget.
+pub async fn settle(
+    State(ctx): State<AppContext>,
+    Path(raw): Path<String>,
+    ApiQuery(params): ApiQuery<SettleParams>,
+) -> Result<StatusCode, ApiError> {
+    let ticket = Uuid::parse_str(&raw)
+        .map_err(|_| ApiError::InvalidQuery(format!("ticket {raw:?} is not a UUID")))?;
+    let known = match params.outcome.as_deref() {
+        None | Some("known") => true,
+        Some("unknown") => false,
+        Some(other) => {
+            return Err(ApiError::InvalidQuery(format!(
+                "outcome {other:?} is neither known nor unknown"
+            )));
+        }
+    };
+    ctx.states.settle_ticket(ticket, known);
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -40,6 +40,13 @@ struct Shared {
     /// is cut before the answer: it ran, but the gateway cannot know.
     lose_answer: std::sync::Mutex<Option<String>>,
     delay_ms: AtomicU64,
+    /// A chunk that contains every one of these texts (decoded) waits this
+    /// long before it goes on: one kind of query is slow, the rest are not.
+    hold: std::sync::Mutex<Option<Hold>>,
+    /// When ClickHouse's answer to each held request reached the proxy: the
+    /// moment its outcome was known (the request itself may be answered to
+    /// its client later, through another gateway).
+    held_answers: std::sync::Mutex<Vec<std::time::Instant>>,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
 }
@@ -71,6 +78,8 @@ impl Proxy {
             refuse: std::sync::Mutex::new(None),
             lose_answer: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
+            hold: std::sync::Mutex::new(None),
+            held_answers: std::sync::Mutex::new(Vec::new()),
             cut: watch::channel(0).0,
         });
         let accepting = shared.clone();
@@ -104,12 +113,47 @@ impl Proxy {
         *self.shared.lose_answer.lock().unwrap() = text.map(str::to_owned);
     }
 
+    /// Holds each request whose first chunk contains every one of `texts`
+    /// for `delay` before ClickHouse sees it (the rest of the request waits
+    /// behind it); `None` lets them through again.
+    pub fn hold_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
+        self.set_hold(hold, false);
+    }
+
+    /// As [`Self::hold_requests_containing`], but the request's head goes on
+    /// at once and only its body is held: ClickHouse has started the query
+    /// (it is in `system.processes`) and waits for its rows, as it would
+    /// for a slow INSERT.
+    pub fn hold_bodies_of_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
+        self.set_hold(hold, true);
+    }
+
+    fn set_hold(&self, hold: Option<(&[&str], Duration)>, body_only: bool) {
+        *self.shared.hold.lock().unwrap() = hold.map(|(texts, delay)| Hold {
+            texts: texts.iter().map(|t| (*t).to_owned()).collect(),
+            delay,
+            body_only,
+        });
+    }
+
+    /// When ClickHouse answered each held request so far, in order.
+    pub fn held_answers(&self) -> Vec<std::time::Instant> {
+        self.shared.held_answers.lock().unwrap().clone()
+    }
+
     /// Every chunk sent towards ClickHouse waits this long first.
     pub fn set_delay(&self, delay: Duration) {
         self.shared
             .delay_ms
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
+}
+
+#[derive(Clone)]
+struct Hold {
+    texts: Vec<String>,
+    delay: Duration,
+    body_only: bool,
 }
 
 async fn relay(client: TcpStream, shared: Arc<Shared>) {
@@ -120,6 +164,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let _ = server.set_nodelay(true);
     let mut cut = shared.cut.subscribe();
     let losing = AtomicBool::new(false);
+    let holding = AtomicBool::new(false);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let to_server = async {
@@ -129,13 +174,15 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             if n == 0 {
                 return;
             }
-            let (refuse, lose) = (
+            let (refuse, lose, hold) = (
                 shared.refuse.lock().unwrap().clone(),
                 shared.lose_answer.lock().unwrap().clone(),
+                shared.hold.lock().unwrap().clone(),
             );
+            let mut held = None;
             // Decoded only while a test looks for something: the other tests
             // (and their slow-ClickHouse timings) pay nothing for it.
-            if refuse.is_some() || lose.is_some() {
+            if refuse.is_some() || lose.is_some() || hold.is_some() {
                 let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
                 let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
                 let found = |needle: &Option<String>| {
@@ -149,12 +196,35 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 if found(&lose) {
                     losing.store(true, Ordering::SeqCst);
                 }
+                if let Some(hold) = hold
+                    && hold
+                        .texts
+                        .iter()
+                        .all(|text| decoded.contains(text.as_str()))
+                {
+                    held = Some(hold);
+                }
+            }
+            let mut start = 0;
+            if let Some(hold) = held {
+                holding.store(true, Ordering::SeqCst);
+                if hold.body_only {
+                    // The head, through its blank line, goes on now.
+                    start = buf[..n]
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .map_or(0, |at| at + 4);
+                    if server_write.write_all(&buf[..start]).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(hold.delay).await;
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
-            if server_write.write_all(&buf[..n]).await.is_err() {
+            if server_write.write_all(&buf[start..n]).await.is_err() {
                 return;
             }
         }
@@ -166,6 +236,10 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             // ClickHouse has answered, so it ran the request; the answer is lost.
             if n == 0 || losing.load(Ordering::SeqCst) {
                 return;
+            }
+            if holding.swap(false, Ordering::SeqCst) {
+                let now = std::time::Instant::now();
+                shared.held_answers.lock().unwrap().push(now);
             }
             if client_write.write_all(&buf[..n]).await.is_err() {
                 return;

@@ -26,6 +26,7 @@ mod lock_concurrency;
 mod lock_faults;
 mod locks_api;
 mod logs;
+mod one_door;
 mod overload;
 mod packaging;
 mod proxy;

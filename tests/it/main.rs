@@ -33,5 +33,6 @@ mod proxy;
 mod run_lease;
 mod seed_compat;
 mod slow_clients;
+mod soak_mixed;
 mod states_api;
 mod tls;

@@ -33,4 +33,5 @@ mod run_lease;
 mod seed_compat;
 mod slow_clients;
 mod states_api;
+mod structure;
 mod tls;

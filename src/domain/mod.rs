@@ -16,7 +16,7 @@ pub use coordination::Coordination;
 pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};
 pub use etag::{ETag, IfMatch, IfNoneMatch};
 pub use json::{Json, JsonObject};
-pub use lease::Lease;
+pub use lease::{Lease, LeaseState, LeaseVersion};
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;

@@ -16,8 +16,8 @@ use uuid::Uuid;
 use super::LockManager;
 use super::forward::Peer;
 use super::slot::{HeldClaim, LocalLease, TokenBlock};
-use crate::domain::{Lease, StateId};
-use crate::store::{Candidate, KeeperClaimStore, LeaseState, StoreError, StoredLease, now_ms};
+use crate::domain::{Lease, LeaseState, StateId};
+use crate::store::{Candidate, KeeperClaimStore, StoreError, StoredLease, now_ms};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
@@ -313,7 +313,8 @@ impl LockManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{LeaseRecord, LeaseVersion};
+    use crate::domain::LeaseVersion;
+    use crate::store::LeaseRecord;
 
     const HOLDER: Uuid = Uuid::from_u128(1);
     const OTHER: Uuid = Uuid::from_u128(2);

@@ -10,8 +10,8 @@ use uuid::Uuid;
 
 use super::LockManager;
 use super::slot::HeldClaim;
-use crate::domain::{Lease, StateId};
-use crate::store::{LeaseRecord, LeaseState};
+use crate::domain::{Lease, LeaseState, StateId};
+use crate::store::LeaseRecord;
 
 impl LockManager {
     /// Runs until dropped.

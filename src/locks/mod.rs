@@ -71,11 +71,9 @@ pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 use crate::domain::Coordination;
 pub use crate::domain::Lease;
-use crate::domain::StateId;
+use crate::domain::{LeaseState, LeaseVersion, StateId};
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{
-    KeeperClaimStore, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoreError, now_ms,
-};
+use crate::store::{KeeperClaimStore, LeaseRecord, LeaseStore, StoreError, now_ms};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::domain::{Lease, StateId};
+use crate::domain::{Lease, LeaseVersion, StateId};
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{Candidate, LeaseVersion};
+use crate::store::Candidate;
 
 #[derive(Default)]
 pub(super) struct Slot {

@@ -305,8 +305,9 @@ impl Drop for Sending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::LeaseVersion;
     use crate::locks::slot::{HeldClaim, LocalLease};
-    use crate::store::{Candidate, LeaseVersion};
+    use crate::store::Candidate;
 
     const TIMEOUT: Duration = Duration::from_secs(5);
     const CLAIM: Uuid = Uuid::from_u128(1);

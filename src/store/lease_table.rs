@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::ddl::Placement;
 use super::read_batch::ReadBatch;
 use super::{ClickHouse, StoreError};
-use crate::domain::{Lease, StateId};
+use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
 
 const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -29,58 +29,6 @@ pub struct Candidate {
     pub advertise_url: String,
     /// Server time at which the candidate lapses unless renewed, in ms.
     pub expires_ms: i64,
-}
-
-/// A lease row's version. ReplacingMergeTree keeps the row with the highest
-/// version, so the order of a lease's rows is encoded here, in one place: the
-/// fencing token in the high bits (a later lease beats an earlier one), a
-/// renewal count below it, and all ones there once the lease is released (a
-/// release beats every renewal of its lease, whatever order they land in).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LeaseVersion(u64);
-
-impl LeaseVersion {
-    const SEQ_BITS: u32 = 20;
-    const RELEASED_SEQ: u64 = (1 << Self::SEQ_BITS) - 1;
-
-    pub fn granted(fencing_token: u64) -> Self {
-        Self(fencing_token << Self::SEQ_BITS)
-    }
-
-    /// The next renewal; past 2^20 - 2 renewals the count stays put, which
-    /// only costs the tie-break between two renewals of one lease.
-    pub fn renewed(self) -> Self {
-        let seq = self.0 & Self::RELEASED_SEQ;
-        if seq + 1 >= Self::RELEASED_SEQ {
-            self
-        } else {
-            Self(self.0 + 1)
-        }
-    }
-
-    pub fn released(self) -> Self {
-        Self(self.0 | Self::RELEASED_SEQ)
-    }
-}
-
-/// What a lease row says of its lease (the `released` column).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseState {
-    /// Granted, and in force while its gateway holds the claim.
-    Held = 0,
-    Released = 1,
-    /// Its gateway shut down and handed it on: the next claim holder adopts it.
-    HandedOver = 2,
-}
-
-impl LeaseState {
-    fn from_column(value: u8) -> Self {
-        match value {
-            0 => Self::Held,
-            2 => Self::HandedOver,
-            _ => Self::Released,
-        }
-    }
 }
 
 /// A lease row, as written.
@@ -198,7 +146,7 @@ impl IdLocks {
                 acquired_ms: row.created_ms,
                 expires_ms: row.expires_ms,
             },
-            version: LeaseVersion(row.version),
+            version: LeaseVersion::from_bits(row.version),
             state: LeaseState::from_column(row.released),
         };
         locks.lease = Some(StoredLease {
@@ -609,7 +557,7 @@ impl LeaseStore {
                             created_at: lease.acquired_ms,
                             expires_at: lease.expires_ms,
                             released: record.state as u8,
-                            version: record.version.0,
+                            version: record.version.bits(),
                             advertise_url: String::new(),
                         })
                         .await?;

@@ -27,9 +27,7 @@ pub use history_table::{
     ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
-pub use lease_table::{
-    Candidate, IdLocks, LeaseRecord, LeaseState, LeaseStore, LeaseVersion, StoredLease,
-};
+pub use lease_table::{Candidate, IdLocks, LeaseRecord, LeaseStore, StoredLease};
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 

@@ -37,4 +37,5 @@ mod seed_compat;
 mod slow_clients;
 mod soak_mixed;
 mod states_api;
+mod structure;
 mod tls;

@@ -9,15 +9,17 @@ mod keeper;
 mod table;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::LockManager;
-use super::forward::Peer;
+use super::peer::{Peer, SeenLease};
 use super::slot::{HeldClaim, LocalLease, TokenBlock};
-use crate::domain::{Lease, LeaseState, StateId};
-use crate::store::{Candidate, KeeperClaimStore, StoreError, StoredLease, now_ms};
+use crate::config::LockSettings;
+use crate::domain::{Coordination, Lease, LeaseState, StateId};
+use crate::metrics::Metrics;
+use crate::store::{Candidate, KeeperClaimStore, LeaseStore, StoreError, StoredLease, now_ms};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
@@ -32,6 +34,16 @@ const CLAIM_POLL: Duration = Duration::from_millis(100);
 pub(super) enum Claims {
     Table,
     Keeper(Box<KeeperClaimStore>),
+}
+
+/// This gateway's side of the claim protocol: where claims and lease rows
+/// are kept, and the settings their timing comes from. The lock handle
+/// (`LockManager`) and the maintenance task share one.
+pub(super) struct Coordinator {
+    claims: Claims,
+    leases: LeaseStore,
+    settings: LockSettings,
+    metrics: Arc<Metrics>,
 }
 
 /// What one claim attempt came to.
@@ -92,7 +104,25 @@ pub(super) fn in_force(stored: &StoredLease, has_claim: impl Fn(Uuid) -> bool) -
         }
 }
 
-impl LockManager {
+impl Coordinator {
+    pub fn new(
+        settings: LockSettings,
+        leases: LeaseStore,
+        keeper: KeeperClaimStore,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let claims = match settings.coordination {
+            Coordination::Table => Claims::Table,
+            Coordination::Keeper => Claims::Keeper(Box::new(keeper)),
+        };
+        Self {
+            claims,
+            leases,
+            settings,
+            metrics,
+        }
+    }
+
     /// Claims `id` for this gateway, waiting in line until `deadline` behind
     /// a holder that cannot be forwarded to.
     pub(super) async fn try_claim(
@@ -234,6 +264,22 @@ impl LockManager {
         }
     }
 
+    /// The lease in force on `id` by ClickHouse's record: `seen`'s while it
+    /// is fresh, else read now. A lease that a routing read did not see
+    /// needs a claim it did not see either (a gateway hands its leases on
+    /// before it withdraws its claims), and a new claim grants nothing for
+    /// the settle time; half of that is the freshness kept.
+    pub(super) async fn recorded_lease(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+    ) -> Result<Option<Lease>, StoreError> {
+        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.settings.settle / 2) {
+            return Ok(seen.lease.clone());
+        }
+        Ok(self.authority(id).await?.lease_in_force().cloned())
+    }
+
     /// Every lease ClickHouse records as in force, through any gateway.
     pub(super) async fn recorded_leases(&self) -> Result<Vec<Lease>, StoreError> {
         let unexpired = self.leases.unexpired_leases().await?;
@@ -281,7 +327,7 @@ impl LockManager {
 
     /// A lease handed on by a gateway that shut down and still running,
     /// taken over by this gateway with a claim just won.
-    fn adopt(&self, latest: Option<StoredLease>) -> Option<LocalLease> {
+    pub(super) fn adopt(&self, latest: Option<StoredLease>) -> Option<LocalLease> {
         let stored = latest.filter(|s| s.unexpired && s.record.state == LeaseState::HandedOver)?;
         let record = stored.record;
         let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);

@@ -19,53 +19,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use uuid::Uuid;
 
-use super::{LockError, LockManager};
-use crate::domain::{Lease, StateId};
-use crate::store::{Candidate, now_ms};
-
-pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
-
-/// The gateway that is the authority for a state_id, as peers reach it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
-    pub gateway_id: Uuid,
-    pub url: String,
-    /// When its claim lapses unless renewed (ms since the epoch, ClickHouse's
-    /// clock): until then nobody else can become the authority.
-    pub lapses_at_ms: i64,
-}
-
-impl Peer {
-    pub(super) fn of(candidate: &Candidate) -> Self {
-        Self {
-            gateway_id: candidate.gateway_id,
-            url: candidate.advertise_url.trim_end_matches('/').to_owned(),
-            lapses_at_ms: candidate.expires_ms,
-        }
-    }
-
-    /// How long until another gateway may take the id over, for `Retry-After`.
-    pub fn lapses_in(&self) -> Duration {
-        Duration::from_millis(u64::try_from(self.lapses_at_ms - now_ms()).unwrap_or(0))
-    }
-}
-
-/// Where a request about a state_id is served.
-#[derive(Clone, Debug)]
-pub enum Route {
-    /// With the lease ClickHouse records, when finding the route read it.
-    Here(Option<SeenLease>),
-    Peer(Peer),
-}
-
-/// The lease in force on a state_id that no gateway holds a claim on, as a
-/// request's routing read it: its lock check need not read it again (see
-/// `LockManager::recorded_lease`).
-#[derive(Clone, Debug)]
-pub struct SeenLease {
-    pub(super) lease: Option<Lease>,
-    pub(super) at: Instant,
-}
+use super::claim::Coordinator;
+use super::error::LockError;
+use super::peer::{FORWARDED_BY, Peer, Route, SeenLease};
+use super::slots::Slots;
+use crate::config::LockSettings;
+use crate::domain::StateId;
+use crate::store::now_ms;
 
 /// Authorities looked up lately, so that a non-authority forwards without a
 /// ClickHouse read per request. An entry is kept for a third of the claim
@@ -140,25 +100,56 @@ const HOP_BY_HOP: [HeaderName; 5] = [
     header::UPGRADE,
 ];
 
-impl LockManager {
+/// Where requests about a state_id go, and the client that takes them
+/// there.
+pub(super) struct Router {
+    peers: PeerClient,
+    /// Who the authority for an id is, as looked up lately.
+    authorities: Authorities,
+    gateway_id: Uuid,
+    /// A remembered authority is trusted for a third of it at most.
+    claim_ttl: Duration,
+}
+
+impl Router {
+    pub fn new(settings: &LockSettings) -> Self {
+        Self {
+            peers: PeerClient::new(settings.peer_tls.clone()),
+            authorities: Authorities::default(),
+            gateway_id: settings.gateway_id,
+            claim_ttl: settings.claim_ttl,
+        }
+    }
+
+    /// The client to peers, as this gateway.
+    pub fn client(&self) -> (PeerClient, Uuid) {
+        (self.peers.clone(), self.gateway_id)
+    }
+
     /// Where requests about `id` go: here, when this gateway holds its claim
     /// or nobody does; else to the live authority, if it advertised a URL.
     /// `remembered` allows an authority looked up lately instead of asking
     /// ClickHouse.
-    pub async fn route(&self, id: &StateId, remembered: bool) -> Result<Route, LockError> {
-        if self.holds_claim(id) {
+    pub async fn route(
+        &self,
+        id: &StateId,
+        remembered: bool,
+        slots: &Slots,
+        coordinator: &Coordinator,
+    ) -> Result<Route, LockError> {
+        if slots.authority_claim(id).is_some() {
             return Ok(Route::Here(None));
         }
         if remembered && let Some(peer) = self.authorities.cached(id) {
             return Ok(Route::Peer(peer));
         }
         let at = Instant::now();
-        let authority = self.authority(id).await?;
+        let authority = coordinator.authority(id).await?;
         let Some(first) = authority.holder() else {
             let lease = authority.lease_in_force().cloned();
             return Ok(Route::Here(Some(SeenLease { lease, at })));
         };
-        if first.gateway_id == self.settings.gateway_id {
+        if first.gateway_id == self.gateway_id {
             return Ok(Route::Here(None));
         }
         if first.advertise_url.is_empty() {
@@ -170,8 +161,7 @@ impl LockManager {
             return Ok(Route::Here(None));
         }
         let peer = Peer::of(first);
-        self.authorities
-            .remember(id, &peer, self.settings.claim_ttl / 3);
+        self.authorities.remember(id, &peer, self.claim_ttl / 3);
         Ok(Route::Peer(peer))
     }
 
@@ -179,8 +169,13 @@ impl LockManager {
     /// id (a delete by pattern, which they must see before it is answered),
     /// one after another: there are a handful. One that cannot be reached is
     /// logged; its claims lapse without it.
-    pub async fn tell_peers(&self, parts: &Parts, body: &Bytes) -> Result<(), LockError> {
-        for (gateway_id, url) in self.claim_holders().await? {
+    pub async fn tell_peers(
+        &self,
+        parts: &Parts,
+        body: &Bytes,
+        coordinator: &Coordinator,
+    ) -> Result<(), LockError> {
+        for (gateway_id, url) in coordinator.claim_holders().await? {
             let peer = Peer {
                 gateway_id,
                 url: url.trim_end_matches('/').to_owned(),
@@ -212,7 +207,7 @@ impl LockManager {
     ) -> Result<Response<Body>, ForwardError> {
         let sent = self
             .peers
-            .send(self.settings.gateway_id, peer, request, deadline)
+            .send(self.gateway_id, peer, request, deadline)
             .await;
         if let Err(ForwardError::Unreachable { refused: true, .. }) = &sent {
             self.authorities.forget_peer(peer.gateway_id);

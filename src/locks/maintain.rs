@@ -4,18 +4,32 @@
 //! everything back at shutdown. Each tick takes a few batched ClickHouse
 //! round trips for all slots, and no slot's lock is held across any of them.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::LockManager;
+use super::claim::Coordinator;
+use super::record::Recorder;
 use super::slot::HeldClaim;
+use super::slots::Slots;
+use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseState, StateId};
-use crate::store::LeaseRecord;
+use crate::store::{LeaseRecord, LeaseStore};
 
-impl LockManager {
+/// The background task of the locks, apart from the handle requests use:
+/// it shares the handle's slots, claim protocol and lease recorder.
+pub(super) struct Maintenance {
+    pub slots: Arc<Slots>,
+    pub coordinator: Arc<Coordinator>,
+    pub recorder: Arc<Recorder>,
+    pub leases: LeaseStore,
+    pub settings: LockSettings,
+}
+
+impl Maintenance {
     /// Runs until dropped.
-    pub async fn maintain(self: std::sync::Arc<Self>) {
+    pub async fn run(self) {
         let claims = async {
             let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -32,9 +46,9 @@ impl LockManager {
         let mut withdrawn = Vec::new();
         let mut held: Vec<(StateId, Uuid)> = Vec::new();
         let mut leases: Vec<Lease> = Vec::new();
-        for (id, slot) in self.snapshot() {
+        for (id, slot) in self.slots.snapshot() {
             let mut st = slot.lock();
-            st.expire(&id, now, &self.metrics);
+            st.expire(&id, now, self.slots.metrics());
             let idle_for = st
                 .last_used
                 .map_or(Duration::MAX, |t| now.duration_since(t));
@@ -58,7 +72,7 @@ impl LockManager {
             }
         }
         if !withdrawn.is_empty()
-            && let Err(err) = self.withdraw_claims(&withdrawn).await
+            && let Err(err) = self.coordinator.withdraw_claims(&withdrawn).await
         {
             // They expire by themselves; until then they only delay other gateways.
             tracing::warn!(error = %err, claims = withdrawn.len(), "could not withdraw idle claims");
@@ -68,25 +82,25 @@ impl LockManager {
             self.notice_contested(&held).await;
             self.notice_force_unlocks(&leases).await;
         }
-        self.forget_idle_slots();
+        self.slots.forget_idle();
     }
 
     async fn renew_held(&self, held: &[(StateId, Uuid)]) {
         let started = Instant::now();
-        let lost = match self.renew_claims(held).await {
+        let lost = match self.coordinator.renew_claims(held).await {
             Ok(lost) => lost,
             Err(err) => {
                 tracing::warn!(error = %err, claims = held.len(), "could not renew claims; they lapse if this goes on");
                 return;
             }
         };
-        let valid_until = started + self.claim_margin();
+        let valid_until = started + self.coordinator.claim_margin();
         for (id, claim_id) in held {
             if lost.contains(claim_id) {
-                if let Some(slot) = self.existing_slot(id) {
+                if let Some(slot) = self.slots.existing(id) {
                     let mut st = slot.lock();
                     if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(*claim_id) {
-                        st.lose_claim(id, &self.metrics);
+                        st.lose_claim(id, self.slots.metrics());
                         drop(st);
                         slot.changed.notify_waiters();
                     }
@@ -102,7 +116,7 @@ impl LockManager {
     /// Changes the claim on `id` if it is still the one the tick looked at:
     /// it may have been dropped, or replaced by a newer one, meanwhile.
     fn with_held_claim(&self, id: &StateId, claim_id: Uuid, change: impl FnOnce(&mut HeldClaim)) {
-        if let Some(slot) = self.existing_slot(id)
+        if let Some(slot) = self.slots.existing(id)
             && let Some(claim) = slot
                 .lock()
                 .claim
@@ -116,7 +130,7 @@ impl LockManager {
     /// Marks the claims another gateway waits for, to hand them over.
     async fn notice_contested(&self, held: &[(StateId, Uuid)]) {
         let ids: Vec<StateId> = held.iter().map(|(id, _)| id.clone()).collect();
-        let Ok(contested) = self.contested(&ids).await else {
+        let Ok(contested) = self.coordinator.contested(&ids).await else {
             return;
         };
         for (id, claim_id) in held {
@@ -135,7 +149,7 @@ impl LockManager {
             return;
         };
         for lease in leases.iter().filter(|l| released.contains(&l.lease_id)) {
-            if let Some(slot) = self.existing_slot(&lease.state_id) {
+            if let Some(slot) = self.slots.existing(&lease.state_id) {
                 let mut st = slot.lock();
                 if st
                     .lease
@@ -150,13 +164,6 @@ impl LockManager {
         }
     }
 
-    /// A slot nobody refers to and that holds nothing goes; the map's lock
-    /// is what every acquire takes to find its slot, so none can be joining.
-    fn forget_idle_slots(&self) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.retain(|_, slot| std::sync::Arc::strong_count(slot) > 1 || !slot.lock().is_idle());
-    }
-
     /// Hands everything back at shutdown: each current lease is recorded as
     /// handed over (the next authority adopts it), writes on their way land,
     /// every pending row is written, and only then are the claims withdrawn,
@@ -164,7 +171,7 @@ impl LockManager {
     /// how long this takes.
     pub async fn hand_back(&self) {
         let mut claims = Vec::new();
-        for (id, slot) in self.snapshot() {
+        for (id, slot) in self.slots.snapshot() {
             let handed = {
                 let mut st = slot.lock();
                 let Some(claim) = st.claim.take() else {
@@ -193,7 +200,7 @@ impl LockManager {
         if claims.is_empty() {
             return;
         }
-        if let Err(err) = self.withdraw_claims(&claims).await {
+        if let Err(err) = self.coordinator.withdraw_claims(&claims).await {
             tracing::warn!(error = %err, claims = claims.len(), "could not withdraw claims; they lapse by themselves");
         }
     }
@@ -204,11 +211,12 @@ impl LockManager {
         loop {
             let now = Instant::now();
             let landing = self
+                .slots
                 .snapshot()
                 .into_iter()
                 .filter_map(|(id, slot)| {
                     let mut st = slot.lock();
-                    st.expire(&id, now, &self.metrics);
+                    st.expire(&id, now, self.slots.metrics());
                     st.landing_until()
                 })
                 .max();

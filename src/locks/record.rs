@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::domain::StateId;
+use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
 use crate::store::{LeaseRecord, LeaseStore, StoreError, now_ms};
 
 /// How long a flush waits for more rows to join it once one is pending.
@@ -36,6 +36,24 @@ impl Recorder {
             pending: Mutex::new(HashMap::new()),
             wake: Notify::new(),
         }
+    }
+
+    /// The row of a lease granted or renewed.
+    pub fn held(&self, lease: &Lease, version: LeaseVersion) {
+        self.record(LeaseRecord {
+            lease: lease.clone(),
+            version,
+            state: LeaseState::Held,
+        });
+    }
+
+    /// The row of a lease released (by its holder, or forced).
+    pub fn released(&self, lease: Lease, version: LeaseVersion) {
+        self.record(LeaseRecord {
+            lease,
+            version: version.released(),
+            state: LeaseState::Released,
+        });
     }
 
     pub fn record(&self, record: LeaseRecord) {

@@ -7,10 +7,12 @@
 //! the ticket is settled: the sender reports the INSERT's outcome, or the
 //! ticket's budget, and ClickHouse's `max_execution_time` after it, pass.
 //! A sender that dies or hangs up holds the ids no longer than that.
+//!
+//! This file is the protocol and the sender's side; the authority's
+//! registry of issued tickets is `issued`.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -19,9 +21,9 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::forward::{Peer, PeerClient};
-use super::write::Sending;
-use super::{LockError, LockManager};
+use super::error::LockError;
+use super::forward::{PeerClient, Router};
+use super::peer::Peer;
 use crate::domain::{Lease, StateId};
 
 /// Where a ticket is asked for, and settled (`/{ticket}`).
@@ -59,33 +61,6 @@ pub struct TicketGrant {
 pub struct TicketLease {
     pub owner: String,
     pub fencing_token: u64,
-}
-
-/// The tickets this gateway issued as an authority, until settled.
-#[derive(Default)]
-pub(super) struct Tickets {
-    issued: Mutex<HashMap<Uuid, Issued>>,
-}
-
-struct Issued {
-    ids: Vec<StateId>,
-    permit: Sending,
-}
-
-impl Tickets {
-    fn insert(&self, ticket: Uuid, issued: Issued) {
-        let mut map = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        // A ticket its sender never settled is dropped once its budget is
-        // spent: its ids stay ungrantable while the write may still land.
-        let now = Instant::now();
-        map.retain(|_, issued| issued.permit.until() > now);
-        map.insert(ticket, issued);
-    }
-
-    fn take(&self, ticket: Uuid) -> Option<Issued> {
-        let mut map = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(&ticket)
-    }
 }
 
 /// A ticket held by the gateway sending the writes. Dropped, it settles
@@ -144,134 +119,79 @@ impl Drop for RemoteTicket {
     }
 }
 
-impl LockManager {
-    /// As the authority of every id of `writes`: admits them by the lock
-    /// rule and registers them as sending, under a new ticket. Answers the
-    /// index of the first write refused.
-    pub fn issue_ticket(
-        &self,
-        writes: &[(StateId, Option<Uuid>)],
-    ) -> Result<TicketGrant, (usize, LockError)> {
-        let mut admitted = Vec::with_capacity(writes.len());
-        for (index, (id, lease_id)) in writes.iter().enumerate() {
-            match self.admit_here(id, *lease_id) {
-                Some(Ok(write)) => admitted.push(write),
-                Some(Err(err)) => return Err((index, err)),
-                None => return Err((index, LockError::NotAuthority(id.clone()))),
-            }
-        }
-        let permit = Sending::all(&admitted)?;
-        let leases = admitted
+/// Asks `peer`, the authority of the ids of `writes`, for a ticket.
+/// Answers it with the lease each write was admitted under, or the index
+/// of the first write refused.
+pub(super) async fn request_ticket(
+    router: &Router,
+    peer: &Peer,
+    writes: &[(&StateId, Option<Uuid>)],
+    authorization: Option<&HeaderValue>,
+) -> Result<(Arc<RemoteTicket>, Vec<Option<Lease>>), (usize, LockError)> {
+    let moving = |index: usize| (index, LockError::Moving(writes[index].0.clone()));
+    let body = TicketRequest {
+        writes: writes
             .iter()
-            .map(|write| {
-                write.lease().map(|lease| TicketLease {
-                    owner: lease.owner.clone(),
-                    fencing_token: lease.fencing_token,
-                })
+            .map(|(id, lease_id)| TicketWrite {
+                state_id: id.as_str().to_owned(),
+                lease_id: *lease_id,
             })
-            .collect();
-        let ticket = Uuid::new_v4();
-        let budget_ms = u64::try_from(permit.budget().as_millis()).unwrap_or(u64::MAX);
-        let ids = writes.iter().map(|(id, _)| id.clone()).collect();
-        self.tickets.insert(ticket, Issued { ids, permit });
-        Ok(TicketGrant {
-            ticket,
-            budget_ms,
-            leases,
+            .collect(),
+    };
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(TICKETS_PATH)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(authorization) = authorization {
+        request = request.header(header::AUTHORIZATION, authorization);
+    }
+    let body = serde_json::to_vec(&body).expect("a ticket request serializes");
+    let request = request.body(Body::from(body)).expect("a valid request");
+    let asked = Instant::now();
+    let response = router
+        .forward(peer, request, TICKET_DEADLINE)
+        .await
+        .map_err(|err| {
+            tracing::warn!(error = %err, "could not ask the authority for a ticket");
+            moving(0)
+        })?;
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|_| moving(0))?
+        .to_bytes();
+    if status != StatusCode::CREATED {
+        return Err(refusal(&bytes, writes));
+    }
+    let grant: TicketGrant = serde_json::from_slice(&bytes).map_err(|_| moving(0))?;
+    let leases = writes
+        .iter()
+        .zip(&grant.leases)
+        .map(|((id, lease_id), lease)| {
+            Some(Lease {
+                state_id: (*id).clone(),
+                lease_id: (*lease_id)?,
+                owner: lease.as_ref()?.owner.clone(),
+                fencing_token: lease.as_ref()?.fencing_token,
+                gateway_id: peer.gateway_id,
+                acquired_ms: 0,
+                expires_ms: 0,
+            })
         })
-    }
-
-    /// Settles a ticket this gateway issued: with the outcome `known`, its
-    /// ids are free for the next grant at once; else once the write can no
-    /// longer land. `before_release` sees the ids first (what the gateway
-    /// remembers of them is stale). False for an unknown ticket.
-    pub fn settle_ticket(
-        &self,
-        ticket: Uuid,
-        known: bool,
-        before_release: impl FnOnce(&[StateId]),
-    ) -> bool {
-        let Some(issued) = self.tickets.take(ticket) else {
-            return false;
-        };
-        before_release(&issued.ids);
-        issued.permit.settle(known);
-        true
-    }
-
-    /// Asks `peer`, the authority of the ids of `writes`, for a ticket.
-    /// Answers it with the lease each write was admitted under, or the
-    /// index of the first write refused.
-    pub(super) async fn request_ticket(
-        &self,
-        peer: &Peer,
-        writes: &[(&StateId, Option<Uuid>)],
-        authorization: Option<&HeaderValue>,
-    ) -> Result<(Arc<RemoteTicket>, Vec<Option<Lease>>), (usize, LockError)> {
-        let moving = |index: usize| (index, LockError::Moving(writes[index].0.clone()));
-        let body = TicketRequest {
-            writes: writes
-                .iter()
-                .map(|(id, lease_id)| TicketWrite {
-                    state_id: id.as_str().to_owned(),
-                    lease_id: *lease_id,
-                })
-                .collect(),
-        };
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(TICKETS_PATH)
-            .header(header::CONTENT_TYPE, "application/json");
-        if let Some(authorization) = authorization {
-            request = request.header(header::AUTHORIZATION, authorization);
-        }
-        let body = serde_json::to_vec(&body).expect("a ticket request serializes");
-        let request = request.body(Body::from(body)).expect("a valid request");
-        let asked = Instant::now();
-        let response = self
-            .forward(peer, request, TICKET_DEADLINE)
-            .await
-            .map_err(|err| {
-                tracing::warn!(error = %err, "could not ask the authority for a ticket");
-                moving(0)
-            })?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|_| moving(0))?
-            .to_bytes();
-        if status != StatusCode::CREATED {
-            return Err(refusal(&bytes, writes));
-        }
-        let grant: TicketGrant = serde_json::from_slice(&bytes).map_err(|_| moving(0))?;
-        let leases = writes
-            .iter()
-            .zip(&grant.leases)
-            .map(|((id, lease_id), lease)| {
-                Some(Lease {
-                    state_id: (*id).clone(),
-                    lease_id: (*lease_id)?,
-                    owner: lease.as_ref()?.owner.clone(),
-                    fencing_token: lease.as_ref()?.fencing_token,
-                    gateway_id: peer.gateway_id,
-                    acquired_ms: 0,
-                    expires_ms: 0,
-                })
-            })
-            .collect();
-        let ticket = RemoteTicket {
-            peer: peer.clone(),
-            ticket: grant.ticket,
-            until: asked + Duration::from_millis(grant.budget_ms),
-            client: self.peers.clone(),
-            me: self.settings.gateway_id,
-            authorization: authorization.cloned(),
-            unknown: AtomicBool::new(false),
-        };
-        Ok((Arc::new(ticket), leases))
-    }
+        .collect();
+    let (client, me) = router.client();
+    let ticket = RemoteTicket {
+        peer: peer.clone(),
+        ticket: grant.ticket,
+        until: asked + Duration::from_millis(grant.budget_ms),
+        client,
+        me,
+        authorization: authorization.cloned(),
+        unknown: AtomicBool::new(false),
+    };
+    Ok((Arc::new(ticket), leases))
 }
 
 /// The authority's refusal of a ticket as this gateway tells it: the entry

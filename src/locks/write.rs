@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::LockError;
+use super::error::LockError;
 use super::slot::Slot;
+use super::slots::Slots;
 use super::ticket::RemoteTicket;
 use crate::domain::{Lease, StateId};
 use crate::store::{StoreError, now_ms};
@@ -299,6 +300,44 @@ impl Drop for Sending {
                 *until = unknown_until;
             }
         }
+    }
+}
+
+/// The lock rule applied by this gateway as `id`'s authority; None when it
+/// is not the authority.
+pub(super) fn admit_here(
+    slots: &Slots,
+    id: &StateId,
+    lease_id: Option<Uuid>,
+    query_timeout: Duration,
+) -> Option<Result<Admitted, LockError>> {
+    let slot = slots.existing(id)?;
+    let mut st = slot.lock();
+    st.expire(id, Instant::now(), slots.metrics());
+    let claim_id = st.claim.as_ref()?.candidate.claim_id;
+    let current = st.lease.as_ref().map(|l| l.lease.clone());
+    drop(st);
+    Some(
+        lease_rule(id, current.as_ref(), lease_id)
+            .map(|lease| Admitted::local(id.clone(), lease, slot, claim_id, query_timeout)),
+    )
+}
+
+/// The lock rule of a write: while `id` is locked it needs the holder's
+/// lease, and a lease it carries must be the current one.
+pub(super) fn lease_rule(
+    id: &StateId,
+    current: Option<&Lease>,
+    lease_id: Option<Uuid>,
+) -> Result<Option<Lease>, LockError> {
+    match (current, lease_id) {
+        (None, None) => Ok(None),
+        (Some(lease), Some(given)) if lease.lease_id == given => Ok(Some(lease.clone())),
+        (Some(holder), None) => Err(LockError::Locked {
+            state_id: id.clone(),
+            holder: Box::new(holder.clone()),
+        }),
+        (_, Some(given)) => Err(LockError::NotCurrent(given)),
     }
 }
 

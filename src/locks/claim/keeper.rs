@@ -20,10 +20,10 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
+use super::Coordinator;
 use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
 use crate::domain::StateId;
-use crate::locks::LockManager;
-use crate::locks::forward::Peer;
+use crate::locks::peer::Peer;
 use crate::locks::slot::{HeldClaim, TokenBlock};
 use crate::metrics::LockEvent;
 use crate::store::{Candidate, KeeperClaimStore, NewClaim, Outcome, StoreError};
@@ -37,7 +37,7 @@ const RACES: usize = 3;
 /// all the same: it is released in the background, so that no claim is
 /// left that nobody renews.
 struct Making<'a> {
-    manager: &'a LockManager,
+    coordinator: &'a Coordinator,
     id: &'a StateId,
     candidate: Candidate,
     known: bool,
@@ -46,13 +46,13 @@ struct Making<'a> {
 impl Drop for Making<'_> {
     fn drop(&mut self) {
         if !self.known {
-            self.manager
+            self.coordinator
                 .withdraw_in_background(self.id.clone(), self.candidate.clone());
         }
     }
 }
 
-impl LockManager {
+impl Coordinator {
     pub(super) async fn claim_in_keeper(
         &self,
         store: &KeeperClaimStore,
@@ -84,7 +84,7 @@ impl LockManager {
                 tokens: base - key_token + TOKENS_PER_BLOCK,
             };
             let mut making = Making {
-                manager: self,
+                coordinator: self,
                 id,
                 candidate: Candidate {
                     claim_id: new.claim_id,

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
+use super::Coordinator;
 use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
 use crate::domain::StateId;
-use crate::locks::LockManager;
-use crate::locks::forward::Peer;
+use crate::locks::peer::Peer;
 use crate::locks::slot::{HeldClaim, TokenBlock};
 use crate::metrics::LockEvent;
 use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
@@ -19,7 +19,7 @@ use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 /// it (its future abandoned), it is withdrawn in the background: a live
 /// candidate nobody acts on would make every later attempt wait out its TTL.
 struct Proposed<'a> {
-    manager: &'a LockManager,
+    coordinator: &'a Coordinator,
     id: StateId,
     candidate: Candidate,
     settled: bool,
@@ -35,13 +35,13 @@ impl Proposed<'_> {
 impl Drop for Proposed<'_> {
     fn drop(&mut self) {
         if !self.settled {
-            self.manager
+            self.coordinator
                 .withdraw_in_background(self.id.clone(), self.candidate.clone());
         }
     }
 }
 
-impl LockManager {
+impl Coordinator {
     /// Claims `id`: proposes a candidate, lets it settle, and wins if it is
     /// the earliest live candidate. When a gateway with an advertised URL is
     /// earlier, the attempt withdraws and the request is forwarded there.
@@ -59,7 +59,7 @@ impl LockManager {
         // Until the proposal is known to have landed its place in line is
         // unknown; a withdrawal (highest version) covers it either way.
         let mut proposed = Proposed {
-            manager: self,
+            coordinator: self,
             id: id.clone(),
             candidate: Candidate {
                 claim_id: Uuid::new_v4(),

@@ -1,0 +1,248 @@
+//! Acquiring a lease: the I/O half of the slot's pure decisions. An
+//! acquirer asks its slot what to do next (`SlotState::next_step`), does it
+//! (a claim attempt, a renewal, a token reservation, a wait) with no slot
+//! lock held, applies the outcome, and asks again, until it is granted or
+//! gives up. Every await is a place where the acquire may be dropped (its
+//! client hung up): the guards in `slot` and `claim` leave the line and
+//! withdraw what it proposed.
+
+use std::time::{Duration, Instant};
+
+use super::claim::{ClaimOutcome, Coordinator};
+use super::error::LockError;
+use super::record::Recorder;
+use super::slot::{ClaimAttempt, InLine, Rules, Step, Waiter};
+use super::slots::Slots;
+use crate::config::LockSettings;
+use crate::domain::{Lease, StateId};
+use crate::metrics::LockEvent;
+use crate::store::now_ms;
+
+/// How often, and for how long at least, a 409 looks again for a holder
+/// that another gateway granted a moment ago (see
+/// [`Acquirer::held_elsewhere`]): the lease row follows the grant within
+/// one flush of the recorder (at most a second apart).
+const HOLDER_POLL: Duration = Duration::from_millis(25);
+const HOLDER_WAIT: Duration = Duration::from_secs(3);
+
+/// One acquire, with the parts of the lock core it uses.
+pub(super) struct Acquirer<'a> {
+    pub slots: &'a Slots,
+    pub coordinator: &'a Coordinator,
+    pub recorder: &'a Recorder,
+    pub settings: &'a LockSettings,
+    /// What a write under a lease that just ended may keep the next grant waiting.
+    pub query_timeout: Duration,
+}
+
+impl Acquirer<'_> {
+    /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
+    /// waiters; a first acquire still runs one claim attempt (settle included)
+    /// even with no wait at all.
+    pub async fn acquire(
+        self,
+        id: &StateId,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
+        let deadline = Instant::now() + wait;
+        let in_line = InLine::join(self.slots.get_or_make(id));
+        let result = self
+            .wait_for_grant(id, &in_line, owner, ttl, deadline)
+            .await;
+        match &result {
+            Ok(_) => self.slots.metrics().lock_event(LockEvent::Grant),
+            Err(LockError::Held { .. }) => self.slots.metrics().lock_event(LockEvent::Timeout),
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn wait_for_grant(
+        &self,
+        id: &StateId,
+        in_line: &InLine,
+        owner: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        let slot = in_line.slot();
+        let rules = self.rules();
+        let mut waiter = Waiter {
+            ticket: in_line.ticket,
+            owner,
+            ttl,
+            deadline,
+            attempted_claim: false,
+        };
+        let mut counted_wait = false;
+        loop {
+            let notified = slot.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+
+            let mut attempt = None;
+            let decision = {
+                let mut st = slot.lock();
+                let now = Instant::now();
+                st.expire(id, now, self.slots.metrics());
+                let decision = st.next_step(id, &waiter, &rules, now, now_ms());
+                if decision.step == Step::Claim {
+                    attempt = Some(ClaimAttempt::begin(&mut st, slot));
+                }
+                decision
+            };
+            if let Some(candidate) = decision.withdraw {
+                self.coordinator
+                    .withdraw_in_background(id.clone(), candidate);
+            }
+            match decision.step {
+                Step::Granted(lease, version) => {
+                    self.recorder.held(&lease, version);
+                    return Ok(lease);
+                }
+                Step::RenewClaim(claim_id) => {
+                    let started = Instant::now();
+                    let lost = self
+                        .coordinator
+                        .renew_claims(&[(id.clone(), claim_id)])
+                        .await?;
+                    let mut st = slot.lock();
+                    if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(claim_id) {
+                        if lost.contains(&claim_id) {
+                            st.lose_claim(id, self.slots.metrics());
+                        } else if let Some(claim) = st.claim.as_mut() {
+                            claim.valid_until = started + self.coordinator.claim_margin();
+                        }
+                    }
+                }
+                Step::ReserveTokens { claim_id, first } => {
+                    let block = self.coordinator.reserve_tokens(id, claim_id, first).await?;
+                    let mut st = slot.lock();
+                    match block {
+                        Some(block) => st.add_tokens(claim_id, block),
+                        None if st.claim.as_ref().map(|c| c.candidate.claim_id)
+                            == Some(claim_id) =>
+                        {
+                            st.lose_claim(id, self.slots.metrics());
+                        }
+                        None => {}
+                    }
+                }
+                Step::Claim => {
+                    let outcome = self.coordinator.try_claim(id, deadline).await;
+                    // Cleared before the outcome is applied: the guard takes the lock.
+                    drop(attempt);
+                    waiter.attempted_claim = true;
+                    match outcome? {
+                        ClaimOutcome::Won(won) => {
+                            let (adopted, granted) = {
+                                let mut st = slot.lock();
+                                st.claim = Some(won.claim);
+                                st.tokens = won.tokens;
+                                let adopted = won.adopted.map(|adopted| {
+                                    let row = (adopted.lease.clone(), adopted.version);
+                                    st.lease = Some(adopted);
+                                    // Gateways without the claim admitted writes
+                                    // under the handed-over lease, by its row: the
+                                    // next grant waits out their budget too.
+                                    let number = st.next_send;
+                                    st.next_send += 1;
+                                    st.sending
+                                        .insert(number, Instant::now() + self.query_timeout);
+                                    row
+                                });
+                                // The winner gets a lease before any hand-over,
+                                // unless a lease from before is still running.
+                                let granted = if st.lease.is_none() {
+                                    st.grant(
+                                        id,
+                                        &waiter,
+                                        self.settings.gateway_id,
+                                        now_ms(),
+                                        Instant::now(),
+                                    )
+                                } else {
+                                    None
+                                };
+                                (adopted, granted)
+                            };
+                            slot.changed.notify_waiters();
+                            if let Some((lease, version)) = adopted {
+                                self.recorder.held(&lease, version);
+                            }
+                            if let Some((lease, version)) = granted {
+                                self.recorder.held(&lease, version);
+                                return Ok(lease);
+                            }
+                        }
+                        ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
+                        ClaimOutcome::Lost if Instant::now() >= deadline => {
+                            return Err(self.held_elsewhere(id).await);
+                        }
+                        // Our candidate lapsed in line: stand in line again.
+                        ClaimOutcome::Lost => {}
+                    }
+                }
+                Step::GiveUp(Some(holder)) => {
+                    return Err(LockError::Held {
+                        state_id: id.clone(),
+                        holder: Some(Box::new(holder)),
+                    });
+                }
+                // A claim attempt ahead of this waiter is still in line at
+                // ClickHouse: the holder is whoever ClickHouse records.
+                Step::GiveUp(None) => return Err(self.held_elsewhere(id).await),
+                Step::Wait(wake_at) => {
+                    if !counted_wait {
+                        counted_wait = true;
+                        self.slots.metrics().lock_event(LockEvent::Wait);
+                    }
+                    tokio::select! {
+                        () = &mut notified => {}
+                        () = tokio::time::sleep_until(wake_at.into()) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn rules(&self) -> Rules {
+        Rules {
+            gateway_id: self.settings.gateway_id,
+            grant_margin: self.coordinator.grant_margin(),
+            // A claim attempt takes the settle and a few round trips; a write
+            // under way, one.
+            holder_grace: self.settings.settle + 2 * self.query_timeout,
+        }
+    }
+
+    /// The 409 for an id that another gateway holds the claim on. Its lease
+    /// row is written behind its grant, so a lease granted a moment ago may
+    /// not be recorded yet: the record is read again for a while (a gateway
+    /// that just won a claim grants at once).
+    async fn held_elsewhere(&self, id: &StateId) -> LockError {
+        let started = Instant::now();
+        loop {
+            match self.coordinator.recorded_lease(id, None).await {
+                Ok(Some(holder)) => {
+                    return LockError::Held {
+                        state_id: id.clone(),
+                        holder: Some(Box::new(holder)),
+                    };
+                }
+                Ok(None) if started.elapsed() < HOLDER_WAIT.max(self.settings.settle) => {
+                    tokio::time::sleep(HOLDER_POLL).await;
+                }
+                Ok(None) => {
+                    return LockError::Held {
+                        state_id: id.clone(),
+                        holder: None,
+                    };
+                }
+                Err(err) => return err.into(),
+            }
+        }
+    }
+}

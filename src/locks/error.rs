@@ -1,0 +1,43 @@
+//! Why a lock operation, or a write under the lock rule, was refused.
+
+use uuid::Uuid;
+
+use super::peer::Peer;
+use crate::domain::{Lease, StateId};
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{state_id} is locked and the wait ran out")]
+    Held {
+        state_id: StateId,
+        holder: Option<Box<Lease>>,
+    },
+    #[error(
+        "lease {0} is not the current lease of this state (released, expired, force-unlocked or unknown)"
+    )]
+    NotCurrent(Uuid),
+    #[error("lease {lease_id} is held through gateway {gateway_id}; renew or release it there")]
+    HeldElsewhere { lease_id: Uuid, gateway_id: Uuid },
+    #[error("{state_id} is locked; writes need the holder's Lease-Id")]
+    Locked {
+        state_id: StateId,
+        holder: Box<Lease>,
+    },
+    /// As `Locked`, told by the id's authority, another gateway.
+    #[error("{0} is locked; writes need the holder's Lease-Id")]
+    LockedElsewhere(StateId),
+    /// The claim a write was admitted under went before the write went out
+    /// (a hand-over or a lapse): the id's authority is moving.
+    #[error("the claim on {0} moved while the write was on its way; retry shortly")]
+    Moving(StateId),
+    /// This gateway holds no claim on the id, so it cannot admit a write
+    /// to it for another gateway (a ticket asked of the wrong gateway).
+    #[error("this gateway is not the authority for {0}")]
+    NotAuthority(StateId),
+    /// Another gateway won the claim: the request belongs there.
+    #[error("gateway {} is the authority for this state_id", .0.gateway_id)]
+    Elsewhere(Peer),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,459 @@
+//! The lock handle every request shares: a short surface over the parts of
+//! the lock core (see the invariants in `locks`). It owns the slots, the
+//! claim protocol, the lease recorder, the router to peers and the tickets
+//! it issued; the acquire loop (`acquire`), the write rule (`write`) and
+//! the background task (`maintain`) work on those parts, never on the handle.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Request, Response};
+use uuid::Uuid;
+
+use super::acquire::Acquirer;
+use super::claim::Coordinator;
+use super::error::LockError;
+use super::forward::{ForwardError, Router};
+use super::issued::Issued;
+use super::maintain::Maintenance;
+use super::peer::{Peer, Route, SeenLease};
+use super::record::Recorder;
+use super::slot::millis;
+use super::slots::Slots;
+use super::ticket::{TicketGrant, request_ticket};
+use super::write::{Admitted, admit_here, lease_rule};
+use crate::config::LockSettings;
+use crate::domain::{Lease, LeaseState, StateId};
+use crate::metrics::{LockEvent, Metrics};
+use crate::store::{KeeperClaimStore, LeaseRecord, LeaseStore, now_ms};
+
+pub struct LockManager {
+    settings: LockSettings,
+    /// The longest one ClickHouse round trip may take: what a write under a
+    /// lease that just ended may keep the next grant waiting.
+    query_timeout: Duration,
+    /// The slot of every state_id this gateway has business with.
+    slots: Arc<Slots>,
+    /// The claim protocol (`--coordination`).
+    coordinator: Arc<Coordinator>,
+    /// Lease rows on their way to ClickHouse.
+    recorder: Arc<Recorder>,
+    leases: LeaseStore,
+    metrics: Arc<Metrics>,
+    /// Where requests about an id go, and the client to peers.
+    router: Router,
+    /// Admissions this gateway, as authority, gave writes another gateway sends.
+    issued: Issued,
+}
+
+impl LockManager {
+    pub fn new(
+        settings: LockSettings,
+        query_timeout: Duration,
+        leases: LeaseStore,
+        keeper: KeeperClaimStore,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let coordinator = Arc::new(Coordinator::new(
+            settings.clone(),
+            leases.clone(),
+            keeper,
+            metrics.clone(),
+        ));
+        Self {
+            router: Router::new(&settings),
+            settings,
+            query_timeout,
+            slots: Arc::new(Slots::new(metrics.clone())),
+            coordinator,
+            recorder: Arc::new(Recorder::new(leases.clone())),
+            leases,
+            metrics,
+            issued: Issued::default(),
+        }
+    }
+
+    fn maintenance(&self) -> Maintenance {
+        Maintenance {
+            slots: self.slots.clone(),
+            coordinator: self.coordinator.clone(),
+            recorder: self.recorder.clone(),
+            leases: self.leases.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// The background task: renews claims, lets idle ones go, writes lease
+    /// rows. Runs until dropped.
+    pub async fn maintain(self: Arc<Self>) {
+        self.maintenance().run().await;
+    }
+
+    /// Hands every claim and lease back at shutdown (see `maintain`).
+    pub async fn hand_back(&self) {
+        self.maintenance().hand_back().await;
+    }
+
+    /// The claim this gateway holds on `id`, if it is the id's authority: as
+    /// long as it holds that claim, every write to the id comes through it.
+    pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
+        self.slots.authority_claim(id)
+    }
+
+    /// Whether no write under this gateway's claim on `id` may still land.
+    pub fn nothing_landing(&self, id: &StateId) -> bool {
+        self.slots.nothing_landing(id)
+    }
+
+    /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
+    /// waiters; a first acquire still runs one claim attempt (settle included)
+    /// even with no wait at all.
+    pub async fn acquire(
+        &self,
+        id: &StateId,
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, LockError> {
+        Acquirer {
+            slots: &self.slots,
+            coordinator: &self.coordinator,
+            recorder: &self.recorder,
+            settings: &self.settings,
+            query_timeout: self.query_timeout,
+        }
+        .acquire(id, owner, ttl, wait)
+        .await
+    }
+
+    /// Extends the current lease by `ttl` from now.
+    pub async fn renew(
+        &self,
+        id: &StateId,
+        lease_id: Uuid,
+        ttl: Duration,
+    ) -> Result<Lease, LockError> {
+        if let Some(slot) = self.slots.existing(id) {
+            let renewed = {
+                let mut st = slot.lock();
+                st.expire(id, Instant::now(), &self.metrics);
+                let renewed = st
+                    .claim
+                    .is_some()
+                    .then(|| st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id))
+                    .flatten()
+                    .map(|local| {
+                        local.lease.expires_ms = now_ms().saturating_add(millis(ttl));
+                        local.version = local.version.renewed();
+                        local.deadline = Instant::now() + ttl;
+                        (local.lease.clone(), local.version)
+                    });
+                if renewed.is_some() {
+                    st.last_used = Some(Instant::now());
+                }
+                renewed
+            };
+            if let Some((renewed, version)) = renewed {
+                self.recorder.held(&renewed, version);
+                self.metrics.lock_event(LockEvent::Renewal);
+                return Ok(renewed);
+            }
+        }
+        Err(self.not_here(id, lease_id).await)
+    }
+
+    /// Releases the lease if it is the current one.
+    pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
+        if let Some(slot) = self.slots.existing(id) {
+            let released = {
+                let mut st = slot.lock();
+                st.expire(id, Instant::now(), &self.metrics);
+                if st.claim.is_some()
+                    && st
+                        .lease
+                        .as_ref()
+                        .is_some_and(|l| l.lease.lease_id == lease_id)
+                {
+                    let local = st.lease.take().expect("checked above");
+                    st.last_used = Some(Instant::now());
+                    // Writes sent under the lease may still land: until they
+                    // have, the claim stays (maintenance hands it over then).
+                    let handover = st.claim.as_ref().is_some_and(|c| c.handover)
+                        && st.queue.is_empty()
+                        && st.claim_can_go();
+                    let claim = if handover { st.claim.take() } else { None };
+                    Some((local, claim))
+                } else {
+                    None
+                }
+            };
+            if let Some((local, claim)) = released {
+                slot.changed.notify_waiters();
+                self.metrics.lock_event(LockEvent::Release);
+                self.recorder.released(local.lease, local.version);
+                if let Some(claim) = claim {
+                    self.coordinator
+                        .withdraw_in_background(id.clone(), claim.candidate);
+                }
+                return Ok(());
+            }
+        }
+        Err(self.not_here(id, lease_id).await)
+    }
+
+    /// Why `lease_id` is not a lease this gateway can act on.
+    async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
+        match self.coordinator.authority(id).await {
+            Ok(authority) => match authority.lease_in_force() {
+                Some(lease)
+                    if lease.lease_id == lease_id
+                        && lease.gateway_id != self.settings.gateway_id =>
+                {
+                    LockError::HeldElsewhere {
+                        lease_id,
+                        gateway_id: lease.gateway_id,
+                    }
+                }
+                _ => LockError::NotCurrent(lease_id),
+            },
+            Err(err) => LockError::Store(err),
+        }
+    }
+
+    /// Ends whatever lease `id` has. Answers whether there was one.
+    pub async fn force_unlock(&self, id: &StateId) -> Result<bool, LockError> {
+        if let Some(slot) = self.slots.existing(id) {
+            let ended = {
+                let mut st = slot.lock();
+                st.expire(id, Instant::now(), &self.metrics);
+                if st.claim.is_some() {
+                    Some(st.lease.take())
+                } else {
+                    None
+                }
+            };
+            if let Some(ended) = ended {
+                let had_lease = ended.is_some();
+                if let Some(local) = ended {
+                    slot.changed.notify_waiters();
+                    self.metrics.lock_event(LockEvent::ForcedRelease);
+                    self.recorder.released(local.lease, local.version);
+                }
+                return Ok(had_lease);
+            }
+        }
+        // No claim here: a lease handed on at a shutdown, or one held through
+        // a gateway that cannot be forwarded to, which sees the mark at its
+        // next maintenance tick and stops honouring the lease.
+        match self.coordinator.authority(id).await?.in_force() {
+            Some(stored) => {
+                let record = stored.record.clone();
+                self.leases
+                    .write_leases(&[LeaseRecord {
+                        version: record.version.released(),
+                        state: LeaseState::Released,
+                        lease: record.lease,
+                    }])
+                    .await?;
+                self.metrics.lock_event(LockEvent::ForcedRelease);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// The current lease of `id`: this gateway's own when it is the
+    /// authority, else what ClickHouse records (as `seen` while routing the
+    /// request, if that is fresh).
+    pub async fn current(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+    ) -> Result<Option<Lease>, LockError> {
+        if let Some(slot) = self.slots.existing(id) {
+            let mut st = slot.lock();
+            st.expire(id, Instant::now(), &self.metrics);
+            if st.claim.is_some() {
+                return Ok(st.lease.as_ref().map(|l| l.lease.clone()));
+            }
+        }
+        Ok(self.coordinator.recorded_lease(id, seen).await?)
+    }
+
+    /// Every current lease: ClickHouse's record, with this gateway's own
+    /// leases as they are now (their rows may still be on their way).
+    pub async fn all(&self) -> Result<Vec<Lease>, LockError> {
+        let mut by_id: std::collections::BTreeMap<String, Lease> = self
+            .coordinator
+            .recorded_leases()
+            .await?
+            .into_iter()
+            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
+            .collect();
+        let now = Instant::now();
+        for (id, slot) in self.slots.snapshot() {
+            let mut st = slot.lock();
+            st.expire(&id, now, &self.metrics);
+            if st.claim.is_none() {
+                continue;
+            }
+            match &st.lease {
+                Some(local) => {
+                    by_id.insert(id.as_str().to_owned(), local.lease.clone());
+                }
+                None => {
+                    by_id.remove(id.as_str());
+                }
+            }
+        }
+        Ok(by_id.into_values().collect())
+    }
+
+    /// Admits a write to `id` carrying `lease_id` (or none) if the lock rule
+    /// lets it go ahead now; it is checked again as it goes out
+    /// ([`Admitted::sending`]).
+    pub async fn check_write(
+        &self,
+        id: &StateId,
+        lease_id: Option<Uuid>,
+        seen: Option<&SeenLease>,
+    ) -> Result<Admitted, LockError> {
+        if let Some(admitted) = admit_here(&self.slots, id, lease_id, self.query_timeout) {
+            return admitted;
+        }
+        let current = self.coordinator.recorded_lease(id, seen).await?;
+        let lease = lease_rule(id, current.as_ref(), lease_id)?;
+        Ok(Admitted::recorded(id.clone(), lease, self.query_timeout))
+    }
+
+    /// [`LockManager::check_write`] for a batch: against this gateway's own
+    /// leases where it is the authority; by a ticket from the authority
+    /// where another gateway is (asked once per authority, with
+    /// `authorization`, the request's credentials); and against the leases
+    /// ClickHouse records, read once, for ids nobody holds a claim on.
+    /// Answers each entry's admission, or the first entry refused.
+    pub async fn check_writes(
+        &self,
+        writes: &[(&StateId, Option<Uuid>)],
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Vec<Admitted>, (usize, LockError)> {
+        let recorded: HashMap<String, Lease> = self
+            .coordinator
+            .recorded_leases()
+            .await
+            .map_err(|err| (0, err.into()))?
+            .into_iter()
+            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
+            .collect();
+        // With no other gateway holding any claim, none is an authority.
+        let peers_hold_claims = !self
+            .coordinator
+            .claim_holders()
+            .await
+            .map_err(|err| (0, err.into()))?
+            .is_empty();
+        let mut admitted: Vec<Option<Admitted>> = writes.iter().map(|_| None).collect();
+        let mut by_authority: HashMap<Uuid, (Peer, Vec<usize>)> = HashMap::new();
+        for (index, (id, lease_id)) in writes.iter().enumerate() {
+            if let Some(here) = admit_here(&self.slots, id, *lease_id, self.query_timeout) {
+                admitted[index] = Some(here.map_err(|err| (index, err))?);
+                continue;
+            }
+            if peers_hold_claims
+                && let Route::Peer(peer) = self.route(id, true).await.map_err(|e| (index, e))?
+            {
+                by_authority
+                    .entry(peer.gateway_id)
+                    .or_insert_with(|| (peer, Vec::new()))
+                    .1
+                    .push(index);
+                continue;
+            }
+            let lease =
+                lease_rule(id, recorded.get(id.as_str()), *lease_id).map_err(|err| (index, err))?;
+            admitted[index] = Some(Admitted::recorded((*id).clone(), lease, self.query_timeout));
+        }
+        for (peer, indexes) in by_authority.into_values() {
+            let theirs: Vec<(&StateId, Option<Uuid>)> =
+                indexes.iter().map(|&i| writes[i]).collect();
+            let (ticket, leases) = request_ticket(&self.router, &peer, &theirs, authorization)
+                .await
+                .map_err(|(n, err)| (indexes[n], err))?;
+            for (&index, lease) in indexes.iter().zip(leases) {
+                admitted[index] = Some(Admitted::remote(
+                    writes[index].0.clone(),
+                    lease,
+                    ticket.clone(),
+                    self.query_timeout,
+                ));
+            }
+        }
+        Ok(admitted
+            .into_iter()
+            .map(|write| write.expect("every write admitted or refused"))
+            .collect())
+    }
+
+    /// As the authority of every id of `writes`: admits them by the lock
+    /// rule and registers them as sending, under a new ticket (see
+    /// `ticket`). Answers the index of the first write refused.
+    pub fn issue_ticket(
+        &self,
+        writes: &[(StateId, Option<Uuid>)],
+    ) -> Result<TicketGrant, (usize, LockError)> {
+        let mut admitted = Vec::with_capacity(writes.len());
+        for (index, (id, lease_id)) in writes.iter().enumerate() {
+            match admit_here(&self.slots, id, *lease_id, self.query_timeout) {
+                Some(Ok(write)) => admitted.push(write),
+                Some(Err(err)) => return Err((index, err)),
+                None => return Err((index, LockError::NotAuthority(id.clone()))),
+            }
+        }
+        let ids = writes.iter().map(|(id, _)| id.clone()).collect();
+        self.issued.issue(ids, &admitted)
+    }
+
+    /// Settles a ticket this gateway issued: `known` when its writes landed
+    /// or failed. `before_release` sees its ids before they are free (what
+    /// the gateway remembers of them is stale). False for an unknown ticket.
+    pub fn settle_ticket(
+        &self,
+        ticket: Uuid,
+        known: bool,
+        before_release: impl FnOnce(&[StateId]),
+    ) -> bool {
+        self.issued.settle(ticket, known, before_release)
+    }
+
+    /// Where requests about `id` go (see `forward`). `remembered` allows an
+    /// authority looked up lately instead of asking ClickHouse.
+    pub async fn route(&self, id: &StateId, remembered: bool) -> Result<Route, LockError> {
+        self.router
+            .route(id, remembered, &self.slots, &self.coordinator)
+            .await
+    }
+
+    /// Tells every other gateway holding claims what `parts` and `body` say
+    /// (a delete by pattern, which they must see before it is answered).
+    pub async fn tell_peers(&self, parts: &Parts, body: &Bytes) -> Result<(), LockError> {
+        self.router.tell_peers(parts, body, &self.coordinator).await
+    }
+
+    /// The peer looked up for `id` turned out not to be its authority.
+    pub fn forget_authority(&self, id: &StateId) {
+        self.router.forget_authority(id);
+    }
+
+    /// Sends `request` to `peer` and answers its response, or fails within `deadline`.
+    pub async fn forward(
+        &self,
+        peer: &Peer,
+        request: Request<Body>,
+        deadline: Duration,
+    ) -> Result<Response<Body>, ForwardError> {
+        self.router.forward(peer, request, deadline).await
+    }
+}

@@ -1,0 +1,54 @@
+//! The routing vocabulary: which gateway is a state_id's authority, as
+//! peers reach it, and where a request about the id is served.
+
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderName;
+use uuid::Uuid;
+
+use crate::domain::Lease;
+use crate::store::{Candidate, now_ms};
+
+pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
+
+/// The gateway that is the authority for a state_id, as peers reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub gateway_id: Uuid,
+    pub url: String,
+    /// When its claim lapses unless renewed (ms since the epoch, ClickHouse's
+    /// clock): until then nobody else can become the authority.
+    pub lapses_at_ms: i64,
+}
+
+impl Peer {
+    pub(super) fn of(candidate: &Candidate) -> Self {
+        Self {
+            gateway_id: candidate.gateway_id,
+            url: candidate.advertise_url.trim_end_matches('/').to_owned(),
+            lapses_at_ms: candidate.expires_ms,
+        }
+    }
+
+    /// How long until another gateway may take the id over, for `Retry-After`.
+    pub fn lapses_in(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.lapses_at_ms - now_ms()).unwrap_or(0))
+    }
+}
+
+/// Where a request about a state_id is served.
+#[derive(Clone, Debug)]
+pub enum Route {
+    /// With the lease ClickHouse records, when finding the route read it.
+    Here(Option<SeenLease>),
+    Peer(Peer),
+}
+
+/// The lease in force on a state_id that no gateway holds a claim on, as a
+/// request's routing read it: its lock check need not read it again (see
+/// `LockManager::recorded_lease`).
+#[derive(Clone, Debug)]
+pub struct SeenLease {
+    pub(super) lease: Option<Lease>,
+    pub(super) at: Instant,
+}

@@ -131,7 +131,7 @@ impl LockManager {
                 let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
                 let renewed = self
                     .leases
-                    .renew_claims(self.settings.gateway_id, &ids, self.settings.claim_ttl)
+                    .renew_claims(self.settings.gateway_id, &ids, self.timing.ttl())
                     .await?;
                 Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
             }
@@ -293,20 +293,6 @@ impl LockManager {
                 ..record.lease
             },
         })
-    }
-
-    /// How long a claim written at some instant is surely still live: its TTL
-    /// less a tenth for clock rate and scheduling slack.
-    pub(super) fn claim_margin(&self) -> Duration {
-        self.settings.claim_ttl - self.settings.claim_ttl / 10
-    }
-
-    /// The least validity a claim must have left for a grant under it: a
-    /// claim won late (a slow ClickHouse, a long line) is renewed before it
-    /// grants, so that no lease is dead on arrival. Background renewals keep
-    /// a held claim above this.
-    pub(super) fn grant_margin(&self) -> Duration {
-        self.settings.claim_ttl / 2
     }
 }
 

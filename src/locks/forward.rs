@@ -167,7 +167,7 @@ impl LockManager {
         }
         let peer = Peer::of(first);
         self.authorities
-            .remember(id, &peer, self.settings.claim_ttl / 3);
+            .remember(id, &peer, self.timing.renew_interval());
         Ok(Route::Peer(peer))
     }
 

@@ -17,7 +17,7 @@ impl LockManager {
     /// Runs until dropped.
     pub async fn maintain(self: std::sync::Arc<Self>) {
         let claims = async {
-            let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
+            let mut tick = tokio::time::interval(self.timing.renew_interval());
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
@@ -41,7 +41,7 @@ impl LockManager {
             let drop_claim = st.claim.as_ref().is_some_and(|claim| {
                 st.claim_can_go()
                     && (claim.handover
-                        || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
+                        || (st.queue.is_empty() && idle_for >= self.timing.idle_release()))
             });
             if drop_claim {
                 let claim = st.claim.take().expect("checked above");
@@ -80,7 +80,7 @@ impl LockManager {
                 return;
             }
         };
-        let valid_until = started + self.claim_margin();
+        let valid_until = self.timing.valid_until(started);
         for (id, claim_id) in held {
             if lost.contains(claim_id) {
                 if let Some(slot) = self.existing_slot(id) {

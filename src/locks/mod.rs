@@ -19,7 +19,8 @@
 //!   gateway wins the claim only once this one's candidate has lapsed or been
 //!   withdrawn.
 //! - No lease dead on arrival: a grant needs at least half the claim TTL of
-//!   validity left; a claim with less is renewed first.
+//!   validity left; a claim with less is renewed first. These fractions of
+//!   the TTL, and every other wait they imply, are kept in [`timing`].
 //! - Fencing tokens strictly increase per state_id: a new authority reserves
 //!   a block of tokens above every token reserved or recorded before, and the
 //!   reservation is written before any token from it is handed out.
@@ -50,6 +51,7 @@ mod forward;
 mod maintain;
 mod record;
 mod slot;
+mod timing;
 mod write;
 
 use std::collections::HashMap;
@@ -63,6 +65,8 @@ use self::forward::{Authorities, PeerClient};
 pub use self::forward::{FORWARDED_BY, ForwardError, Peer, Route, SeenLease};
 use self::record::Recorder;
 use self::slot::{ClaimAttempt, InLine, Rules, Slot, Step, Waiter, millis};
+use self::timing::ClaimTiming;
+pub use self::timing::UNCONFIRMED_GRANT;
 pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 use crate::domain::Coordination;
@@ -102,12 +106,9 @@ pub enum LockError {
     Store(#[from] StoreError),
 }
 
-/// How often, and for how long at least, a 409 looks again for a holder
-/// that another gateway granted a moment ago (see
-/// [`LockManager::held_elsewhere`]): the lease row follows the grant within
-/// one flush of the recorder (at most a second apart).
+/// How often a 409 looks again for a holder that another gateway granted a
+/// moment ago (see [`LockManager::held_elsewhere`]).
 const HOLDER_POLL: Duration = Duration::from_millis(25);
-const HOLDER_WAIT: Duration = Duration::from_secs(3);
 
 /// The lock handle every request shares.
 pub struct LockManager {
@@ -115,6 +116,9 @@ pub struct LockManager {
     /// The longest one ClickHouse round trip may take: what a write under a
     /// lease that just ended may keep the next grant waiting.
     query_timeout: Duration,
+    /// Every wait and margin derived from the claim TTL, the settle time and
+    /// the query timeout.
+    timing: ClaimTiming,
     /// Where claims are kept: the lease table or Keeper (`--coordination`).
     claims: Claims,
     leases: LeaseStore,
@@ -143,6 +147,7 @@ impl LockManager {
         };
         let peers = PeerClient::new(settings.peer_tls.clone());
         Self {
+            timing: ClaimTiming::new(&settings, query_timeout),
             settings,
             query_timeout,
             claims,
@@ -264,7 +269,7 @@ impl LockManager {
                         if lost.contains(&claim_id) {
                             st.lose_claim(id, &self.metrics);
                         } else if let Some(claim) = st.claim.as_mut() {
-                            claim.valid_until = started + self.claim_margin();
+                            claim.valid_until = self.timing.valid_until(started);
                         }
                     }
                 }
@@ -300,8 +305,10 @@ impl LockManager {
                                     // next grant waits out their budget too.
                                     let number = st.next_send;
                                     st.next_send += 1;
-                                    st.sending
-                                        .insert(number, Instant::now() + self.query_timeout);
+                                    st.sending.insert(
+                                        number,
+                                        Instant::now() + self.timing.write_budget(),
+                                    );
                                     row
                                 });
                                 // The winner gets a lease before any hand-over,
@@ -362,10 +369,8 @@ impl LockManager {
     fn rules(&self) -> Rules {
         Rules {
             gateway_id: self.settings.gateway_id,
-            grant_margin: self.grant_margin(),
-            // A claim attempt takes the settle and a few round trips; a write
-            // under way, one.
-            holder_grace: self.settings.settle + 2 * self.query_timeout,
+            grant_margin: self.timing.grant_margin(),
+            holder_grace: self.timing.holder_grace(),
         }
     }
 
@@ -383,7 +388,7 @@ impl LockManager {
                         holder: Some(Box::new(holder)),
                     };
                 }
-                Ok(None) if started.elapsed() < HOLDER_WAIT.max(self.settings.settle) => {
+                Ok(None) if started.elapsed() < self.timing.holder_wait() => {
                     tokio::time::sleep(HOLDER_POLL).await;
                 }
                 Ok(None) => {
@@ -576,7 +581,7 @@ impl LockManager {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, StoreError> {
-        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.settings.settle / 2) {
+        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.timing.seen_lease_fresh()) {
             return Ok(seen.lease.clone());
         }
         Ok(self.authority(id).await?.lease_in_force().cloned())

@@ -70,7 +70,7 @@ impl LockManager {
     ) -> Result<ClaimOutcome, StoreError> {
         let me = self.settings.gateway_id;
         let url = self.settings.advertise_url.as_deref().unwrap_or("");
-        let ttl = self.settings.claim_ttl;
+        let ttl = self.timing.ttl();
         let mut marked = None;
         let mut raced = 0;
         loop {
@@ -159,17 +159,18 @@ impl LockManager {
                     self.metrics.lock_event(LockEvent::ClaimWin);
                     let mut claim = HeldClaim {
                         candidate: making.candidate.clone(),
-                        valid_until: started + self.claim_margin(),
+                        valid_until: self.timing.valid_until(started),
                         handover: false,
                     };
                     // Won late (a slow Keeper): renewed before the winner's
                     // grant, so that its lease is not dead on arrival.
-                    if claim.valid_until.saturating_duration_since(Instant::now())
-                        < self.grant_margin()
+                    if self
+                        .timing
+                        .renew_before_grant(claim.valid_until, Instant::now())
                     {
                         let renewing = Instant::now();
                         if store.renew(id, new.claim_id, ttl).await? == Outcome::Done {
-                            claim.valid_until = renewing + self.claim_margin();
+                            claim.valid_until = self.timing.valid_until(renewing);
                         }
                     }
                     let adopted = self.adopt(locks?.lease);
@@ -250,7 +251,7 @@ impl LockManager {
         for (id, claim_id) in held {
             let mut outcome = Outcome::Raced;
             for _ in 0..RACES {
-                outcome = store.renew(id, *claim_id, self.settings.claim_ttl).await?;
+                outcome = store.renew(id, *claim_id, self.timing.ttl()).await?;
                 if outcome != Outcome::Raced {
                     break;
                 }

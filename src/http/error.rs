@@ -270,11 +270,11 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if matches!(
-            self,
-            Self::AuthorityMoving | Self::Lock(LockError::Moving(_))
-        ) {
-            // The claim is between gateways for a moment only.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Every 503 is a passing state (ClickHouse or Keeper out of
+            // reach, a claim between gateways): the client is told when to
+            // come back. The forwarding layer puts its own, longer wait over
+            // this one when it knows when a claim lapses.
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -342,5 +342,37 @@ impl From<DocumentError> for ApiError {
             DocumentError::InvalidJson(_) => Self::InvalidJson(err.to_string()),
             DocumentError::NotAState(_) => Self::InvalidDocument(err.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn every_503_carries_retry_after() {
+        let unavailable = [
+            ApiError::from(StoreError::Timeout(Duration::from_secs(1))),
+            ApiError::Lock(LockError::Store(StoreError::Timeout(Duration::from_secs(
+                1,
+            )))),
+            ApiError::AuthorityMoving,
+        ];
+        for err in unavailable {
+            let response = err.into_response();
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                response.headers().get(header::RETRY_AFTER),
+                Some(&HeaderValue::from_static("1"))
+            );
+        }
+    }
+
+    #[test]
+    fn other_statuses_carry_no_retry_after() {
+        let response = ApiError::Lock(LockError::NotCurrent(uuid::Uuid::nil())).into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert!(!response.headers().contains_key(header::RETRY_AFTER));
     }
 }

@@ -101,7 +101,7 @@ fn is_acquire(parts: &Parts) -> bool {
 }
 
 /// The authority grants a forwarded acquire for a few seconds only
-/// (`UNCONFIRMED_TTL`); the grant has reached this gateway, so it renews the
+/// (`locks::UNCONFIRMED_GRANT`); the grant has reached this gateway, so it renews the
 /// lease to the TTL its client asked for and answers with that. A client
 /// gone meanwhile (its future dropped here) leaves a lease that ends soon.
 async fn confirm_grant(

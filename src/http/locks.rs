@@ -12,18 +12,12 @@ use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
-use crate::locks::{FORWARDED_BY, Lease, SeenLease};
+use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
 pub const MAX_WAIT_SECONDS: f64 = 300.0;
 pub const MAX_OWNER_BYTES: usize = 256;
-
-/// How long a lease granted to a forwarded acquire lasts until the
-/// forwarding gateway confirms it, by renewing it to the TTL its client
-/// asked for (see `http::forward`): a grant whose answer never reaches its
-/// client then frees the id after this, not after the whole TTL.
-pub const UNCONFIRMED_TTL: Duration = Duration::from_secs(3);
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -111,7 +105,7 @@ pub async fn acquire(
     }
     let mut ttl = ttl(request.ttl_seconds)?;
     if headers.contains_key(FORWARDED_BY) {
-        ttl = ttl.min(UNCONFIRMED_TTL);
+        ttl = ttl.min(UNCONFIRMED_GRANT);
     }
     let wait = request.wait_seconds.unwrap_or(0.0);
     if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {

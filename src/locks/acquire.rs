@@ -18,12 +18,9 @@ use crate::domain::{Lease, StateId};
 use crate::metrics::LockEvent;
 use crate::store::now_ms;
 
-/// How often, and for how long at least, a 409 looks again for a holder
-/// that another gateway granted a moment ago (see
-/// [`Acquirer::held_elsewhere`]): the lease row follows the grant within
-/// one flush of the recorder (at most a second apart).
+/// How often a 409 looks again for a holder that another gateway granted a
+/// moment ago (see [`Acquirer::held_elsewhere`]).
 const HOLDER_POLL: Duration = Duration::from_millis(25);
-const HOLDER_WAIT: Duration = Duration::from_secs(3);
 
 /// One acquire, with the parts of the lock core it uses.
 pub(super) struct Acquirer<'a> {
@@ -31,8 +28,6 @@ pub(super) struct Acquirer<'a> {
     pub coordinator: &'a Coordinator,
     pub recorder: &'a Recorder,
     pub settings: &'a LockSettings,
-    /// What a write under a lease that just ended may keep the next grant waiting.
-    pub query_timeout: Duration,
 }
 
 impl Acquirer<'_> {
@@ -113,7 +108,7 @@ impl Acquirer<'_> {
                         if lost.contains(&claim_id) {
                             st.lose_claim(id, self.slots.metrics());
                         } else if let Some(claim) = st.claim.as_mut() {
-                            claim.valid_until = started + self.coordinator.claim_margin();
+                            claim.valid_until = self.coordinator.timing().valid_until(started);
                         }
                     }
                 }
@@ -149,8 +144,10 @@ impl Acquirer<'_> {
                                     // next grant waits out their budget too.
                                     let number = st.next_send;
                                     st.next_send += 1;
-                                    st.sending
-                                        .insert(number, Instant::now() + self.query_timeout);
+                                    st.sending.insert(
+                                        number,
+                                        Instant::now() + self.coordinator.timing().write_budget(),
+                                    );
                                     row
                                 });
                                 // The winner gets a lease before any hand-over,
@@ -211,10 +208,10 @@ impl Acquirer<'_> {
     fn rules(&self) -> Rules {
         Rules {
             gateway_id: self.settings.gateway_id,
-            grant_margin: self.coordinator.grant_margin(),
+            grant_margin: self.coordinator.timing().grant_margin(),
             // A claim attempt takes the settle and a few round trips; a write
             // under way, one.
-            holder_grace: self.settings.settle + 2 * self.query_timeout,
+            holder_grace: self.coordinator.timing().holder_grace(),
         }
     }
 
@@ -232,7 +229,7 @@ impl Acquirer<'_> {
                         holder: Some(Box::new(holder)),
                     };
                 }
-                Ok(None) if started.elapsed() < HOLDER_WAIT.max(self.settings.settle) => {
+                Ok(None) if started.elapsed() < self.coordinator.timing().holder_wait() => {
                     tokio::time::sleep(HOLDER_POLL).await;
                 }
                 Ok(None) => {

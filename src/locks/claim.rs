@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::peer::{Peer, SeenLease};
 use super::slot::{HeldClaim, LocalLease, TokenBlock};
+use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, LeaseState, StateId};
 use crate::metrics::Metrics;
@@ -43,6 +44,9 @@ pub(super) struct Coordinator {
     claims: Claims,
     leases: LeaseStore,
     settings: LockSettings,
+    /// Every wait and margin derived from the claim TTL, the settle time
+    /// and the query timeout.
+    timing: ClaimTiming,
     metrics: Arc<Metrics>,
 }
 
@@ -107,6 +111,7 @@ pub(super) fn in_force(stored: &StoredLease, has_claim: impl Fn(Uuid) -> bool) -
 impl Coordinator {
     pub fn new(
         settings: LockSettings,
+        timing: ClaimTiming,
         leases: LeaseStore,
         keeper: KeeperClaimStore,
         metrics: Arc<Metrics>,
@@ -119,8 +124,14 @@ impl Coordinator {
             claims,
             leases,
             settings,
+            timing,
             metrics,
         }
+    }
+
+    /// The claim timing, for the acquire loop, routing and maintenance.
+    pub fn timing(&self) -> &ClaimTiming {
+        &self.timing
     }
 
     /// Claims `id` for this gateway, waiting in line until `deadline` behind
@@ -161,7 +172,7 @@ impl Coordinator {
                 let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
                 let renewed = self
                     .leases
-                    .renew_claims(self.settings.gateway_id, &ids, self.settings.claim_ttl)
+                    .renew_claims(self.settings.gateway_id, &ids, self.timing.ttl())
                     .await?;
                 Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
             }
@@ -274,7 +285,7 @@ impl Coordinator {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, StoreError> {
-        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.settings.settle / 2) {
+        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.timing.seen_lease_fresh()) {
             return Ok(seen.lease.clone());
         }
         Ok(self.authority(id).await?.lease_in_force().cloned())
@@ -339,20 +350,6 @@ impl Coordinator {
                 ..record.lease
             },
         })
-    }
-
-    /// How long a claim written at some instant is surely still live: its TTL
-    /// less a tenth for clock rate and scheduling slack.
-    pub(super) fn claim_margin(&self) -> Duration {
-        self.settings.claim_ttl - self.settings.claim_ttl / 10
-    }
-
-    /// The least validity a claim must have left for a grant under it: a
-    /// claim won late (a slow ClickHouse, a long line) is renewed before it
-    /// grants, so that no lease is dead on arrival. Background renewals keep
-    /// a held claim above this.
-    pub(super) fn grant_margin(&self) -> Duration {
-        self.settings.claim_ttl / 2
     }
 }
 

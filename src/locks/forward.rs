@@ -107,8 +107,6 @@ pub(super) struct Router {
     /// Who the authority for an id is, as looked up lately.
     authorities: Authorities,
     gateway_id: Uuid,
-    /// A remembered authority is trusted for a third of it at most.
-    claim_ttl: Duration,
 }
 
 impl Router {
@@ -117,7 +115,6 @@ impl Router {
             peers: PeerClient::new(settings.peer_tls.clone()),
             authorities: Authorities::default(),
             gateway_id: settings.gateway_id,
-            claim_ttl: settings.claim_ttl,
         }
     }
 
@@ -161,7 +158,8 @@ impl Router {
             return Ok(Route::Here(None));
         }
         let peer = Peer::of(first);
-        self.authorities.remember(id, &peer, self.claim_ttl / 3);
+        self.authorities
+            .remember(id, &peer, coordinator.timing().renew_interval());
         Ok(Route::Peer(peer))
     }
 

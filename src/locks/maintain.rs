@@ -13,7 +13,6 @@ use super::claim::Coordinator;
 use super::record::Recorder;
 use super::slot::HeldClaim;
 use super::slots::Slots;
-use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::store::{LeaseRecord, LeaseStore};
 
@@ -24,14 +23,13 @@ pub(super) struct Maintenance {
     pub coordinator: Arc<Coordinator>,
     pub recorder: Arc<Recorder>,
     pub leases: LeaseStore,
-    pub settings: LockSettings,
 }
 
 impl Maintenance {
     /// Runs until dropped.
     pub async fn run(self) {
         let claims = async {
-            let mut tick = tokio::time::interval(self.settings.claim_ttl / 3);
+            let mut tick = tokio::time::interval(self.coordinator.timing().renew_interval());
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
@@ -55,7 +53,8 @@ impl Maintenance {
             let drop_claim = st.claim.as_ref().is_some_and(|claim| {
                 st.claim_can_go()
                     && (claim.handover
-                        || (st.queue.is_empty() && idle_for >= self.settings.claim_idle))
+                        || (st.queue.is_empty()
+                            && idle_for >= self.coordinator.timing().idle_release()))
             });
             if drop_claim {
                 let claim = st.claim.take().expect("checked above");
@@ -94,7 +93,7 @@ impl Maintenance {
                 return;
             }
         };
-        let valid_until = started + self.coordinator.claim_margin();
+        let valid_until = self.coordinator.timing().valid_until(started);
         for (id, claim_id) in held {
             if lost.contains(claim_id) {
                 if let Some(slot) = self.slots.existing(id) {

@@ -24,6 +24,7 @@ use super::record::Recorder;
 use super::slot::millis;
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
+use super::timing::ClaimTiming;
 use super::write::{Admitted, admit_here, lease_rule};
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseState, StateId};
@@ -59,6 +60,7 @@ impl LockManager {
     ) -> Self {
         let coordinator = Arc::new(Coordinator::new(
             settings.clone(),
+            ClaimTiming::new(&settings, query_timeout),
             leases.clone(),
             keeper,
             metrics.clone(),
@@ -82,7 +84,6 @@ impl LockManager {
             coordinator: self.coordinator.clone(),
             recorder: self.recorder.clone(),
             leases: self.leases.clone(),
-            settings: self.settings.clone(),
         }
     }
 
@@ -123,7 +124,6 @@ impl LockManager {
             coordinator: &self.coordinator,
             recorder: &self.recorder,
             settings: &self.settings,
-            query_timeout: self.query_timeout,
         }
         .acquire(id, owner, ttl, wait)
         .await

@@ -19,7 +19,8 @@
 //!   gateway wins the claim only once this one's candidate has lapsed or been
 //!   withdrawn.
 //! - No lease dead on arrival: a grant needs at least half the claim TTL of
-//!   validity left; a claim with less is renewed first.
+//!   validity left; a claim with less is renewed first. These fractions of
+//!   the TTL, and every other wait they imply, are kept in [`timing`].
 //! - Fencing tokens strictly increase per state_id: a new authority reserves
 //!   a block of tokens above every token reserved or recorded before, and the
 //!   reservation is written before any token from it is handed out.
@@ -57,6 +58,7 @@ mod record;
 mod slot;
 mod slots;
 mod ticket;
+mod timing;
 mod write;
 
 pub use self::error::LockError;
@@ -64,6 +66,7 @@ pub use self::forward::ForwardError;
 pub use self::manager::LockManager;
 pub use self::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 pub use self::ticket::{TICKETS_PATH, TicketGrant, TicketRequest};
+pub use self::timing::UNCONFIRMED_GRANT;
 pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 pub use crate::domain::Lease;

@@ -13,10 +13,11 @@ use statehouse::domain::Coordination;
 
 use crate::helpers::{
     Api, TestApp, clickhouse_url, node_b_url, peer_config, spawn_configured, spawn_peer_process,
-    unique_schema,
+    test_config, unique_schema,
 };
 use crate::keeper_loss::KeeperNode;
 use crate::lock_concurrency::{Held, Log, check};
+use crate::proxy::Proxy;
 
 /// A keeper-mode gateway in this process on the ClickHouse at `url`.
 async fn keeper_gateway(schema: &str, url: &str) -> TestApp {
@@ -184,6 +185,7 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
             reply.text
         );
         assert_eq!(reply.problem_type(), "clickhouse-unavailable");
+        assert_eq!(reply.header("retry-after"), Some("1"), "{id}");
         assert!(
             asked.elapsed() < Duration::from_secs(45),
             "{id}: {:?}",
@@ -216,4 +218,53 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert!(granted.json()["fencing_token"].as_u64().unwrap() > token);
+}
+
+/// The Keeper claim renewal, as it goes to ClickHouse.
+const CLAIM_RENEWAL: &str = "UPDATE\n                expires_ms = ";
+
+/// A claim write that wins, followed by a renewal that fails: the claim is
+/// withdrawn, so another gateway is granted the id within the unconfirmed-
+/// grant time (3 s), not after the claim TTL (12 s) it was written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_won_claim_whose_renewal_fails_is_withdrawn() {
+    let schema = unique_schema();
+    let proxy = Proxy::to_clickhouse().await;
+    // No advertised URL: the other gateway waits in line instead of
+    // forwarding to this one.
+    let mut config = test_config(&schema);
+    config.locks.coordination = Coordination::Keeper;
+    config.locks.claim_ttl = Duration::from_secs(12);
+    proxy.route(&mut config);
+    let a = spawn_configured(config).await;
+    let b = keeper_gateway(&schema, &clickhouse_url()).await;
+
+    // Each round trip takes 2 s: the claim is won with less than the
+    // grant margin left (half the TTL), so it is renewed before the grant,
+    // and that renewal is cut.
+    proxy.set_delay(Duration::from_secs(2));
+    proxy.refuse_requests_containing(Some(CLAIM_RENEWAL));
+    let reply = a
+        .acquire(
+            "renewal-fails",
+            &json!({"owner": "a", "ttl_seconds": 30, "wait_seconds": 0}),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.text
+    );
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    proxy.set_delay(Duration::ZERO);
+    proxy.refuse_requests_containing(None);
+
+    let reply = b
+        .acquire(
+            "renewal-fails",
+            &json!({"owner": "b", "ttl_seconds": 30, "wait_seconds": 3}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
 }

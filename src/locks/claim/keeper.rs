@@ -32,20 +32,29 @@ use crate::store::{Candidate, KeeperClaimStore, NewClaim, Outcome, StoreError};
 /// before the attempt gives up for now.
 const RACES: usize = 3;
 
-/// A claim write on its way. Dropped before its outcome is known (its
-/// future abandoned, or its request failed), the claim may have been made
-/// all the same: it is released in the background, so that no claim is
-/// left that nobody renews.
+/// A claim write on its way, or won and not yet handed to the caller.
+/// Dropped before it is settled (its future abandoned, its request failed,
+/// or the renewal or read after a win failed), the claim may be ours all
+/// the same: it is released in the background, so that no claim is left
+/// that nobody renews or uses and other gateways wait out its whole TTL.
 struct Making<'a> {
     coordinator: &'a Coordinator,
     id: &'a StateId,
     candidate: Candidate,
-    known: bool,
+    settled: bool,
+}
+
+impl Making<'_> {
+    /// The claim is surely not ours, or it is handed to the caller, which
+    /// holds it from now on.
+    fn settle(&mut self) {
+        self.settled = true;
+    }
 }
 
 impl Drop for Making<'_> {
     fn drop(&mut self) {
-        if !self.known {
+        if !self.settled {
             self.coordinator
                 .withdraw_in_background(self.id.clone(), self.candidate.clone());
         }
@@ -61,7 +70,7 @@ impl Coordinator {
     ) -> Result<ClaimOutcome, StoreError> {
         let me = self.settings.gateway_id;
         let url = self.settings.advertise_url.as_deref().unwrap_or("");
-        let ttl = self.settings.claim_ttl;
+        let ttl = self.timing.ttl();
         let mut marked = None;
         let mut raced = 0;
         loop {
@@ -93,7 +102,7 @@ impl Coordinator {
                     advertise_url: url.to_owned(),
                     expires_ms: read.now_ms + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
                 },
-                known: false,
+                settled: false,
             };
             // The key holds the reservation; the lease table gets one too,
             // so that tokens keep rising if the gateways go back to table mode.
@@ -119,7 +128,7 @@ impl Coordinator {
                     written
                 }
                 Some(key) => {
-                    making.known = true;
+                    making.settle();
                     let holder = key.holder.as_ref().expect("a key not takeable is held");
                     if !holder.advertise_url.is_empty() {
                         return Ok(ClaimOutcome::Elsewhere(Peer {
@@ -142,38 +151,43 @@ impl Coordinator {
                     continue;
                 }
             };
-            let written = written?;
-            making.known = true;
-            match written {
+            match written? {
+                // Won: `making` stays unsettled until the claim is handed
+                // over, so that a failed renewal or lease read, or a drop
+                // at either await, withdraws it.
                 Outcome::Done => {
                     self.metrics.lock_event(LockEvent::ClaimWin);
                     let mut claim = HeldClaim {
                         candidate: making.candidate.clone(),
-                        valid_until: started + self.claim_margin(),
+                        valid_until: self.timing.valid_until(started),
                         handover: false,
                     };
                     // Won late (a slow Keeper): renewed before the winner's
                     // grant, so that its lease is not dead on arrival.
-                    if claim.valid_until.saturating_duration_since(Instant::now())
-                        < self.grant_margin()
+                    if self
+                        .timing
+                        .renew_before_grant(claim.valid_until, Instant::now())
                     {
                         let renewing = Instant::now();
                         if store.renew(id, new.claim_id, ttl).await? == Outcome::Done {
-                            claim.valid_until = renewing + self.claim_margin();
+                            claim.valid_until = self.timing.valid_until(renewing);
                         }
                     }
+                    let adopted = self.adopt(locks?.lease);
+                    making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,
                         tokens: TokenBlock {
                             next: base + 1,
                             last: base + TOKENS_PER_BLOCK,
                         },
-                        adopted: self.adopt(locks?.lease),
+                        adopted,
                     })));
                 }
                 // Another gateway wrote the key between the read and the
                 // write: read again and decide again.
                 Outcome::Refused | Outcome::Raced => {
+                    making.settle();
                     raced += 1;
                     let now = Instant::now();
                     if raced >= RACES && now >= deadline {
@@ -237,7 +251,7 @@ impl Coordinator {
         for (id, claim_id) in held {
             let mut outcome = Outcome::Raced;
             for _ in 0..RACES {
-                outcome = store.renew(id, *claim_id, self.settings.claim_ttl).await?;
+                outcome = store.renew(id, *claim_id, self.timing.ttl()).await?;
                 if outcome != Outcome::Raced {
                     break;
                 }

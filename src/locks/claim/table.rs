@@ -55,7 +55,7 @@ impl Coordinator {
         deadline: Instant,
     ) -> Result<ClaimOutcome, StoreError> {
         let gateway_id = self.settings.gateway_id;
-        let claim_ttl = self.settings.claim_ttl;
+        let claim_ttl = self.timing.ttl();
         // Until the proposal is known to have landed its place in line is
         // unknown; a withdrawal (highest version) covers it either way.
         let mut proposed = Proposed {
@@ -80,7 +80,7 @@ impl Coordinator {
                 claim_ttl,
             )
             .await?;
-        tokio::time::sleep(self.settings.settle).await;
+        tokio::time::sleep(self.timing.settle()).await;
         loop {
             let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
             let Some(mine) = candidates
@@ -117,11 +117,9 @@ impl Coordinator {
                     .await?;
                 // Won late (a slow ClickHouse, a long line): renew before the
                 // winner's grant, so that its lease is not dead on arrival.
-                if won
-                    .claim
-                    .valid_until
-                    .saturating_duration_since(Instant::now())
-                    < self.grant_margin()
+                if self
+                    .timing
+                    .renew_before_grant(won.claim.valid_until, Instant::now())
                 {
                     let started = Instant::now();
                     let renewed = self
@@ -134,7 +132,7 @@ impl Coordinator {
                         self.metrics.lock_event(LockEvent::ClaimLoss);
                         return Ok(ClaimOutcome::Lost);
                     }
-                    won.claim.valid_until = started + self.claim_margin();
+                    won.claim.valid_until = self.timing.valid_until(started);
                 }
                 proposed.settle();
                 return Ok(ClaimOutcome::Won(Box::new(won)));
@@ -144,7 +142,7 @@ impl Coordinator {
                 self.metrics.lock_event(LockEvent::ClaimLoss);
                 return Ok(ClaimOutcome::Lost);
             }
-            if now.duration_since(written_at) >= claim_ttl / 3 {
+            if now.duration_since(written_at) >= self.timing.renew_interval() {
                 // One that lapsed meanwhile is missing from the next read.
                 self.leases
                     .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
@@ -173,7 +171,7 @@ impl Coordinator {
         Ok(WonClaim {
             claim: HeldClaim {
                 candidate,
-                valid_until: written_at + self.claim_margin(),
+                valid_until: self.timing.valid_until(written_at),
                 handover: others_waiting,
             },
             tokens,

@@ -128,7 +128,7 @@ mod tests {
         let retention = Some(std::time::Duration::from_secs(86_400));
         vec![
             super::super::state_table::create_table_sql("`m`.`state`", placement),
-            super::super::lease_table::create_table_sql("`m`.`state_lease`", placement),
+            super::super::lease_rows::create_table_sql("`m`.`state_lease`", placement),
             super::super::history_table::create_table_sql(
                 "`m`.`state_history`",
                 retention,

@@ -7,6 +7,7 @@ mod gateways_table;
 mod history_table;
 mod http_client;
 mod keeper_claims;
+mod lease_rows;
 mod lease_table;
 mod ping;
 mod read_batch;
@@ -27,7 +28,8 @@ pub use history_table::{
     ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
-pub use lease_table::{Candidate, IdLocks, LeaseRecord, LeaseStore, StoredLease};
+pub use lease_rows::{Candidate, IdLocks, LeaseRecord, StoredLease};
+pub use lease_table::LeaseStore;
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 

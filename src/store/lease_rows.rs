@@ -10,8 +10,8 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::StoreError;
 use super::ddl::Placement;
+use super::error::StoreError;
 use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
 
 pub(super) const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";

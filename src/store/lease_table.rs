@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::client::ClickHouse;
 use super::ddl::Placement;
+use super::error::StoreError;
 use super::lease_rows::{
     Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LockRowIn,
     NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
 };
 use super::read_batch::ReadBatch;
-use super::{ClickHouse, StoreError};
 use crate::domain::{Lease, StateId};
 
 #[derive(Clone)]

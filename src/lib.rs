@@ -19,6 +19,8 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 
+pub use http::AppContext;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,7 +30,6 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::agreement::{Disagreement, Registration};
-use crate::auth::Tokens;
 use crate::config::{ClientTimeouts, Config};
 use crate::http::Admission;
 use crate::locks::LockManager;
@@ -36,23 +37,6 @@ use crate::metrics::Metrics;
 use crate::states::States;
 use crate::store::{Blocker, ClickHouse, Layout, Store, StoreError};
 use crate::tls::ServerTls;
-
-/// What every handler shares; cheap to clone.
-#[derive(Clone)]
-pub struct AppContext {
-    pub states: Arc<States>,
-    pub locks: Arc<LockManager>,
-    pub clickhouse: ClickHouse,
-    pub metrics: Arc<Metrics>,
-    pub body_limit: usize,
-    pub body_read_timeout: Duration,
-    pub admission: Arc<Admission>,
-    pub tokens: Arc<Tokens>,
-    pub protect_metrics: bool,
-    /// mTLS: a request on a connection without a client certificate gets
-    /// only the health checks and the dashboard page.
-    pub client_certificates_required: bool,
-}
 
 /// Why the gateway did not start; each says what to change.
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,8 @@
 //! refused at once with 503 `overloaded` and `Retry-After`, instead of
 //! queueing without bound.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
@@ -9,8 +11,8 @@ use axum::response::Response;
 use tokio::sync::Semaphore;
 
 use super::error::{ProblemType, problem};
-use crate::AppContext;
 use crate::config::Concurrency;
+use crate::metrics::Metrics;
 
 /// What an operation counts against; every operation in the table says which.
 #[derive(Clone, Copy, Debug)]
@@ -45,13 +47,15 @@ impl Admission {
 /// one in progress is answered.
 const RETRY_AFTER_SECONDS: HeaderValue = HeaderValue::from_static("1");
 
-/// Lets the request through while it holds a permit of what it counts against.
+/// Lets the request through while it holds a permit of what it counts
+/// against. It is handed the permits and the metrics, not the whole
+/// `AppContext`: the context holds the [`Admission`], so this module stays
+/// below it.
 pub async fn admit(
-    State((ctx, counts)): State<(AppContext, Counts)>,
+    State((admission, metrics, counts)): State<(Arc<Admission>, Arc<Metrics>, Counts)>,
     request: Request,
     next: Next,
 ) -> Response {
-    let admission = &ctx.admission;
     let (permits, limit, flag, label) = match counts {
         Counts::Nothing => return next.run(request).await,
         Counts::Request => (
@@ -68,7 +72,7 @@ pub async fn admit(
         ),
     };
     let Ok(_permit) = permits.try_acquire() else {
-        ctx.metrics.request_shed(label);
+        metrics.request_shed(label);
         let mut response = problem(
             ProblemType::Overloaded,
             &format!(

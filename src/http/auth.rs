@@ -5,9 +5,9 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
+use super::context::AppContext;
 use super::error::{ProblemType, problem};
 use super::server::TlsSession;
-use crate::AppContext;
 use crate::auth::{Actor, Role};
 
 /// Who may call an operation.

@@ -6,11 +6,11 @@ use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 
+use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, page_limit};
-use super::rfc3339_millis;
 use super::states::{page_cursor, parse_pattern};
-use crate::AppContext;
+use super::wire::rfc3339_millis;
 use crate::domain::{self, PageCursor};
 use crate::store::StoredState;
 

@@ -5,7 +5,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::locks::LockView;
+use super::lock_view::LockView;
 use crate::domain::{DocumentError, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;

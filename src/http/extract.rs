@@ -11,8 +11,9 @@ use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use super::context::AppContext;
 use super::error::ApiError;
-use crate::AppContext;
+use super::wire::REQUEST_ID;
 use crate::auth::Actor;
 use crate::domain::{AllowedRegressions, IfMatch, PageLimit, Provenance, StateDocument, StateId};
 use crate::locks::SeenLease;
@@ -210,7 +211,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Provenance {
                 .cloned()
                 .unwrap_or_else(Actor::anonymous)
                 .0,
-            request_id: text(super::REQUEST_ID),
+            request_id: text(REQUEST_ID),
             user_agent: text(header::USER_AGENT),
         })
     }

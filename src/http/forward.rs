@@ -12,10 +12,10 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::context::AppContext;
 use super::error::{ApiError, Misrouted};
 use super::extract::{LOCK_BODY_LIMIT, read_body};
 use super::locks::MAX_WAIT_SECONDS;
-use crate::AppContext;
 use crate::domain::StateId;
 use crate::locks::{FORWARDED_BY, LockError, Peer, Route};
 

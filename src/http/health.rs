@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::AppContext;
+use super::context::AppContext;
 
 /// The process is up and serving; says nothing about ClickHouse on purpose,
 /// so an orchestrator does not restart the gateway for an outage it cannot fix.

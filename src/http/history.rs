@@ -7,10 +7,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, OptionalJson, StatePath, page_limit};
 use super::states::written_response;
-use crate::AppContext;
 use crate::domain::{JsonObject, Provenance, StateId, Version, VersionCursor};
 use crate::states::WriteConditions;
 use crate::store::VersionMeta;

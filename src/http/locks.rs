@@ -8,10 +8,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
-use super::rfc3339_millis;
-use crate::AppContext;
+use super::lock_view::LockView;
+use super::wire::rfc3339_millis;
 use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
@@ -42,31 +43,6 @@ struct LeaseBody<'a> {
     owner: &'a str,
     acquired_at: String,
     expires_at: String,
-}
-
-/// A lock as everyone else sees it: who holds it and until when, but never
-/// the lease_id, which would let a reader write as the holder.
-#[derive(Serialize)]
-pub struct LockView {
-    state_id: String,
-    owner: String,
-    fencing_token: u64,
-    acquired_at: String,
-    expires_at: String,
-    gateway_id: String,
-}
-
-impl From<&Lease> for LockView {
-    fn from(lease: &Lease) -> Self {
-        Self {
-            state_id: lease.state_id.as_str().to_owned(),
-            owner: lease.owner.clone(),
-            fencing_token: lease.fencing_token,
-            acquired_at: rfc3339_millis(lease.acquired_ms),
-            expires_at: rfc3339_millis(lease.expires_ms),
-            gateway_id: lease.gateway_id.to_string(),
-        }
-    }
 }
 
 fn lease_body(lease: &Lease) -> LeaseBody<'_> {

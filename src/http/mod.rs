@@ -3,16 +3,19 @@
 mod admission;
 mod auth;
 mod bookmarks;
+mod context;
 mod dashboard;
 mod error;
 mod extract;
 mod forward;
 mod health;
 mod history;
+mod lock_view;
 mod locks;
 mod server;
 mod states;
 mod tickets;
+mod wire;
 
 use std::borrow::Cow;
 use std::time::Instant;
@@ -20,7 +23,7 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderName, Method, StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, get, on};
@@ -35,14 +38,13 @@ use error::{PROBLEM_JSON, ProblemType, bare_problem, problem};
 pub use self::admission::Admission;
 use self::admission::Counts;
 use self::auth::Access;
+pub use self::context::AppContext;
 use self::server::TlsSession;
 pub use self::server::{bind, serve};
-use crate::AppContext;
+use self::wire::REQUEST_ID;
 use crate::auth::Role;
 use crate::locks::FORWARDED_BY;
 use crate::telemetry::ClientText;
-
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// One operation per entry: `op!(METHOD path => handler, access, counts, served)`.
 macro_rules! op {
@@ -133,7 +135,10 @@ pub fn router(ctx: AppContext) -> Router {
         // A request is authorized before it is forwarded, and admitted
         // before anything: one refused for overload costs nothing more.
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
-        let admit = middleware::from_fn_with_state((ctx.clone(), op.counts), admission::admit);
+        let admit = middleware::from_fn_with_state(
+            (ctx.admission.clone(), ctx.metrics.clone(), op.counts),
+            admission::admit,
+        );
         router.route(op.path, handler.route_layer(guard).route_layer(admit))
     });
     api
@@ -191,11 +196,6 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
         user_agent = %ClientText(&user_agent),
         forwarded_by = %ClientText(&forwarded_by),
     )
-}
-
-/// RFC 3339 UTC with milliseconds, the API's one time format.
-fn rfc3339_millis(ms: i64) -> String {
-    crate::domain::Version::from_millis(ms).to_rfc3339()
 }
 
 async fn not_found(request: Request) -> Response {

@@ -8,10 +8,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_body};
-use super::rfc3339_millis;
-use crate::AppContext;
+use super::wire::rfc3339_millis;
 use crate::domain::{
     DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, StateDocument, StateId,
     StateIdError, StatePattern,

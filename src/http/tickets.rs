@@ -9,9 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, read_body};
-use crate::AppContext;
 use crate::domain::StateId;
 use crate::locks::TicketRequest;
 

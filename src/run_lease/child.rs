@@ -4,13 +4,11 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::task::Poll;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use super::Ending;
 use super::client::Lease;
 
 /// The environment the command gets: which state_id its lease is on, the
@@ -126,15 +124,6 @@ fn die_with(_runner: libc::pid_t) -> io::Result<()> {
     Ok(())
 }
 
-/// How a command that ran ended.
-pub fn ending(status: ExitStatus) -> Ending {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => Ending::Exited(code),
-        (None, Some(signal)) => Ending::Signalled(signal),
-        (None, None) => Ending::Exited(1),
-    }
-}
-
 /// SIGINT, SIGTERM and SIGHUP, as the runner receives them. One that was
 /// ignored when the runner started (`nohup`, a shell's `&`) stays ignored,
 /// and so the command inherits it ignored.
@@ -197,17 +186,6 @@ pub fn default_owner() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endings_of_a_command() {
-        let exited = |code: i32| ExitStatus::from_raw(code << 8);
-        assert_eq!(ending(exited(0)), Ending::Exited(0));
-        assert_eq!(ending(exited(3)), Ending::Exited(3));
-        assert_eq!(
-            ending(ExitStatus::from_raw(libc::SIGKILL)),
-            Ending::Signalled(libc::SIGKILL)
-        );
-    }
 
     #[test]
     fn the_default_owner_names_host_and_pid() {

@@ -12,11 +12,13 @@
 //! killed when the runner is done with it, and on Linux the kernel kills the
 //! command if the runner dies (`kill -9`).
 //!
-//! The pure parts (exit codes, the renewal schedule, argument checks) are
-//! here; the gateway client is in `client`, the command in `child`.
+//! The pure parts (the renewal schedule, argument checks) are here; how a
+//! run ended and its exit status are in `ending`, the gateway client in
+//! `client`, the command in `child`.
 
 mod child;
 mod client;
+mod ending;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -29,17 +31,9 @@ use tokio::time::Instant;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
 use self::client::{Acquired, Gateway, GatewayUrl, Holder, Lease, Verdict};
-
-/// The lock stayed held by another past `--wait`; nothing was run (EX_TEMPFAIL).
-pub const EXIT_BUSY: u8 = 75;
-/// The lease was lost while the command ran; the command was stopped.
-pub const EXIT_LOST: u8 = 76;
-/// A bad command line, or a gateway that could not be used before the command started.
-pub const EXIT_UNUSABLE: u8 = 1;
-/// The command exists but could not be run (as a shell answers).
-pub const EXIT_CANNOT_EXECUTE: u8 = 126;
-/// The command was not found (as a shell answers).
-pub const EXIT_NOT_FOUND: u8 = 127;
+pub use self::ending::{
+    EXIT_BUSY, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND, EXIT_UNUSABLE, Ending, exit_code,
+};
 
 /// Longest the gateway waits in one acquire (its `wait_seconds` limit); a
 /// longer `--wait` asks again.
@@ -90,41 +84,6 @@ fn parse_ttl(raw: &str) -> Result<Duration, String> {
         return Err("the TTL must be a whole number of seconds from 1s to 1h".into());
     }
     Ok(ttl)
-}
-
-/// How a run ended, from which the exit status follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ending {
-    /// The command exited with this code.
-    Exited(i32),
-    /// The command was killed by this signal.
-    Signalled(i32),
-    /// The runner got this signal before the command started; nothing ran.
-    Interrupted(i32),
-    /// Another kept the lock past `--wait`; nothing ran.
-    Busy,
-    /// The lease was lost while the command ran.
-    Lost,
-    /// The gateway could not be used before the command started; nothing ran.
-    Unusable,
-    /// The command could not be started.
-    NotStarted(SpawnError),
-}
-
-/// The runner's exit status for an ending.
-pub fn exit_code(ending: Ending) -> u8 {
-    match ending {
-        // A wait status carries 8 bits of exit code.
-        Ending::Exited(code) => (code & 0xff) as u8,
-        Ending::Signalled(signal) | Ending::Interrupted(signal) => {
-            128u8.saturating_add(u8::try_from(signal).unwrap_or(u8::MAX))
-        }
-        Ending::Busy => EXIT_BUSY,
-        Ending::Lost => EXIT_LOST,
-        Ending::Unusable => EXIT_UNUSABLE,
-        Ending::NotStarted(SpawnError::NotFound) => EXIT_NOT_FOUND,
-        Ending::NotStarted(SpawnError::CannotExecute) => EXIT_CANNOT_EXECUTE,
-    }
 }
 
 /// When to renew a lease and when it ends, seen from this side: a renewal
@@ -406,7 +365,7 @@ async fn watch(
         ));
     }
     let ending = match status {
-        Ok(status) => child::ending(status),
+        Ok(status) => Ending::from(status),
         Err(err) => {
             say(format_args!("lost track of the command: {err}"));
             Ending::Exited(i32::from(EXIT_UNUSABLE))
@@ -463,24 +422,6 @@ mod tests {
 
     fn parse(argv: &[&str]) -> Result<LockArgs, clap::Error> {
         Only::try_parse_from(["statehouse lock"].iter().chain(argv)).map(|only| only.args)
-    }
-
-    #[test]
-    fn exit_codes_follow_the_contract() {
-        assert_eq!(exit_code(Ending::Exited(0)), 0);
-        assert_eq!(exit_code(Ending::Exited(3)), 3);
-        assert_eq!(exit_code(Ending::Exited(255)), 255);
-        assert_eq!(exit_code(Ending::Signalled(libc::SIGKILL)), 137);
-        assert_eq!(exit_code(Ending::Signalled(libc::SIGTERM)), 143);
-        assert_eq!(exit_code(Ending::Interrupted(libc::SIGINT)), 130);
-        assert_eq!(exit_code(Ending::Busy), 75);
-        assert_eq!(exit_code(Ending::Lost), 76);
-        assert_eq!(exit_code(Ending::Unusable), 1);
-        assert_eq!(exit_code(Ending::NotStarted(SpawnError::NotFound)), 127);
-        assert_eq!(
-            exit_code(Ending::NotStarted(SpawnError::CannotExecute)),
-            126
-        );
     }
 
     #[test]

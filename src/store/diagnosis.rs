@@ -4,7 +4,7 @@
 
 use std::error::Error;
 
-use super::StoreError;
+use super::error::{StoreError, causes};
 
 /// Why ClickHouse cannot be used as configured, however long one waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,22 +92,6 @@ fn transport_blocker(cause: &(dyn Error + 'static)) -> Option<Blocker> {
     }
     let http = cause.downcast_ref::<hyper::Error>()?;
     http.is_parse().then_some(Blocker::NotClickHouse)
-}
-
-/// An error and its causes, including what an `io::Error` wraps (its
-/// `source()` skips the wrapped error, where TLS failures sit).
-pub(super) fn causes<'a>(
-    err: &'a (dyn Error + 'static),
-) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
-    std::iter::successors(Some(err), |&err| {
-        match err
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::get_ref)
-        {
-            Some(inner) => Some(inner as &(dyn Error + 'static)),
-            None => err.source(),
-        }
-    })
 }
 
 #[cfg(test)]

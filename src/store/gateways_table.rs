@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::client::ClickHouse;
 use super::ddl::Placement;
-use super::{ClickHouse, StoreError};
+use super::error::StoreError;
 use crate::domain::Coordination;
 
 /// The gateways table's DDL (see [`Placement`]); rows of stopped gateways go after a day.

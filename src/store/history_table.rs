@@ -12,9 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::client::ClickHouse;
 use super::ddl::Placement;
+use super::error::StoreError;
 use super::state_table::Selection;
-use super::{ClickHouse, StoreError};
 use crate::domain::{Lease, Provenance, StateDocument, StateId, Version};
 
 /// Whether changes leave versions in `<table>_history`, and for how long.

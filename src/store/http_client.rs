@@ -9,7 +9,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
 
-use super::ClickHouseTarget;
+use super::target::ClickHouseTarget;
 
 /// ClickHouse closes idle keep-alive connections after 3 s; reuse stays below.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -22,8 +22,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::client::ClickHouse;
 use super::ddl::Placement;
-use super::{ClickHouse, StoreError};
+use super::error::StoreError;
 use crate::domain::StateId;
 
 const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";

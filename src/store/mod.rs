@@ -1,210 +1,39 @@
 //! ClickHouse: one client, every round trip under the query timeout and
-//! measured, every value a bound parameter. One module per table.
+//! measured, every value a bound parameter. One module per table; this file
+//! holds the set of tables ([`Store`]) and how they are created.
 
+mod client;
+mod clock;
 mod ddl;
 mod diagnosis;
+mod error;
 mod gateways_table;
 mod history_table;
 mod http_client;
 mod keeper_claims;
+mod lease_rows;
 mod lease_table;
 mod ping;
 mod read_batch;
 mod state_table;
 mod target;
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use clickhouse::Client;
-use clickhouse::sql::Identifier as SqlIdentifier;
-
+pub use client::ClickHouse;
+pub(crate) use clock::now_ms;
 pub use ddl::{ClusterName, InvalidClusterName, Placement};
 pub use diagnosis::Blocker;
+pub use error::StoreError;
 pub use gateways_table::GatewayStore;
 pub use history_table::{
     ChangeContext, History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta,
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
-pub use lease_table::{Candidate, IdLocks, LeaseRecord, LeaseStore, StoredLease};
+pub use lease_rows::{Candidate, IdLocks, LeaseRecord, StoredLease};
+pub use lease_table::LeaseStore;
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
-use crate::domain::{Coordination, CorruptState};
-use crate::metrics::Metrics;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("ClickHouse did not answer within {0:?}")]
-    Timeout(Duration),
-    #[error("ClickHouse request failed: {}", with_causes(.0))]
-    ClickHouse(#[from] clickhouse::error::Error),
-    /// An answer without a ClickHouse exception that is not a result either:
-    /// a proxy's error page, or another server altogether.
-    #[error("the answer is not ClickHouse's: HTTP {}: {excerpt}", status_line(*.status))]
-    Unrecognized { status: u16, excerpt: String },
-    #[error("state {id:?} in ClickHouse cannot be read: {source}")]
-    Corrupt { id: String, source: CorruptState },
-    /// The query of a batch failed: the INSERT of writes (see
-    /// `states::group_commit`) or a coalesced read (see `read_batch`).
-    #[error("{0}")]
-    InBatch(Arc<StoreError>),
-    #[error("the write was abandoned: the gateway is shutting down")]
-    Abandoned,
-}
-
-impl StoreError {
-    /// Whether ClickHouse surely did not apply the request that failed so:
-    /// it answered with an exception. After a timeout, a cut connection or
-    /// an answer that is not ClickHouse's, the request may still be applied.
-    pub fn surely_not_applied(&self) -> bool {
-        match self {
-            Self::ClickHouse(clickhouse::error::Error::BadResponse(_)) => true,
-            Self::InBatch(inner) => inner.surely_not_applied(),
-            _ => false,
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct ClickHouse {
-    client: Client,
-    /// The same connection settings without the URI's database, which may not
-    /// exist yet: it creates it.
-    bootstrap: Client,
-    database: String,
-    pinger: Arc<ping::Pinger>,
-    timeout: Duration,
-    metrics: Arc<Metrics>,
-    /// Reads that must see the latest committed write ask for it
-    /// (`select_sequential_consistency`): set when tables have replicas.
-    sequential_reads: bool,
-}
-
-impl ClickHouse {
-    pub fn new(target: &ClickHouseTarget, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        // ClickHouse 26.3+ batches inserts asynchronously by default, which
-        // would acknowledge a write before it is readable and let lock
-        // candidates settle out of order; every query here is synchronous.
-        // max_execution_time stops server-side work we gave up on.
-        let http = http_client::builder().build(http_client::connector(target));
-        let bootstrap = Client::with_http_client(http)
-            .with_url(target.endpoint())
-            .with_user(&target.user)
-            .with_password(&target.password)
-            .with_setting("async_insert", "0")
-            .with_setting("max_execution_time", timeout.as_secs().max(1).to_string());
-        Self {
-            client: bootstrap.clone().with_database(&target.database),
-            bootstrap,
-            database: target.database.clone(),
-            pinger: Arc::new(ping::Pinger::new(target)),
-            timeout,
-            metrics,
-            sequential_reads: false,
-        }
-    }
-
-    /// A query for a read that must see every write acknowledged before it
-    /// (what a state or lease row holds now), on any replica.
-    fn latest_read(&self, sql: &str) -> clickhouse::query::Query {
-        let query = self.client.query(sql);
-        if self.sequential_reads {
-            query.with_setting("select_sequential_consistency", "1")
-        } else {
-            query
-        }
-    }
-
-    /// The engine of database `name` (`Atomic`, `Replicated`, ...); empty if it does not exist.
-    async fn database_engine(&self, name: &str) -> Result<String, StoreError> {
-        let query = self
-            .bootstrap
-            .query("SELECT any(engine) FROM system.databases WHERE name = {name:String}")
-            .param("name", name);
-        self.timed("ensure_schema", query.fetch_one::<String>())
-            .await
-    }
-
-    /// Runs one ClickHouse round trip under the query timeout and records it.
-    async fn timed<T, E: Into<StoreError>>(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = Result<T, E>>,
-    ) -> Result<T, StoreError> {
-        let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(err.into()),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        };
-        self.metrics
-            .observe_query(operation, started.elapsed().as_secs_f64(), result.is_ok());
-        result
-    }
-
-    /// `SELECT 1` as the configured user, without the URI's database.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.timed("ping", self.pinger.ping()).await
-    }
-
-    /// Creates a database unless it exists: `CREATE DATABASE IF NOT EXISTS`
-    /// needs the grant even when there is nothing to create, and a user
-    /// without it can still use a database an administrator made.
-    async fn ensure_database(&self, name: &str, placement: &Placement) -> Result<(), StoreError> {
-        let exists = self
-            .bootstrap
-            .query("SELECT count() FROM system.databases WHERE name = {name:String}")
-            .param("name", name);
-        if self
-            .timed("ensure_schema", exists.fetch_one::<u64>())
-            .await?
-            > 0
-        {
-            return Ok(());
-        }
-        let sql = ddl::create_database_sql(placement);
-        let create = self.bootstrap.query(&sql).bind(SqlIdentifier(name));
-        self.timed("ensure_schema", create.execute()).await
-    }
-
-    /// The columns of `database`.`table`, with their types.
-    async fn columns(
-        &self,
-        database: &str,
-        table: &str,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        let query = self
-            .bootstrap
-            .query(
-                "SELECT name, type FROM system.columns
-                 WHERE database = {database:String} AND table = {table:String}",
-            )
-            .param("database", database)
-            .param("table", table);
-        self.timed("ensure_schema", query.fetch_all::<(String, String)>())
-            .await
-    }
-
-    /// The tables of `database` among `tables`, with their engines in full.
-    async fn present_tables(
-        &self,
-        database: &str,
-        tables: &[&str],
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        let query = self
-            .bootstrap
-            .query(
-                "SELECT name, engine_full FROM system.tables
-                 WHERE database = {database:String} AND has({names:Array(String)}, name)",
-            )
-            .param("database", database)
-            .param("names", tables);
-        self.timed("ensure_schema", query.fetch_all::<(String, String)>())
-            .await
-    }
-}
+use crate::domain::Coordination;
 
 /// How the gateway's tables are laid out beyond their names: the claim
 /// protocol (keeper mode adds the claims table) and the `--cluster`.
@@ -393,41 +222,139 @@ fn claims_table_name(table: &Identifier) -> String {
     format!("{}_claims", table.as_str())
 }
 
-/// An error and its causes on one line: "client error (connect)" alone does
-/// not say that the certificate was not trusted, and a server's message may
-/// span lines.
-fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = String::new();
-    for cause in diagnosis::causes(err) {
-        let cause_text = one_line(&cause.to_string());
-        if !text.contains(&cause_text) {
-            if !text.is_empty() {
-                text.push_str(": ");
+/// The tables' statements together: each table's module makes its own, and
+/// all of them must be placed alike.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_node() -> Placement {
+        Placement::new(None, "Atomic")
+    }
+
+    fn cluster() -> Placement {
+        Placement::new(Some(ClusterName::parse("prod-1").unwrap()), "Atomic")
+    }
+
+    fn replicated_database() -> Placement {
+        Placement::new(Some(ClusterName::parse("default").unwrap()), "Replicated")
+    }
+
+    /// Every statement the gateway creates or alters its tables with, as
+    /// placed by `placement`.
+    fn every_statement(placement: &Placement) -> Vec<String> {
+        let retention = Some(std::time::Duration::from_secs(86_400));
+        vec![
+            state_table::create_table_sql("`m`.`state`", placement),
+            lease_rows::create_table_sql("`m`.`state_lease`", placement),
+            history_table::create_table_sql("`m`.`state_history`", retention, placement),
+            history_table::create_view_sql(
+                "`m`.`state_history_writes`",
+                "`m`.`state`",
+                "`m`.`state_history`",
+                placement,
+            ),
+            history_table::retention_sql(
+                "`m`.`state_history`",
+                retention,
+                "MergeTree ORDER BY (state_id, version)",
+                placement,
+            )
+            .unwrap(),
+            gateways_table::create_table_sql("`m`.`state_gateways`", placement),
+            keeper_claims::create_table_sql(
+                "`m`.`state_claims`",
+                "/statehouse/m/state_claims",
+                placement,
+            ),
+        ]
+    }
+
+    fn engine(statement: &str) -> Option<&str> {
+        let rest = statement.split("ENGINE = ").nth(1)?;
+        Some(&rest[..rest.find('(')?])
+    }
+
+    #[test]
+    fn on_one_node_every_table_is_plain() {
+        let statements = every_statement(&one_node());
+        let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+        assert_eq!(
+            engines,
+            [
+                "ReplacingMergeTree",
+                "ReplacingMergeTree",
+                "MergeTree",
+                "ReplacingMergeTree",
+                "KeeperMap"
+            ]
+        );
+        for statement in &statements {
+            assert!(!statement.contains("ON CLUSTER"), "{statement}");
+        }
+        assert!(statements[0].contains("ReplacingMergeTree(updated_at) ORDER BY state_id"));
+        assert!(statements[1].contains("ReplacingMergeTree(version)"));
+    }
+
+    #[test]
+    fn with_a_cluster_every_statement_is_on_it_and_every_merge_tree_replicated() {
+        let statements = every_statement(&cluster());
+        let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+        assert_eq!(
+            engines,
+            [
+                "ReplicatedReplacingMergeTree",
+                "ReplicatedReplacingMergeTree",
+                "ReplicatedMergeTree",
+                "ReplicatedReplacingMergeTree",
+                "KeeperMap"
+            ]
+        );
+        for statement in &statements {
+            // Right after the statement's table, once.
+            assert_eq!(
+                statement.matches("` ON CLUSTER 'prod-1' ").count(),
+                1,
+                "{statement}"
+            );
+        }
+        assert!(
+            statements[0]
+                .contains("ENGINE = ReplicatedReplacingMergeTree(updated_at) ORDER BY state_id")
+        );
+        assert!(statements[1].contains("ENGINE = ReplicatedReplacingMergeTree(version)"));
+        assert!(
+            statements[2]
+                .contains("ENGINE = ReplicatedMergeTree() ORDER BY (state_id, version) TTL")
+        );
+        assert!(statements[3].starts_with(
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS `m`.`state_history_writes` ON CLUSTER 'prod-1' TO `m`.`state`"
+        ));
+        assert!(
+            statements[6]
+                .contains("ENGINE = KeeperMap('/statehouse/m/state_claims') PRIMARY KEY state_id")
+        );
+    }
+
+    #[test]
+    fn in_a_replicated_database_nothing_is_on_cluster_and_every_merge_tree_replicated() {
+        for placement in [replicated_database(), Placement::new(None, "Replicated")] {
+            let statements = every_statement(&placement);
+            let engines: Vec<_> = statements.iter().filter_map(|s| engine(s)).collect();
+            assert_eq!(
+                engines,
+                [
+                    "ReplicatedReplacingMergeTree",
+                    "ReplicatedReplacingMergeTree",
+                    "ReplicatedMergeTree",
+                    "ReplicatedReplacingMergeTree",
+                    "KeeperMap"
+                ]
+            );
+            for statement in &statements {
+                assert!(!statement.contains("ON CLUSTER"), "{statement}");
             }
-            text.push_str(&cause_text);
+            assert!(placement.replicated());
         }
     }
-    text
-}
-
-fn status_line(status: u16) -> String {
-    let reason = hyper::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|status| status.canonical_reason());
-    match reason {
-        Some(reason) => format!("{status} {reason}"),
-        None => status.to_string(),
-    }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// This machine's clock in milliseconds since the epoch, as versions and lease times are kept.
-pub(crate) fn now_ms() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO);
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }

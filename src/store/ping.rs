@@ -9,8 +9,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::ClickHouseTarget;
-use super::{StoreError, http_client, one_line};
+use super::error::{StoreError, one_line};
+use super::http_client;
+use super::target::ClickHouseTarget;
 
 /// Enough of an answer to recognize it; a stranger's page can be large.
 const ANSWER_LIMIT: usize = 64 * 1024;

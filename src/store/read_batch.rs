@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::StoreError;
+use super::error::StoreError;
 use crate::metrics::Metrics;
 
 /// The most keys one query asks for; more wait for the next.

@@ -4,9 +4,10 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+use super::client::ClickHouse;
 use super::ddl::Placement;
+use super::error::StoreError;
 use super::read_batch::ReadBatch;
-use super::{ClickHouse, StoreError};
 use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a

@@ -1,0 +1,32 @@
+//! How the API shows a lock to anyone but its holder: in `/v1/locks` and in
+//! the problems that name who holds an id.
+
+use serde::Serialize;
+
+use super::wire::rfc3339_millis;
+use crate::domain::Lease;
+
+/// A lock as everyone else sees it: who holds it and until when, but never
+/// the lease_id, which would let a reader write as the holder.
+#[derive(Serialize)]
+pub struct LockView {
+    state_id: String,
+    owner: String,
+    fencing_token: u64,
+    acquired_at: String,
+    expires_at: String,
+    gateway_id: String,
+}
+
+impl From<&Lease> for LockView {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            state_id: lease.state_id.as_str().to_owned(),
+            owner: lease.owner.clone(),
+            fencing_token: lease.fencing_token,
+            acquired_at: rfc3339_millis(lease.acquired_ms),
+            expires_at: rfc3339_millis(lease.expires_ms),
+            gateway_id: lease.gateway_id.to_string(),
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The lease table, `<table>_lease`: gateway claims (one candidate row per
+//! attempt, ordered by server time, with the claimant's advertised URL), per
+//! state_id one row holding its latest lease, and one row holding the highest
+//! fencing token reserved for it. ReplacingMergeTree keeps each row's highest
+//! `version`, so writes that land out of order still resolve to the newest.
+//! This file holds what the rows are: the table's DDL, the rows as written and
+//! read, and how one id's rows read as its [`IdLocks`]; `lease_table` sends
+//! the statements.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::ddl::Placement;
+use super::error::StoreError;
+use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
+
+pub(super) const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";
+
+/// A live claim candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub claim_id: Uuid,
+    pub gateway_id: Uuid,
+    /// Server time of the insert, in ms: the claim's place in line.
+    pub created_ms: i64,
+    /// Where peers reach the claimant's gateway; empty when it said nothing.
+    pub advertise_url: String,
+    /// Server time at which the candidate lapses unless renewed, in ms.
+    pub expires_ms: i64,
+}
+
+/// A lease row, as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub lease: Lease,
+    pub version: LeaseVersion,
+    pub state: LeaseState,
+}
+
+/// A lease row as ClickHouse holds it. Whether it is in force also takes
+/// the id's claim, which the lock protocol decides (`locks::claim`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredLease {
+    pub record: LeaseRecord,
+    /// Not expired by ClickHouse's clock.
+    pub unexpired: bool,
+}
+
+/// Every column, for batched lease writes.
+#[derive(clickhouse::Row, Serialize)]
+pub(super) struct LeaseRowOut {
+    pub(super) state_id: String,
+    pub(super) kind: i8,
+    #[serde(with = "clickhouse::serde::uuid")]
+    pub(super) claim_id: Uuid,
+    #[serde(with = "clickhouse::serde::uuid")]
+    pub(super) lease_id: Uuid,
+    #[serde(with = "clickhouse::serde::uuid")]
+    pub(super) gateway_id: Uuid,
+    pub(super) owner: String,
+    pub(super) fencing_token: u64,
+    pub(super) created_at: i64,
+    pub(super) expires_at: i64,
+    pub(super) released: u8,
+    pub(super) version: u64,
+    pub(super) advertise_url: String,
+}
+
+const KIND_CLAIM: i8 = 1;
+pub(super) const KIND_LEASE: i8 = 2;
+
+/// A claim or lease row as read: the columns of both kinds.
+#[derive(Clone, clickhouse::Row, Deserialize)]
+pub(super) struct LockRowIn {
+    pub(super) kind_code: i8,
+    pub(super) state_id: String,
+    pub(super) claim_id: String,
+    pub(super) lease_id: String,
+    pub(super) gateway_id: String,
+    pub(super) owner: String,
+    pub(super) fencing_token: u64,
+    pub(super) created_ms: i64,
+    pub(super) expires_ms: i64,
+    pub(super) released: u8,
+    pub(super) version: u64,
+    pub(super) advertise_url: String,
+    /// Not expired by ClickHouse's clock.
+    pub(super) unexpired: u8,
+}
+
+pub(super) const KIND_TYPE: &str = "Enum8('claim' = 1, 'lease' = 2, 'tokens' = 3)";
+
+pub(super) const INSERT_COLUMNS: &str = "(state_id, kind, claim_id, lease_id, gateway_id, owner, fencing_token, created_at, expires_at, released, version, advertise_url)";
+
+pub(super) fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(raw).map_err(|e| {
+        StoreError::ClickHouse(clickhouse::error::Error::Custom(format!(
+            "bad UUID {raw:?}: {e}"
+        )))
+    })
+}
+
+/// What ClickHouse records of one state_id's locks: its live claim
+/// candidates and its latest lease row, read together in one query.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdLocks {
+    /// Earliest (server time, then id) first: the first is the claim
+    /// holder, or about to be.
+    pub candidates: Vec<Candidate>,
+    pub lease: Option<StoredLease>,
+}
+
+impl IdLocks {
+    /// Sorts rows of one state_id into its candidates and its lease row.
+    pub(super) fn assemble(rows: Vec<LockRowIn>) -> Result<Self, StoreError> {
+        let mut locks = Self::default();
+        let mut lease = None;
+        for row in rows {
+            if row.kind_code == KIND_CLAIM {
+                locks.candidates.push(Candidate {
+                    claim_id: parse_uuid(&row.claim_id)?,
+                    gateway_id: parse_uuid(&row.gateway_id)?,
+                    created_ms: row.created_ms,
+                    advertise_url: row.advertise_url,
+                    expires_ms: row.expires_ms,
+                });
+            } else {
+                lease = Some(row);
+            }
+        }
+        let Some(row) = lease else {
+            return Ok(locks);
+        };
+        let Ok(state_id) = StateId::parse(row.state_id) else {
+            return Ok(locks);
+        };
+        let record = LeaseRecord {
+            lease: Lease {
+                state_id,
+                lease_id: parse_uuid(&row.lease_id)?,
+                gateway_id: parse_uuid(&row.gateway_id)?,
+                owner: row.owner,
+                fencing_token: row.fencing_token,
+                acquired_ms: row.created_ms,
+                expires_ms: row.expires_ms,
+            },
+            version: LeaseVersion::from_bits(row.version),
+            state: LeaseState::from_column(row.released),
+        };
+        locks.lease = Some(StoredLease {
+            record,
+            unexpired: row.unexpired != 0,
+        });
+        Ok(locks)
+    }
+}
+
+/// Claim and lease rows of `table` matching `filter`, by id, then earliest first.
+pub(super) fn lock_rows_sql(table: &str, filter: &str) -> String {
+    format!(
+        "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
+                toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+                fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
+                toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
+                advertise_url, expires_at > now64(3) AS unexpired
+         FROM {table} FINAL
+         WHERE {filter}
+           AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
+         ORDER BY state_id, created_at, claim_id"
+    )
+}
+
+/// The lease table's DDL (see [`Placement`]). Claims are only needed while
+/// they can matter; lease and token rows stay, since they carry the last
+/// fencing token of their state_id.
+pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table}{} (
+            state_id String,
+            kind {KIND_TYPE},
+            claim_id UUID,
+            lease_id UUID,
+            gateway_id UUID,
+            owner String,
+            fencing_token UInt64,
+            created_at DateTime64(3),
+            expires_at DateTime64(3),
+            released UInt8,
+            version UInt64,
+            advertise_url String DEFAULT ''
+        ) ENGINE = {}
+        ORDER BY (state_id, kind, claim_id)
+        TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
+        placement.on_cluster(),
+        placement.merge_tree("ReplacingMergeTree", "version"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLDER: &str = "11111111-1111-1111-1111-111111111111";
+    const OTHER: &str = "22222222-2222-2222-2222-222222222222";
+
+    fn claim(gateway: &str) -> LockRowIn {
+        LockRowIn {
+            kind_code: KIND_CLAIM,
+            state_id: "id".into(),
+            claim_id: Uuid::new_v4().to_string(),
+            lease_id: NIL_UUID.into(),
+            gateway_id: gateway.into(),
+            owner: String::new(),
+            fencing_token: 0,
+            created_ms: 1,
+            expires_ms: 2,
+            released: 0,
+            version: 1,
+            advertise_url: "http://peer".into(),
+            unexpired: 1,
+        }
+    }
+
+    fn lease(state: LeaseState, unexpired: bool) -> LockRowIn {
+        LockRowIn {
+            kind_code: KIND_LEASE,
+            claim_id: NIL_UUID.into(),
+            lease_id: Uuid::new_v4().to_string(),
+            gateway_id: HOLDER.into(),
+            owner: "worker".into(),
+            fencing_token: 7,
+            released: state as u8,
+            advertise_url: String::new(),
+            unexpired: u8::from(unexpired),
+            ..claim(HOLDER)
+        }
+    }
+
+    #[test]
+    fn a_lease_row_says_whether_it_expired() {
+        let unexpired = |rows| IdLocks::assemble(rows).unwrap().lease.unwrap().unexpired;
+        assert!(unexpired(vec![lease(LeaseState::Held, true)]));
+        assert!(!unexpired(vec![
+            claim(HOLDER),
+            lease(LeaseState::Held, false)
+        ]));
+    }
+
+    #[test]
+    fn candidates_keep_their_order_and_the_lease_row_is_apart() {
+        let rows = vec![claim(OTHER), claim(HOLDER), lease(LeaseState::Held, true)];
+        let locks = IdLocks::assemble(rows).unwrap();
+        let gateways: Vec<String> = locks
+            .candidates
+            .iter()
+            .map(|c| c.gateway_id.to_string())
+            .collect();
+        assert_eq!(gateways, [OTHER, HOLDER]);
+        assert_eq!(locks.lease.unwrap().record.lease.fencing_token, 7);
+    }
+}

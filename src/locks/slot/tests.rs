@@ -1,0 +1,373 @@
+//! The slot's transitions, pure state in and a decision out, no I/O: the
+//! line, grants, hand-overs, lapses and writes that may still land.
+
+use super::*;
+
+const GATEWAY: Uuid = Uuid::from_u128(7);
+
+fn id() -> StateId {
+    StateId::parse("dev:tap-to-target".to_owned()).unwrap()
+}
+
+fn rules() -> Rules {
+    Rules {
+        gateway_id: GATEWAY,
+        grant_margin: Duration::from_secs(5),
+        holder_grace: Duration::from_secs(2),
+    }
+}
+
+fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
+    Waiter {
+        ticket,
+        owner: "worker",
+        ttl: Duration::from_secs(30),
+        deadline,
+        attempted_claim: false,
+    }
+}
+
+/// A slot holding a fresh claim with tokens to grant, and these waiters in line.
+fn claimed(now: Instant, tickets: &[u64]) -> SlotState {
+    SlotState {
+        claim: Some(HeldClaim {
+            candidate: Candidate {
+                claim_id: Uuid::from_u128(1),
+                gateway_id: GATEWAY,
+                created_ms: 0,
+                advertise_url: String::new(),
+                expires_ms: 0,
+            },
+            valid_until: now + Duration::from_secs(9),
+            handover: false,
+        }),
+        tokens: TokenBlock { next: 5, last: 9 },
+        queue: tickets.iter().copied().collect(),
+        next_ticket: tickets.len() as u64,
+        ..SlotState::default()
+    }
+}
+
+fn decide(st: &mut SlotState, waiter: &Waiter<'_>, now: Instant) -> Decision {
+    st.expire(&id(), now, &Metrics::default());
+    st.next_step(&id(), waiter, &rules(), now, 1_000)
+}
+
+#[test]
+fn the_first_in_line_is_granted_the_next_token() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0, 1]);
+    let decision = decide(&mut st, &waiter(0, now), now);
+    let Step::Granted(lease, _) = decision.step else {
+        panic!("not granted: {:?}", decision.step)
+    };
+    assert_eq!(lease.fencing_token, 5);
+    assert_eq!(lease.expires_ms, 31_000);
+    assert_eq!(st.tokens.next, 6);
+    // The second waits for the lease to end, or for its own deadline.
+    let later = now + Duration::from_secs(60);
+    assert_eq!(
+        decide(&mut st, &waiter(1, later), now).step,
+        Step::Wait(now + Duration::from_secs(30))
+    );
+}
+
+#[test]
+fn a_lease_ends_for_the_next_grant_only_once_its_writes_have_landed() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[1]);
+    // The lease ended (released); a write sent under it may land for 3 s.
+    st.sending.insert(0, now + Duration::from_secs(3));
+    let deadline = now + Duration::from_secs(60);
+    assert_eq!(
+        decide(&mut st, &waiter(1, deadline), now).step,
+        Step::Wait(now + Duration::from_secs(3)),
+        "no grant while the write may land"
+    );
+    // The write answered: its entry goes, and the waiter is granted.
+    st.sending.remove(&0);
+    assert!(matches!(
+        decide(&mut st, &waiter(1, deadline), now).step,
+        Step::Granted(..)
+    ));
+}
+
+#[test]
+fn a_write_abandoned_in_flight_holds_the_id_until_its_budget_is_spent() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[1]);
+    st.sending.insert(0, now + Duration::from_secs(3));
+    let deadline = now + Duration::from_secs(60);
+    let later = now + Duration::from_secs(3);
+    assert!(matches!(
+        decide(&mut st, &waiter(1, deadline), later).step,
+        Step::Granted(..)
+    ));
+    assert!(st.sending.is_empty());
+}
+
+#[test]
+fn no_hand_over_while_a_write_may_land() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[]);
+    st.sending.insert(0, now + Duration::from_secs(1));
+    assert!(!st.claim_can_go());
+    assert!(!st.is_idle());
+    st.sending.clear();
+    assert!(st.claim_can_go());
+}
+
+#[test]
+fn a_waiter_out_of_time_behind_a_claim_attempt_waits_to_name_the_holder() {
+    let now = Instant::now();
+    let mut st = SlotState {
+        claiming: true,
+        queue: [0, 1].into(),
+        ..SlotState::default()
+    };
+    // Wait 0: its deadline is now, but the lease is about to exist.
+    let late = waiter(1, now);
+    assert_eq!(
+        decide(&mut st, &late, now).step,
+        Step::Wait(now + Duration::from_secs(2))
+    );
+    // The attempt won and granted: the 409 names the holder.
+    let mut st = claimed(now, &[0, 1]);
+    let Step::Granted(lease, _) = decide(&mut st, &waiter(0, now), now).step else {
+        panic!("the first is granted")
+    };
+    assert_eq!(decide(&mut st, &late, now).step, Step::GiveUp(Some(lease)));
+}
+
+#[test]
+fn past_the_grace_a_waiter_gives_up_without_a_holder_it_does_not_know() {
+    let now = Instant::now();
+    let mut st = SlotState {
+        claiming: true,
+        queue: [0, 1].into(),
+        ..SlotState::default()
+    };
+    let after_grace = now + Duration::from_secs(2);
+    assert_eq!(
+        decide(&mut st, &waiter(1, now), after_grace).step,
+        Step::GiveUp(None)
+    );
+}
+
+#[test]
+fn a_contested_claim_is_handed_over_before_the_next_claim_attempt() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    st.claim.as_mut().unwrap().handover = true;
+    let decision = decide(&mut st, &waiter(0, now + Duration::from_secs(5)), now);
+    assert_eq!(decision.step, Step::Claim);
+    assert_eq!(
+        decision.withdraw.map(|c| c.claim_id),
+        Some(Uuid::from_u128(1))
+    );
+    assert!(st.claim.is_none());
+}
+
+#[test]
+fn a_claim_short_of_validity_is_renewed_and_a_spent_block_refilled_first() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(4);
+    let deadline = now + Duration::from_secs(5);
+    assert_eq!(
+        decide(&mut st, &waiter(0, deadline), now).step,
+        Step::RenewClaim(Uuid::from_u128(1))
+    );
+    let mut st = claimed(now, &[0]);
+    st.tokens = TokenBlock { next: 10, last: 9 };
+    assert_eq!(
+        decide(&mut st, &waiter(0, deadline), now).step,
+        Step::ReserveTokens {
+            claim_id: Uuid::from_u128(1),
+            first: 10
+        }
+    );
+}
+
+#[test]
+fn a_claim_that_lapses_ends_its_lease_and_the_next_waiter_claims_anew() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0, 1]);
+    assert!(matches!(
+        decide(&mut st, &waiter(0, now), now).step,
+        Step::Granted(..)
+    ));
+    let lapsed = now + Duration::from_secs(9);
+    let deadline = lapsed + Duration::from_secs(5);
+    assert_eq!(
+        decide(&mut st, &waiter(1, deadline), lapsed).step,
+        Step::Wait(deadline)
+    );
+    st.queue.pop_front();
+    assert_eq!(
+        decide(&mut st, &waiter(1, deadline), lapsed).step,
+        Step::Claim
+    );
+}
+
+/// A lease granted in `st` to the first waiter, for 30 s from `now`.
+fn granted(st: &mut SlotState, now: Instant) -> Lease {
+    let Step::Granted(lease, _) = decide(st, &waiter(st.queue[0], now), now).step else {
+        panic!("the first in line is granted")
+    };
+    lease
+}
+
+#[test]
+fn a_claim_past_its_validity_ends_with_its_lease() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    granted(&mut st, now);
+    st.expire(&id(), now + Duration::from_secs(8), &Metrics::default());
+    assert!(st.claim.is_some() && st.lease.is_some());
+    st.expire(&id(), now + Duration::from_secs(9), &Metrics::default());
+    assert!(
+        st.claim.is_none(),
+        "past valid_until the claim may have lapsed"
+    );
+    assert!(st.lease.is_none(), "a lease lives as long as its claim");
+}
+
+#[test]
+fn a_lease_past_its_deadline_ends_and_the_claim_stays() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    let lease = granted(&mut st, now);
+    assert_eq!(lease.expires_ms, 31_000);
+    st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(60);
+    st.expire(&id(), now + Duration::from_secs(30), &Metrics::default());
+    assert!(st.lease.is_none());
+    assert!(st.claim.is_some());
+    assert!(
+        st.claim_can_go(),
+        "an idle claim may go once its lease ended"
+    );
+}
+
+#[test]
+fn a_lost_claim_takes_its_lease_with_it_and_losing_none_changes_nothing() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    granted(&mut st, now);
+    st.lose_claim(&id(), &Metrics::default());
+    assert!(st.claim.is_none() && st.lease.is_none());
+    let mut st = SlotState {
+        queue: [3].into(),
+        ..SlotState::default()
+    };
+    st.lose_claim(&id(), &Metrics::default());
+    assert_eq!(st.queue, [3]);
+}
+
+#[test]
+fn a_claim_with_a_running_lease_cannot_go() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    assert!(st.claim_can_go());
+    granted(&mut st, now);
+    assert!(!st.claim_can_go());
+    assert!(!st.is_idle());
+}
+
+#[test]
+fn a_contested_claim_is_not_handed_over_while_its_lease_runs() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0, 1]);
+    let lease = granted(&mut st, now);
+    st.claim.as_mut().unwrap().handover = true;
+    st.queue.pop_front();
+    let deadline = now + Duration::from_secs(60);
+    let decision = decide(&mut st, &waiter(1, deadline), now);
+    assert_eq!(decision.step, Step::Wait(now + Duration::from_secs(30)));
+    assert!(decision.withdraw.is_none(), "the holder keeps its lease");
+    assert_eq!(
+        st.lease.as_ref().map(|l| l.lease.lease_id),
+        Some(lease.lease_id)
+    );
+}
+
+#[test]
+fn nothing_is_granted_from_a_spent_or_missing_token_block() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    st.tokens = TokenBlock { next: 0, last: 0 };
+    assert!(
+        st.grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
+            .is_none()
+    );
+    st.tokens = TokenBlock { next: 10, last: 9 };
+    assert!(
+        st.grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
+            .is_none()
+    );
+    assert!(st.lease.is_none());
+    st.tokens = TokenBlock { next: 9, last: 9 };
+    let (lease, version) = st
+        .grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
+        .unwrap();
+    assert_eq!(lease.fencing_token, 9);
+    assert_eq!(version, LeaseVersion::granted(9));
+    assert_eq!(st.last_used, Some(now));
+}
+
+#[test]
+fn a_token_block_is_taken_only_under_the_claim_it_was_reserved_for_and_above_the_last() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[]);
+    st.add_tokens(Uuid::from_u128(2), TokenBlock { next: 20, last: 29 });
+    assert_eq!(
+        st.tokens,
+        TokenBlock { next: 5, last: 9 },
+        "another claim's"
+    );
+    st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 8, last: 17 });
+    assert_eq!(st.tokens, TokenBlock { next: 5, last: 9 }, "overlaps");
+    st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 10, last: 19 });
+    assert_eq!(st.tokens, TokenBlock { next: 10, last: 19 });
+}
+
+#[test]
+fn only_the_first_in_line_claims_and_a_second_attempt_past_the_deadline_gives_up() {
+    let now = Instant::now();
+    let mut st = SlotState {
+        queue: [0, 1].into(),
+        ..SlotState::default()
+    };
+    let deadline = now + Duration::from_secs(5);
+    assert_eq!(
+        decide(&mut st, &waiter(1, deadline), now).step,
+        Step::Wait(deadline)
+    );
+    assert_eq!(decide(&mut st, &waiter(0, deadline), now).step, Step::Claim);
+    let mut tried = waiter(0, deadline);
+    tried.attempted_claim = true;
+    assert_eq!(decide(&mut st, &tried, deadline).step, Step::GiveUp(None));
+}
+
+#[test]
+fn a_slot_is_idle_only_with_nothing_held_claimed_queued_or_landing() {
+    let now = Instant::now();
+    assert!(SlotState::default().is_idle());
+    for st in [
+        claimed(now, &[]),
+        SlotState {
+            claiming: true,
+            ..SlotState::default()
+        },
+        SlotState {
+            queue: [0].into(),
+            ..SlotState::default()
+        },
+        SlotState {
+            sending: [(0, now)].into(),
+            ..SlotState::default()
+        },
+    ] {
+        assert!(!st.is_idle());
+    }
+}

@@ -10,7 +10,7 @@ use rustls::pki_types::CertificateDer;
 use url::Url;
 use uuid::Uuid;
 
-use crate::auth::{TokenError, Tokens};
+use crate::auth::{LoadError, TokenSources, Tokens};
 pub use crate::domain::{Coordination, RegressionMode};
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
@@ -236,9 +236,11 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_HISTORY_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub history_retention: Duration,
 
-    /// File of bearer tokens, one `<role> <token> [<name>]` per line (role:
-    /// read, write or admin; `<role> sha256:<hex>` keeps the token itself off
-    /// disk; the name is who history says made a change).
+    /// File of bearer tokens, one `<role> <token> [<name>] [scope=<glob>,...]
+    /// [expires=<RFC 3339>]` per line (role: read, write or admin; `<role>
+    /// sha256:<hex>` keeps the token itself off disk; the name is who history
+    /// says made a change; scope limits the state_ids it may name). Read
+    /// again on SIGHUP and when it changes.
     #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 
@@ -338,6 +340,8 @@ pub struct Config {
     pub history: History,
     pub bookmark_regression: RegressionMode,
     pub tokens: Tokens,
+    /// What a reload (SIGHUP, a change of the file) reads the tokens from.
+    pub token_sources: TokenSources,
     pub protect_metrics: bool,
     pub allow_unauthenticated: bool,
     /// HTTPS, when a certificate and key are configured.
@@ -368,13 +372,8 @@ pub enum ConfigError {
     ClaimTtl,
     #[error("cannot use the CA file {path}: {reason}")]
     CaFile { path: String, reason: String },
-    #[error("cannot read the tokens file {path}: {source}")]
-    TokensFile {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("invalid token entry: {0}")]
-    Token(#[from] TokenError),
+    #[error(transparent)]
+    Tokens(#[from] LoadError),
     #[error(
         "{0}; set --tls-cert-file and --tls-key-file (STATEHOUSE_TLS_CERT_FILE, STATEHOUSE_TLS_KEY_FILE) to a PEM chain and its key"
     )]
@@ -440,17 +439,11 @@ impl TryFrom<ServeArgs> for Config {
         if args.claim_ttl < Duration::from_millis(300) {
             return Err(ConfigError::ClaimTtl);
         }
-        let mut tokens = Tokens::default();
-        if let Some(path) = &args.tokens_file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokensFile {
-                path: path.display().to_string(),
-                source,
-            })?;
-            tokens.add(&path.display().to_string(), &text, '\n')?;
-        }
-        if let Some(text) = &args.tokens {
-            tokens.add("STATEHOUSE_TOKENS", text, ',')?;
-        }
+        let token_sources = TokenSources {
+            file: args.tokens_file.clone(),
+            inline: args.tokens.clone(),
+        };
+        let tokens = token_sources.load()?;
         let tls = match (&args.tls_cert_file, &args.tls_key_file) {
             (Some(cert), Some(key)) => Some(ServerTls::new(
                 cert,
@@ -508,6 +501,7 @@ impl TryFrom<ServeArgs> for Config {
             },
             bookmark_regression: args.bookmark_regression,
             tokens,
+            token_sources,
             protect_metrics: args.protect_metrics,
             allow_unauthenticated: args.allow_unauthenticated,
             tls,

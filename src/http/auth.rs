@@ -1,5 +1,7 @@
 //! The bearer-token guard in front of every operation.
 
+use std::time::SystemTime;
+
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
@@ -8,7 +10,7 @@ use axum::response::Response;
 use super::error::{ProblemType, problem};
 use super::server::TlsSession;
 use crate::AppContext;
-use crate::auth::{Actor, Role};
+use crate::auth::{Actor, Identified, Role};
 
 /// Who may call an operation.
 #[derive(Clone, Copy, Debug)]
@@ -75,18 +77,21 @@ pub async fn guard(
     let Some(presented) = first.and_then(bearer_token) else {
         return unauthorized("send Authorization: Bearer <token>");
     };
-    match ctx.tokens.identify(presented) {
-        None => unauthorized("the bearer token is not one this gateway knows"),
-        Some((role, _)) if role < needed => problem(
+    match ctx.tokens.identify(presented, SystemTime::now()) {
+        Identified::Unknown => unauthorized("the bearer token is not one this gateway knows"),
+        Identified::Expired(_) => unauthorized(
+            "the bearer token has expired (its expires= has passed); ask for a new one",
+        ),
+        Identified::Valid(grant) if grant.role < needed => problem(
             ProblemType::Forbidden,
             &format!(
                 "this needs a {} token; yours is {}",
                 needed.as_str(),
-                role.as_str()
+                grant.role.as_str()
             ),
         ),
-        Some((_, actor)) => {
-            request.extensions_mut().insert(actor);
+        Identified::Valid(grant) => {
+            request.extensions_mut().insert(grant.actor);
             next.run(request).await
         }
     }

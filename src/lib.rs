@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::agreement::{Disagreement, Registration};
-use crate::auth::Tokens;
+use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
 use crate::http::Admission;
 use crate::locks::LockManager;
@@ -47,7 +47,8 @@ pub struct AppContext {
     pub body_limit: usize,
     pub body_read_timeout: Duration,
     pub admission: Arc<Admission>,
-    pub tokens: Arc<Tokens>,
+    /// Replaced whole by a reload (SIGHUP, a change of the tokens file).
+    pub tokens: Arc<LiveTokens>,
     pub protect_metrics: bool,
     /// mTLS: a request on a connection without a client certificate gets
     /// only the health checks and the dashboard page.
@@ -198,7 +199,7 @@ impl App {
                 body_limit: config.body_limit,
                 body_read_timeout: config.client_timeouts.body_read,
                 admission: Arc::new(Admission::new(config.concurrency)),
-                tokens: Arc::new(config.tokens.clone()),
+                tokens: Arc::new(LiveTokens::new(config.tokens.clone())),
                 protect_metrics: config.protect_metrics,
                 client_certificates_required: config
                     .tls

@@ -3,6 +3,7 @@
 //! presented token is compared against every one in constant time.
 
 mod line;
+pub mod live;
 
 use std::path::PathBuf;
 use std::time::SystemTime;

@@ -12,6 +12,7 @@ use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::rfc3339_millis;
 use crate::AppContext;
+use crate::domain::Scope;
 use crate::locks::{FORWARDED_BY, Lease, SeenLease};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
@@ -162,10 +163,17 @@ pub struct LockList {
     locks: Vec<LockView>,
 }
 
-pub async fn list(State(ctx): State<AppContext>) -> Result<Json<LockList>, ApiError> {
+pub async fn list(
+    State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Json<LockList>, ApiError> {
     let leases = ctx.locks.all().await?;
     Ok(Json(LockList {
-        locks: leases.iter().map(LockView::from).collect(),
+        locks: leases
+            .iter()
+            .filter(|lease| scope.allows(&lease.state_id))
+            .map(LockView::from)
+            .collect(),
     }))
 }
 

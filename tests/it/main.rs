@@ -32,6 +32,7 @@ mod overload;
 mod packaging;
 mod proxy;
 mod run_lease;
+mod scope_auth;
 mod seed_compat;
 mod slow_clients;
 mod states_api;

@@ -8,6 +8,7 @@ pub mod agreement;
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod hangup;
 pub mod healthcheck;
 pub mod http;
 mod keyed_mutex;
@@ -28,8 +29,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::agreement::{Disagreement, Registration};
+use crate::auth::TokenSources;
 use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
+use crate::hangup::Hangups;
 use crate::http::Admission;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
@@ -133,6 +136,7 @@ pub struct App {
     client_timeouts: ClientTimeouts,
     shutdown_timeout: Duration,
     tls: Option<ServerTls>,
+    token_sources: TokenSources,
 }
 
 impl App {
@@ -209,6 +213,7 @@ impl App {
             client_timeouts: config.client_timeouts,
             shutdown_timeout: config.shutdown_timeout,
             tls: config.tls.clone(),
+            token_sources: config.token_sources.clone(),
         })
     }
 
@@ -242,10 +247,23 @@ impl App {
             .clone()
             .map(|registration| tokio::spawn(registration.heartbeat()));
         let metrics = self.ctx.metrics.clone();
-        let reloading = self
-            .tls
-            .as_ref()
-            .map(|tls| tokio::spawn(tls::reload_on_hangup(tls.identity.clone())));
+        // SIGHUP reloads what can be reloaded, and never ends the gateway.
+        let hangups = Hangups::listen();
+        let mut reloading = Vec::new();
+        if let Some(tls) = &self.tls {
+            reloading.push(tokio::spawn(tls::reload_on_hangup(
+                tls.identity.clone(),
+                hangups.subscribe(),
+            )));
+        }
+        if let Some(path) = self.token_sources.file.clone() {
+            reloading.push(tokio::spawn(auth::reload::keep_current(
+                self.ctx.tokens.clone(),
+                self.token_sources.clone(),
+                path,
+                hangups.subscribe(),
+            )));
+        }
         let server = http::serve(
             self.listener,
             http::router(self.ctx),
@@ -272,9 +290,10 @@ impl App {
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
         }
-        if let Some(reloading) = reloading {
+        for reloading in reloading {
             reloading.abort();
         }
+        drop(hangups);
         // Hand the claims back so other gateways need not wait for them to
         // lapse; the next claim holder adopts the leases.
         let handed_back = tokio::time::timeout(self.shutdown_timeout, locks.hand_back()).await;

@@ -4,6 +4,7 @@
 
 mod line;
 pub mod live;
+pub mod reload;
 
 use std::path::PathBuf;
 use std::time::SystemTime;

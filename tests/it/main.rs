@@ -31,6 +31,7 @@ mod logs;
 mod overload;
 mod packaging;
 mod proxy;
+mod reload_auth;
 mod run_lease;
 mod scope_auth;
 mod seed_compat;

@@ -259,14 +259,18 @@ impl Sending {
     }
 
     /// Sends: runs `write` (ClickHouse round trips) within the budget. A
-    /// write that timed out leaves its outcome unknown (see `Drop`).
+    /// write that timed out, here or in the store, or whose connection was
+    /// cut, leaves its outcome unknown (see `Drop`).
     pub async fn run<T>(
         mut self,
         write: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout_at(self.until.into(), write).await {
             Ok(result) => {
-                self.done = true;
+                // Landed, or refused by ClickHouse: the outcome is known.
+                self.done = result
+                    .as_ref()
+                    .map_or_else(StoreError::surely_not_applied, |_| true);
                 result
             }
             Err(_) => Err(StoreError::Timeout(self.budget)),
@@ -388,18 +392,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_write_that_answered_frees_the_id_at_once() {
+    async fn a_write_clickhouse_refused_frees_the_id_at_once() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let sending = admitted(&slot, &mine).sending().unwrap();
         assert_eq!(slot.lock().sending.len(), 1);
-        let failed: Result<(), StoreError> = sending
-            .run(async { Err(StoreError::Timeout(Duration::ZERO)) })
+        let refused: Result<(), StoreError> = sending
+            .run(async {
+                Err(StoreError::ClickHouse(
+                    clickhouse::error::Error::BadResponse("Code: 60. DB::Exception".into()),
+                ))
+            })
             .await;
-        assert!(failed.is_err());
+        assert!(refused.is_err());
+        assert!(slot.lock().sending.is_empty(), "a refused write has ended");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_timed_out_in_the_store_may_still_land_past_its_budget() {
+        let mine = lease(1);
+        let slot = slot_holding(&mine);
+        let sending = admitted(&slot, &mine).sending().unwrap();
+        let timed_out: Result<(), StoreError> = sending
+            .run(async { Err(StoreError::Timeout(TIMEOUT)) })
+            .await;
+        assert!(timed_out.is_err());
+        let until = slot.lock().landing_until().expect("its outcome is unknown");
         assert!(
-            slot.lock().sending.is_empty(),
-            "a failed write has ended too"
+            until > Instant::now() + TIMEOUT + TIMEOUT / 2,
+            "held for its budget and ClickHouse's max_execution_time"
         );
     }
 

@@ -56,6 +56,19 @@ pub enum StoreError {
     Abandoned,
 }
 
+impl StoreError {
+    /// Whether ClickHouse surely did not apply the request that failed so:
+    /// it answered with an exception. After a timeout, a cut connection or
+    /// an answer that is not ClickHouse's, the request may still be applied.
+    pub fn surely_not_applied(&self) -> bool {
+        match self {
+            Self::ClickHouse(clickhouse::error::Error::BadResponse(_)) => true,
+            Self::InBatch(inner) => inner.surely_not_applied(),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct ClickHouse {
     client: Client,

@@ -67,7 +67,7 @@ async fn import_in_flight_at_the_lease_end(end: End) {
     if let End::Expiry = end {
         tokio::time::sleep_until((granted_at + Duration::from_millis(1500)).into()).await;
     }
-    proxy.hold_requests_containing(Some(("INSERT INTO", Duration::from_millis(1500))));
+    proxy.hold_requests_containing(Some((&["INSERT INTO"], Duration::from_millis(1500))));
     let api = importer.api.clone();
     let body = json!([{"state_id": id, "lease_id": lease, "completed": {"n": 1}}]).to_string();
     let import = tokio::spawn(async move {

@@ -40,9 +40,13 @@ struct Shared {
     /// is cut before the answer: it ran, but the gateway cannot know.
     lose_answer: std::sync::Mutex<Option<String>>,
     delay_ms: AtomicU64,
-    /// A request whose first chunk contains this text waits `held_ms` before
-    /// it goes on: one kind of query is slow, the rest are not.
-    hold: std::sync::Mutex<Option<(String, u64)>>,
+    /// A chunk that contains every one of these texts (decoded) waits this
+    /// long before it goes on: one kind of query is slow, the rest are not.
+    hold: std::sync::Mutex<Option<Hold>>,
+    /// When ClickHouse's answer to each held request reached the proxy: the
+    /// moment its outcome was known (the request itself may be answered to
+    /// its client later, through another gateway).
+    held_answers: std::sync::Mutex<Vec<std::time::Instant>>,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
 }
@@ -75,6 +79,7 @@ impl Proxy {
             lose_answer: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
             hold: std::sync::Mutex::new(None),
+            held_answers: std::sync::Mutex::new(Vec::new()),
             cut: watch::channel(0).0,
         });
         let accepting = shared.clone();
@@ -108,10 +113,32 @@ impl Proxy {
         *self.shared.lose_answer.lock().unwrap() = text.map(str::to_owned);
     }
 
-    /// Holds every request that contains `text` for `delay` before it goes on.
-    pub fn hold_requests_containing(&self, text: Option<(&str, Duration)>) {
-        *self.shared.hold.lock().unwrap() =
-            text.map(|(text, delay)| (text.to_owned(), delay.as_millis() as u64));
+    /// Holds each request whose first chunk contains every one of `texts`
+    /// for `delay` before ClickHouse sees it (the rest of the request waits
+    /// behind it); `None` lets them through again.
+    pub fn hold_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
+        self.set_hold(hold, false);
+    }
+
+    /// As [`Self::hold_requests_containing`], but the request's head goes on
+    /// at once and only its body is held: ClickHouse has started the query
+    /// (it is in `system.processes`) and waits for its rows, as it would
+    /// for a slow INSERT.
+    pub fn hold_bodies_of_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
+        self.set_hold(hold, true);
+    }
+
+    fn set_hold(&self, hold: Option<(&[&str], Duration)>, body_only: bool) {
+        *self.shared.hold.lock().unwrap() = hold.map(|(texts, delay)| Hold {
+            texts: texts.iter().map(|t| (*t).to_owned()).collect(),
+            delay,
+            body_only,
+        });
+    }
+
+    /// When ClickHouse answered each held request so far, in order.
+    pub fn held_answers(&self) -> Vec<std::time::Instant> {
+        self.shared.held_answers.lock().unwrap().clone()
     }
 
     /// Every chunk sent towards ClickHouse waits this long first.
@@ -122,6 +149,13 @@ impl Proxy {
     }
 }
 
+#[derive(Clone)]
+struct Hold {
+    texts: Vec<String>,
+    delay: Duration,
+    body_only: bool,
+}
+
 async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let Ok(server) = TcpStream::connect(shared.upstream).await else {
         return;
@@ -130,6 +164,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let _ = server.set_nodelay(true);
     let mut cut = shared.cut.subscribe();
     let losing = AtomicBool::new(false);
+    let holding = AtomicBool::new(false);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let to_server = async {
@@ -144,6 +179,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 shared.lose_answer.lock().unwrap().clone(),
                 shared.hold.lock().unwrap().clone(),
             );
+            let mut held = None;
             // Decoded only while a test looks for something: the other tests
             // (and their slow-ClickHouse timings) pay nothing for it.
             if refuse.is_some() || lose.is_some() || hold.is_some() {
@@ -160,17 +196,35 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 if found(&lose) {
                     losing.store(true, Ordering::SeqCst);
                 }
-                if let Some((text, held_ms)) = &hold
-                    && decoded.contains(text.as_str())
+                if let Some(hold) = hold
+                    && hold
+                        .texts
+                        .iter()
+                        .all(|text| decoded.contains(text.as_str()))
                 {
-                    tokio::time::sleep(Duration::from_millis(*held_ms)).await;
+                    held = Some(hold);
                 }
+            }
+            let mut start = 0;
+            if let Some(hold) = held {
+                holding.store(true, Ordering::SeqCst);
+                if hold.body_only {
+                    // The head, through its blank line, goes on now.
+                    start = buf[..n]
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .map_or(0, |at| at + 4);
+                    if server_write.write_all(&buf[..start]).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::time::sleep(hold.delay).await;
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
-            if server_write.write_all(&buf[..n]).await.is_err() {
+            if server_write.write_all(&buf[start..n]).await.is_err() {
                 return;
             }
         }
@@ -182,6 +236,10 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             // ClickHouse has answered, so it ran the request; the answer is lost.
             if n == 0 || losing.load(Ordering::SeqCst) {
                 return;
+            }
+            if holding.swap(false, Ordering::SeqCst) {
+                let now = std::time::Instant::now();
+                shared.held_answers.lock().unwrap().push(now);
             }
             if client_write.write_all(&buf[..n]).await.is_err() {
                 return;

@@ -8,6 +8,7 @@ pub mod agreement;
 pub mod auth;
 pub mod config;
 pub mod domain;
+pub mod hangup;
 pub mod healthcheck;
 pub mod http;
 mod keyed_mutex;
@@ -30,7 +31,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::agreement::{Disagreement, Registration};
+use crate::auth::TokenSources;
+use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
+use crate::hangup::Hangups;
 use crate::http::Admission;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
@@ -116,6 +120,7 @@ pub struct App {
     client_timeouts: ClientTimeouts,
     shutdown_timeout: Duration,
     tls: Option<ServerTls>,
+    token_sources: TokenSources,
 }
 
 impl App {
@@ -182,7 +187,7 @@ impl App {
                 body_limit: config.body_limit,
                 body_read_timeout: config.client_timeouts.body_read,
                 admission: Arc::new(Admission::new(config.concurrency)),
-                tokens: Arc::new(config.tokens.clone()),
+                tokens: Arc::new(LiveTokens::new(config.tokens.clone())),
                 protect_metrics: config.protect_metrics,
                 client_certificates_required: config
                     .tls
@@ -192,6 +197,7 @@ impl App {
             client_timeouts: config.client_timeouts,
             shutdown_timeout: config.shutdown_timeout,
             tls: config.tls.clone(),
+            token_sources: config.token_sources.clone(),
         })
     }
 
@@ -225,10 +231,23 @@ impl App {
             .clone()
             .map(|registration| tokio::spawn(registration.heartbeat()));
         let metrics = self.ctx.metrics.clone();
-        let reloading = self
-            .tls
-            .as_ref()
-            .map(|tls| tokio::spawn(tls::reload_on_hangup(tls.identity.clone())));
+        // SIGHUP reloads what can be reloaded, and never ends the gateway.
+        let hangups = Hangups::listen();
+        let mut reloading = Vec::new();
+        if let Some(tls) = &self.tls {
+            reloading.push(tokio::spawn(tls::reload_on_hangup(
+                tls.identity.clone(),
+                hangups.subscribe(),
+            )));
+        }
+        if let Some(path) = self.token_sources.file.clone() {
+            reloading.push(tokio::spawn(auth::reload::keep_current(
+                self.ctx.tokens.clone(),
+                self.token_sources.clone(),
+                path,
+                hangups.subscribe(),
+            )));
+        }
         let server = http::serve(
             self.listener,
             http::router(self.ctx),
@@ -255,9 +274,10 @@ impl App {
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
         }
-        if let Some(reloading) = reloading {
+        for reloading in reloading {
             reloading.abort();
         }
+        drop(hangups);
         // Hand the claims back so other gateways need not wait for them to
         // lapse; the next claim holder adopts the leases.
         let handed_back = tokio::time::timeout(self.shutdown_timeout, locks.hand_back()).await;

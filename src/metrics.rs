@@ -40,6 +40,15 @@ struct ClosedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeniedLabels {
+    reason: &'static str,
+}
+
+/// Why a request was refused by the token guard, as
+/// `statehouse_auth_denied_total{reason}` counts it.
+pub const DENIAL_REASONS: [&str; 4] = ["unknown", "expired", "role", "scope"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LockLabels {
     event: &'static str,
 }
@@ -110,6 +119,7 @@ pub struct Metrics {
     write_batch_rows: Histogram,
     read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
+    auth_denied: Family<DeniedLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -130,6 +140,12 @@ impl Default for Metrics {
         let shed = Family::<ShedLabels, Counter>::default();
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         let bookmark_regressions = Counter::default();
+        let auth_denied = Family::<DeniedLabels, Counter>::default();
+        registry.register(
+            "auth_denied",
+            "Requests refused for their token, by reason (unknown: none or not ours, expired, role: too weak, scope: a state_id outside the token's scope)",
+            auth_denied.clone(),
+        );
         registry.register(
             "bookmark_regressions",
             "Bookmarks that went backwards in a write (one per stream or partition), written or refused",
@@ -201,7 +217,11 @@ impl Default for Metrics {
         for reason in ["header_timeout", "idle_timeout", "tls_handshake"] {
             let _ = connections_closed.get_or_create(&ClosedLabels { reason });
         }
+        for reason in DENIAL_REASONS {
+            let _ = auth_denied.get_or_create(&DeniedLabels { reason });
+        }
         Self {
+            auth_denied,
             write_batch_rows,
             read_batch_keys,
             bookmark_regressions,
@@ -276,6 +296,13 @@ impl Metrics {
     pub fn connection_closed(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ClosedLabels { reason })
+            .inc();
+    }
+
+    /// A request refused for its token; `reason` is one of [`DENIAL_REASONS`].
+    pub fn auth_denied(&self, reason: &'static str) {
+        self.auth_denied
+            .get_or_create(&DeniedLabels { reason })
             .inc();
     }
 

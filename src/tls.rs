@@ -2,9 +2,10 @@
 //! certificates) and the client that speaks to peers. rustls with ring, TLS
 //! 1.2 and 1.3 only; the certificate and key are read again on SIGHUP.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+
+use tokio::sync::broadcast::{self, error::RecvError};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -202,29 +203,13 @@ pub fn client_config(
     })
 }
 
-/// Reloads the certificate and key on every SIGHUP, for as long as the
-/// returned future runs. The signal is taken over at once, not when the
-/// future is first polled: from then on a SIGHUP no longer ends the process.
-#[cfg(unix)]
-pub fn reload_on_hangup(identity: Arc<Identity>) -> impl Future<Output = ()> + Send {
-    use tokio::signal::unix::{SignalKind, signal};
-    let hangups = signal(SignalKind::hangup());
-    async move {
-        let mut hangups = match hangups {
-            Ok(hangups) => hangups,
-            Err(err) => {
-                tracing::error!(error = %err, "cannot watch for SIGHUP: the TLS certificate will not be reloaded");
-                return;
-            }
-        };
-        while hangups.recv().await.is_some() {
-            identity.reload();
+/// Reloads the certificate and key on every SIGHUP `hangups` tells of, for
+/// as long as the returned future runs.
+pub async fn reload_on_hangup(identity: Arc<Identity>, mut hangups: broadcast::Receiver<()>) {
+    loop {
+        match hangups.recv().await {
+            Ok(()) | Err(RecvError::Lagged(_)) => identity.reload(),
+            Err(RecvError::Closed) => return,
         }
     }
-}
-
-/// No SIGHUP here: the certificate is the one read at start.
-#[cfg(not(unix))]
-pub fn reload_on_hangup(_identity: Arc<Identity>) -> impl Future<Output = ()> + Send {
-    std::future::pending::<()>()
 }

@@ -230,9 +230,11 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_HISTORY_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub history_retention: Duration,
 
-    /// File of bearer tokens, one `<role> <token> [<name>]` per line (role:
-    /// read, write or admin; `<role> sha256:<hex>` keeps the token itself off
-    /// disk; the name is who history says made a change).
+    /// File of bearer tokens, one `<role> <token> [<name>] [scope=<glob>,...]
+    /// [expires=<RFC 3339>]` per line (role: read, write or admin; `<role>
+    /// sha256:<hex>` keeps the token itself off disk; the name is who history
+    /// says made a change; scope limits the state_ids it may name). Read
+    /// again on SIGHUP and when it changes.
     #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
 

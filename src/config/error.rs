@@ -1,6 +1,6 @@
 //! Why a configuration was refused; each says which setting to change.
 
-use crate::auth::TokenError;
+use crate::auth::LoadError;
 use crate::tls::TlsError;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,13 +27,8 @@ pub enum ConfigError {
     ClaimTtl,
     #[error("cannot use the CA file {path}: {reason}")]
     CaFile { path: String, reason: String },
-    #[error("cannot read the tokens file {path}: {source}")]
-    TokensFile {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("invalid token entry: {0}")]
-    Token(#[from] TokenError),
+    #[error(transparent)]
+    Tokens(#[from] LoadError),
     #[error(
         "{0}; set --tls-cert-file and --tls-key-file (STATEHOUSE_TLS_CERT_FILE, STATEHOUSE_TLS_KEY_FILE) to a PEM chain and its key"
     )]

@@ -20,7 +20,7 @@ pub use urls::parse_clickhouse_url;
 
 use self::cli::ServeOnly;
 use self::urls::{default_port, parse_advertise_url};
-use crate::auth::Tokens;
+use crate::auth::{TokenSources, Tokens};
 pub use crate::domain::{Coordination, RegressionMode};
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
@@ -81,6 +81,8 @@ pub struct Config {
     pub history: History,
     pub bookmark_regression: RegressionMode,
     pub tokens: Tokens,
+    /// What a reload (SIGHUP, a change of the file) reads the tokens from.
+    pub token_sources: TokenSources,
     pub protect_metrics: bool,
     pub allow_unauthenticated: bool,
     /// HTTPS, when a certificate and key are configured.
@@ -146,17 +148,11 @@ impl TryFrom<ServeArgs> for Config {
         if args.claim_ttl < Duration::from_millis(300) {
             return Err(ConfigError::ClaimTtl);
         }
-        let mut tokens = Tokens::default();
-        if let Some(path) = &args.tokens_file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokensFile {
-                path: path.display().to_string(),
-                source,
-            })?;
-            tokens.add(&path.display().to_string(), &text, '\n')?;
-        }
-        if let Some(text) = &args.tokens {
-            tokens.add("STATEHOUSE_TOKENS", text, ',')?;
-        }
+        let token_sources = TokenSources {
+            file: args.tokens_file.clone(),
+            inline: args.tokens.clone(),
+        };
+        let tokens = token_sources.load()?;
         let tls = match (&args.tls_cert_file, &args.tls_key_file) {
             (Some(cert), Some(key)) => Some(ServerTls::new(
                 cert,
@@ -214,6 +210,7 @@ impl TryFrom<ServeArgs> for Config {
             },
             bookmark_regression: args.bookmark_regression,
             tokens,
+            token_sources,
             protect_metrics: args.protect_metrics,
             allow_unauthenticated: args.allow_unauthenticated,
             tls,

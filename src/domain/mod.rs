@@ -9,6 +9,7 @@ mod page;
 mod pattern;
 mod provenance;
 mod regression;
+mod scope;
 mod state_id;
 mod version;
 
@@ -21,5 +22,6 @@ pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;
 pub use regression::{AllowedRegressions, Regression, RegressionMode, regressions};
+pub use scope::Scope;
 pub use state_id::{StateId, StateIdError};
 pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};

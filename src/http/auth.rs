@@ -1,14 +1,20 @@
 //! The bearer-token guard in front of every operation.
 
-use axum::extract::{Request, State};
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::context::AppContext;
-use super::error::{ProblemType, problem};
+use super::error::{ApiError, ProblemType, problem};
 use super::server::TlsSession;
-use crate::auth::{Actor, Role};
+use crate::auth::{Actor, Identified, Role};
+use crate::domain::{Scope, StateId};
+use crate::telemetry::ClientText;
 
 /// Who may call an operation.
 #[derive(Clone, Copy, Debug)]
@@ -29,10 +35,15 @@ fn unauthorized(detail: &str) -> Response {
     response
 }
 
-/// Lets the request through if it carries a token with the role it needs;
-/// with no tokens configured, everything goes through. Two `Authorization`
-/// headers are refused on every operation that takes a token, configured or
-/// not, so that a client learns of them before it meets a gateway with tokens.
+/// Lets the request through if it carries a token with the role it needs
+/// and, when the route names a `{state_id}`, whose scope covers it; with no
+/// tokens configured, everything goes through. Two `Authorization` headers
+/// are refused on every operation that takes a token, configured or not, so
+/// that a client learns of them before it meets a gateway with tokens.
+///
+/// The path's state_id is checked here, for every route at once, so that no
+/// route can forget it; what a request names in its body or query is the
+/// handler's to keep within the [`Scope`] this leaves in the extensions.
 pub async fn guard(
     State((ctx, access)): State<(AppContext, Access)>,
     request: Request,
@@ -58,9 +69,10 @@ pub async fn guard(
     let Some(needed) = needed else {
         return next.run(request).await;
     };
-    let mut request = request;
-    let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
+    let (mut parts, body) = request.into_parts();
+    let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
     let (first, second) = (values.next(), values.next());
+    let presented = first.and_then(bearer_token).map(str::to_owned);
     if second.is_some() {
         // Which one counts would be a guess; proxies and servers differ on it.
         return problem(
@@ -68,27 +80,112 @@ pub async fn guard(
             "send one Authorization header, not several",
         );
     }
-    if ctx.tokens.is_empty() {
-        request.extensions_mut().insert(Actor::anonymous());
-        return next.run(request).await;
+    let tokens = ctx.tokens.current();
+    if tokens.is_empty() {
+        parts.extensions.insert(Actor::anonymous());
+        parts.extensions.insert(Scope::everything());
+        return next.run(Request::from_parts(parts, body)).await;
     }
-    let Some(presented) = first.and_then(bearer_token) else {
+    let state_id = path_state_id(&mut parts).await;
+    let denial = Denial {
+        ctx: &ctx,
+        parts: &parts,
+        state_id: state_id.as_ref().map(StateId::as_str),
+    };
+    let Some(presented) = presented else {
+        denial.record(DenialReason::Unknown, "-");
         return unauthorized("send Authorization: Bearer <token>");
     };
-    match ctx.tokens.identify(presented) {
-        None => unauthorized("the bearer token is not one this gateway knows"),
-        Some((role, _)) if role < needed => problem(
+    let grant = match tokens.identify(&presented, SystemTime::now()) {
+        Identified::Unknown => {
+            denial.record(DenialReason::Unknown, "-");
+            return unauthorized("the bearer token is not one this gateway knows");
+        }
+        Identified::Expired(actor) => {
+            denial.record(DenialReason::Expired, &actor.0);
+            return unauthorized(
+                "the bearer token has expired (the expires= of its entry has passed); ask for a new one",
+            );
+        }
+        Identified::Valid(grant) => grant,
+    };
+    if grant.role < needed {
+        denial.record(DenialReason::Role, &grant.actor.0);
+        return problem(
             ProblemType::Forbidden,
             &format!(
                 "this needs a {} token; yours is {}",
                 needed.as_str(),
-                role.as_str()
+                grant.role.as_str()
             ),
-        ),
-        Some((_, actor)) => {
-            request.extensions_mut().insert(actor);
-            next.run(request).await
+        );
+    }
+    if let Some(id) = &state_id
+        && !grant.scope.allows(id)
+    {
+        denial.record(DenialReason::Scope, &grant.actor.0);
+        return ApiError::OutOfScope(grant.scope.to_string()).into_response();
+    }
+    parts.extensions.insert(grant.actor);
+    parts.extensions.insert(grant.scope);
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// The route's `{state_id}`, if it has one and it is valid (an invalid one
+/// is the handler's 400 to give).
+async fn path_state_id(parts: &mut Parts) -> Option<StateId> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, &())
+        .await
+        .ok()?;
+    StateId::parse(params.get("state_id")?.clone()).ok()
+}
+
+/// Why a token was refused, as `statehouse_auth_denied_total{reason}` counts it.
+#[derive(Clone, Copy, Debug)]
+pub enum DenialReason {
+    /// No token, or not one of ours.
+    Unknown,
+    Expired,
+    /// The token's role is too weak for the operation.
+    Role,
+    /// A state_id outside the token's scope.
+    Scope,
+}
+
+impl DenialReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Expired => "expired",
+            Self::Role => "role",
+            Self::Scope => "scope",
         }
+    }
+}
+
+/// A refused request, to count and log: by its token's name, never the token.
+pub struct Denial<'a> {
+    pub ctx: &'a AppContext,
+    pub parts: &'a Parts,
+    pub state_id: Option<&'a str>,
+}
+
+impl Denial<'_> {
+    pub fn record(&self, reason: DenialReason, token_name: &str) {
+        self.ctx.metrics.auth_denied(reason.label());
+        let route = self
+            .parts
+            .extensions
+            .get::<MatchedPath>()
+            .map_or("unmatched", MatchedPath::as_str);
+        tracing::warn!(
+            reason = reason.label(),
+            token = %ClientText(token_name),
+            method = %self.parts.method,
+            route,
+            state_id = %ClientText(self.state_id.unwrap_or("-")),
+            "request denied"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 //! read without walking documents.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use serde::{Deserialize, Serialize};
 
 use super::context::AppContext;
@@ -11,7 +11,7 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, page_limit};
 use super::states::{page_cursor, parse_pattern};
 use super::wire::rfc3339_millis;
-use crate::domain::{self, PageCursor};
+use crate::domain::{self, PageCursor, Scope};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -44,6 +44,7 @@ struct BookmarkListing {
 /// `limit` counts states, as in `/v1/states`; each gives one row per stream.
 pub async fn list(
     State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(params): ApiQuery<BookmarkParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
@@ -51,7 +52,7 @@ pub async fn list(
     let cursor = page_cursor(params.cursor, &pattern)?;
     let (states, has_more) = ctx
         .states
-        .list_documents(&pattern, cursor.as_ref(), limit)
+        .list_documents(&pattern, &scope, cursor.as_ref(), limit)
         .await?;
     let next_cursor = has_more
         .then(|| states.last())

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::admission::Admission;
-use crate::auth::Tokens;
+use crate::auth::live::LiveTokens;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
@@ -20,7 +20,8 @@ pub struct AppContext {
     pub body_limit: usize,
     pub body_read_timeout: Duration,
     pub admission: Arc<Admission>,
-    pub tokens: Arc<Tokens>,
+    /// Replaced whole by a reload (SIGHUP, a change of the tokens file).
+    pub tokens: Arc<LiveTokens>,
     pub protect_metrics: bool,
     /// mTLS: a request on a connection without a client certificate gets
     /// only the health checks and the dashboard page.

@@ -65,6 +65,9 @@ pub enum ApiError {
     AuthorityMoving,
     #[error("{0}")]
     BookmarkRegression(String, Vec<Regression>),
+    /// The state_id is outside the token's scope.
+    #[error("this token's scope ({0}) does not cover this state_id")]
+    OutOfScope(String),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -97,6 +100,7 @@ problem_types! {
     InvalidVersion => BAD_REQUEST, "invalid-version", "Invalid version";
     Unauthorized => UNAUTHORIZED, "unauthorized", "Unauthorized";
     Forbidden => FORBIDDEN, "forbidden", "Forbidden";
+    OutOfScope => FORBIDDEN, "out-of-scope", "Outside the token's scope";
     NotFound => NOT_FOUND, "not-found", "Not found";
     StateNotFound => NOT_FOUND, "state-not-found", "State not found";
     LockNotFound => NOT_FOUND, "lock-not-found", "No lock held";
@@ -218,6 +222,7 @@ impl ApiError {
             }
             Self::CorruptState(_) => ProblemType::CorruptState,
             Self::InvalidBody(_) => ProblemType::InvalidBody,
+            Self::OutOfScope(_) => ProblemType::OutOfScope,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,

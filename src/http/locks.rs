@@ -14,6 +14,7 @@ use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::lock_view::LockView;
 use super::wire::rfc3339_millis;
 use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
+use crate::domain::Scope;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
@@ -132,10 +133,17 @@ pub struct LockList {
     locks: Vec<LockView>,
 }
 
-pub async fn list(State(ctx): State<AppContext>) -> Result<Json<LockList>, ApiError> {
+pub async fn list(
+    State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Json<LockList>, ApiError> {
     let leases = ctx.locks.all().await?;
     Ok(Json(LockList {
-        locks: leases.iter().map(LockView::from).collect(),
+        locks: leases
+            .iter()
+            .filter(|lease| scope.allows(&lease.state_id))
+            .map(LockView::from)
+            .collect(),
     }))
 }
 

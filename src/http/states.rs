@@ -2,18 +2,20 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::auth::{Denial, DenialReason};
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_body};
 use super::wire::rfc3339_millis;
 use crate::domain::{
-    DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, StateDocument, StateId,
+    DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument, StateId,
     StateIdError, StatePattern,
 };
 use crate::locks::FORWARDED_BY;
@@ -93,6 +95,7 @@ pub(super) fn page_cursor(
 
 pub async fn list(
     State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Response, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
@@ -111,7 +114,7 @@ pub async fn list(
     let (states, has_more): (Vec<ListedState>, bool) = if with_documents {
         let (states, has_more) = ctx
             .states
-            .list_documents(&pattern, cursor.as_ref(), limit)
+            .list_documents(&pattern, &scope, cursor.as_ref(), limit)
             .await?;
         let listed = states
             .into_iter()
@@ -124,7 +127,10 @@ pub async fn list(
             .collect();
         (listed, has_more)
     } else {
-        let (summaries, has_more) = ctx.states.list(&pattern, cursor.as_ref(), limit).await?;
+        let (summaries, has_more) = ctx
+            .states
+            .list(&pattern, &scope, cursor.as_ref(), limit)
+            .await?;
         let listed = summaries
             .into_iter()
             .map(|s| ListedState {
@@ -151,6 +157,7 @@ pub async fn list(
 /// would be, or none of them.
 pub async fn import(
     State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
     provenance: Provenance,
     request: Request,
 ) -> Result<Response, ApiError> {
@@ -173,6 +180,11 @@ pub async fn import(
             inner: Box::new(inner),
         };
         let id = StateId::parse(entry.state_id.clone()).map_err(|e| in_batch(e.into()))?;
+        // One entry out of scope refuses them all, before anything is written.
+        if !scope.allows(&id) {
+            refuse_out_of_scope(&ctx, &parts, &provenance.actor, &id);
+            return Err(in_batch(ApiError::OutOfScope(scope.to_string())));
+        }
         let lease = entry
             .lease_id
             .as_deref()
@@ -198,6 +210,16 @@ pub async fn import(
     Ok(Json(body).into_response())
 }
 
+/// Counts and logs an entry of a batch refused for the token's scope.
+pub(super) fn refuse_out_of_scope(ctx: &AppContext, parts: &Parts, actor: &str, id: &StateId) {
+    let denial = Denial {
+        ctx,
+        parts,
+        state_id: Some(id.as_str()),
+    };
+    denial.record(DenialReason::Scope, actor);
+}
+
 /// `DELETE /v1/states/{state_id}/bookmarks/{stream}`: that stream starts over.
 pub async fn reset_stream(
     State(ctx): State<AppContext>,
@@ -215,6 +237,7 @@ pub async fn reset_stream(
 
 pub async fn delete_many(
     State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
     ApiQuery(params): ApiQuery<DeleteManyParams>,
     provenance: Provenance,
     request: Request,
@@ -226,14 +249,17 @@ pub async fn delete_many(
         ));
     };
     let pattern = parse_pattern(Some(raw))?;
-    let deleted = ctx.states.delete_matching(&pattern, &provenance).await?;
+    let deleted = ctx
+        .states
+        .delete_matching(&pattern, &scope, &provenance)
+        .await?;
     // Gateways that are authorities for some matches keep their state in
     // memory: each deletes and forgets them too before this answers.
     let (parts, _) = request.into_parts();
     if !parts.headers.contains_key(FORWARDED_BY) {
         ctx.locks.tell_peers(&parts, &Bytes::new()).await?;
     }
-    tracing::warn!(%pattern, deleted, "deleted states by pattern");
+    tracing::warn!(%pattern, %scope, deleted, "deleted states by pattern");
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }
 

@@ -3,7 +3,7 @@
 //! call these on each other, with the importing client's credentials.
 
 use axum::Json;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -12,23 +12,42 @@ use uuid::Uuid;
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, read_body};
-use crate::domain::StateId;
+use super::states::refuse_out_of_scope;
+use crate::domain::{Provenance, Scope, StateId};
 use crate::locks::TicketRequest;
 
 /// `POST /v1/internal/tickets`: 201 with the ticket, or the problem of the
 /// first write refused, naming its entry.
-pub async fn issue(State(ctx): State<AppContext>, request: Request) -> Result<Response, ApiError> {
-    let bytes = read_body(request, &ctx, ctx.body_limit).await?;
+pub async fn issue(
+    State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
+    provenance: Provenance,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(
+        Request::from_parts(parts.clone(), body),
+        &ctx,
+        ctx.body_limit,
+    )
+    .await?;
     let asked: TicketRequest = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::InvalidBody(format!("not a ticket request: {e}")))?;
     let mut writes = Vec::with_capacity(asked.writes.len());
     for (index, write) in asked.writes.into_iter().enumerate() {
         let state_id = write.state_id.clone();
-        let id = StateId::parse(write.state_id).map_err(|e| ApiError::InBatch {
+        let in_batch = |inner: ApiError| ApiError::InBatch {
             index,
-            state_id,
-            inner: Box::new(e.into()),
-        })?;
+            state_id: state_id.clone(),
+            inner: Box::new(inner),
+        };
+        let id = StateId::parse(write.state_id).map_err(|e| in_batch(e.into()))?;
+        // The same token's scope as at the gateway the import reached: a
+        // request to this route directly gets no further than through it.
+        if !scope.allows(&id) {
+            refuse_out_of_scope(&ctx, &parts, &provenance.actor, &id);
+            return Err(in_batch(ApiError::OutOfScope(scope.to_string())));
+        }
         writes.push((id, write.lease_id));
     }
     let grant = ctx.states.issue_ticket(&writes)?;

@@ -29,8 +29,8 @@ pub use self::prepare::Change;
 use self::prepare::{Policy, Prepared, prepare};
 
 use crate::domain::{
-    AllowedRegressions, IfMatch, PageCursor, PageLimit, Provenance, RegressionMode, StateDocument,
-    StateId, StatePattern, Version, VersionCursor,
+    AllowedRegressions, IfMatch, PageCursor, PageLimit, Provenance, RegressionMode, Scope,
+    StateDocument, StateId, StatePattern, Version, VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
@@ -147,23 +147,26 @@ impl States {
         Ok(row)
     }
 
+    /// The ids `pattern` matches within `scope` (a token's), a page at a time.
     pub async fn list(
         &self,
         pattern: &StatePattern,
+        scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StateSummary>, bool), StoreError> {
-        self.store.list(pattern, cursor, limit).await
+        self.store.list(pattern, scope, cursor, limit).await
     }
 
     /// As [`States::list`], with each state's document.
     pub async fn list_documents(
         &self,
         pattern: &StatePattern,
+        scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StoredState>, bool), StoreError> {
-        let (rows, has_more) = self.store.list_rows(pattern, cursor, limit).await?;
+        let (rows, has_more) = self.store.list_rows(pattern, scope, cursor, limit).await?;
         let states = rows
             .into_iter()
             .map(StoredRow::parse)
@@ -404,21 +407,24 @@ impl States {
         })
     }
 
-    /// Deletes every match, tombstones first; what this gateway knew of
-    /// them goes too (peers that are authorities for some of them are told
-    /// by the caller). It carries no lease: an admin's clean-up.
+    /// Deletes every match within `scope`, tombstones first; what this
+    /// gateway knew of them goes too (peers that are authorities for some
+    /// of them are told by the caller). It carries no lease: an admin's
+    /// clean-up.
     pub async fn delete_matching(
         &self,
         pattern: &StatePattern,
+        scope: &Scope,
         provenance: &Provenance,
     ) -> Result<u64, StoreError> {
-        self.memory.forget(|id| pattern.matches(id));
+        self.memory
+            .forget(|id| pattern.matches(id) && scope.allows(id));
         if let Some(history) = &self.history {
             let context = ChangeContext {
                 provenance: provenance.clone(),
                 lease: None,
             };
-            let selection = Selection::Matching(pattern.clone());
+            let selection = Selection::Matching(pattern.clone(), scope.clone());
             history
                 .record_deletions(
                     self.store.table(),
@@ -429,7 +435,7 @@ impl States {
                 )
                 .await?;
         }
-        self.store.delete_matching(pattern).await
+        self.store.delete_matching(pattern, scope).await
     }
 
     fn history(&self) -> Result<&HistoryStore, StateError> {

@@ -8,7 +8,9 @@ use super::client::ClickHouse;
 use super::ddl::Placement;
 use super::error::StoreError;
 use super::read_batch::ReadBatch;
-use crate::domain::{ETag, PageCursor, PageLimit, StateDocument, StateId, StatePattern, Version};
+use crate::domain::{
+    ETag, PageCursor, PageLimit, Scope, StateDocument, StateId, StatePattern, Version,
+};
 
 /// One state as ClickHouse holds it now, before its JSON is parsed: a
 /// replacing write needs only its version, and should succeed even over a
@@ -271,9 +273,14 @@ impl StateStore {
         self.delete_selected(&Selection::Ids(ids.to_vec())).await
     }
 
-    /// Deletes every state whose id matches; answers how many there were.
-    pub async fn delete_matching(&self, pattern: &StatePattern) -> Result<u64, StoreError> {
-        let selection = Selection::Matching(pattern.clone());
+    /// Deletes every state whose id matches within `scope`; answers how
+    /// many there were.
+    pub async fn delete_matching(
+        &self,
+        pattern: &StatePattern,
+        scope: &Scope,
+    ) -> Result<u64, StoreError> {
+        let selection = Selection::Matching(pattern.clone(), scope.clone());
         let count_sql = format!(
             "SELECT count() FROM {} FINAL WHERE {}",
             self.table,
@@ -301,16 +308,17 @@ impl StateStore {
             .with_setting("lightweight_deletes_sync", "2");
         let operation = match selection {
             Selection::Ids(_) => "delete",
-            Selection::Matching(_) => "delete_matching",
+            Selection::Matching(..) => "delete_matching",
         };
         self.ch.timed(operation, query.execute()).await
     }
 
-    /// Up to `limit` ids matching `pattern`, in byte order, after `cursor`.
-    /// Also answers whether more follow.
+    /// Up to `limit` ids matching `pattern` within `scope`, in byte order,
+    /// after `cursor`. Also answers whether more follow.
     pub async fn list(
         &self,
         pattern: &StatePattern,
+        scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StateSummary>, bool), StoreError> {
@@ -318,6 +326,7 @@ impl StateStore {
             .page::<SummaryRow>(
                 "state_id, toUnixTimestamp64Milli(updated_at) AS updated_at_ms",
                 pattern,
+                scope,
                 cursor,
                 limit,
             )
@@ -339,6 +348,7 @@ impl StateStore {
     pub async fn list_rows(
         &self,
         pattern: &StatePattern,
+        scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<StoredRow>, bool), StoreError> {
@@ -347,6 +357,7 @@ impl StateStore {
                 "state_id, partial_state, completed_state, \
                  toUnixTimestamp64Milli(updated_at) AS updated_at_ms",
                 pattern,
+                scope,
                 cursor,
                 limit,
             )
@@ -361,10 +372,11 @@ impl StateStore {
         &self,
         columns: &str,
         pattern: &StatePattern,
+        scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
     ) -> Result<(Vec<T>, bool), StoreError> {
-        let filter = Selection::Matching(pattern.clone());
+        let filter = Selection::Matching(pattern.clone(), scope.clone());
         let sql = format!(
             "SELECT {columns} FROM {} FINAL
              WHERE state_id > {{after:String}} AND {}
@@ -386,21 +398,31 @@ impl StateStore {
 }
 
 /// The states a statement is about: ids named one by one (a batch's
-/// deletes), or every id a glob matches.
+/// deletes), or every id a glob matches within a token's scope.
 pub enum Selection {
     Ids(Vec<StateId>),
-    Matching(StatePattern),
+    Matching(StatePattern, Scope),
 }
 
 impl Selection {
     /// The WHERE condition. A glob gets a key-range prefix (so ClickHouse can
-    /// use the primary key) plus the full match, skipped when it is all stars.
+    /// use the primary key) plus the full match, skipped when it is all
+    /// stars; a scope short of every id adds its own match.
     pub fn sql(&self) -> &'static str {
         match self {
             Self::Ids(_) => "state_id IN {ids:Array(String)}",
-            Self::Matching(pattern) if pattern.matches_everything() => "1",
-            Self::Matching(_) => {
-                "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String})"
+            Self::Matching(pattern, scope) => {
+                match (pattern.matches_everything(), scope.is_everything()) {
+                    (true, true) => "1",
+                    (true, false) => "match(state_id, {scope:String})",
+                    (false, true) => {
+                        "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String})"
+                    }
+                    (false, false) => {
+                        "startsWith(state_id, {prefix:String}) AND match(state_id, {regex:String}) \
+                         AND match(state_id, {scope:String})"
+                    }
+                }
             }
         }
     }
@@ -410,10 +432,19 @@ impl Selection {
             Self::Ids(ids) => {
                 query.param("ids", ids.iter().map(StateId::as_str).collect::<Vec<_>>())
             }
-            Self::Matching(pattern) if pattern.matches_everything() => query,
-            Self::Matching(pattern) => query
-                .param("prefix", pattern.literal_prefix())
-                .param("regex", pattern.to_regex()),
+            Self::Matching(pattern, scope) => {
+                let query = match scope.to_regex() {
+                    Some(regex) => query.param("scope", regex),
+                    None => query,
+                };
+                if pattern.matches_everything() {
+                    query
+                } else {
+                    query
+                        .param("prefix", pattern.literal_prefix())
+                        .param("regex", pattern.to_regex())
+                }
+            }
         }
     }
 }

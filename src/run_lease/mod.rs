@@ -19,6 +19,7 @@ mod child;
 mod client;
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ use tokio::time::Instant;
 
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
+use crate::client::TlsFiles;
+
 use self::client::{Acquired, Gateway, GatewayUrl, Holder, Lease, Verdict};
 
 /// The lock stayed held by another past `--wait`; nothing was run (EX_TEMPFAIL).
@@ -49,13 +52,39 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
-    /// The gateway's base URL (http:// only; https:// is not supported yet).
+    /// The gateway's base URL, http:// or https://.
     #[arg(long, env = "STATEHOUSE_URL", default_value = "http://127.0.0.1:8080", value_parser = GatewayUrl::parse)]
     pub url: GatewayUrl,
 
     /// Bearer token for the gateway (a write token, when it has tokens).
     #[arg(long, env = "STATEHOUSE_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// A file holding the bearer token, which then stays out of `ps` and the
+    /// environment (surrounding whitespace is ignored).
+    #[arg(long, env = "STATEHOUSE_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+
+    /// Over https://, trust this PEM CA file for the gateway's certificate
+    /// instead of the system's CAs.
+    #[arg(long, env = "STATEHOUSE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Over https://, present this PEM client certificate (mTLS), with --client-key-file.
+    #[arg(
+        long,
+        env = "STATEHOUSE_CLIENT_CERT_FILE",
+        requires = "client_key_file"
+    )]
+    pub client_cert_file: Option<PathBuf>,
+
+    /// The key of --client-cert-file, in PEM.
+    #[arg(
+        long,
+        env = "STATEHOUSE_CLIENT_KEY_FILE",
+        requires = "client_cert_file"
+    )]
+    pub client_key_file: Option<PathBuf>,
 
     /// Who holds the lease, as lock listings show it (default: <hostname>:<pid>).
     #[arg(long, env = "STATEHOUSE_LOCK_OWNER")]
@@ -226,7 +255,13 @@ pub fn run(args: LockArgs) -> ExitCode {
 async fn supervise(args: LockArgs) -> Ending {
     let id = args.state_id.as_str();
     let owner = args.owner.clone().unwrap_or_else(child::default_owner);
-    let gateway = Gateway::new(args.url.clone(), args.token.as_deref());
+    let gateway = match gateway(&args) {
+        Ok(gateway) => gateway,
+        Err(err) => {
+            say(format_args!("{err}; nothing was run"));
+            return Ending::Unusable;
+        }
+    };
     let mut signals = match Signals::install() {
         Ok(signals) => signals,
         Err(err) => {
@@ -288,6 +323,26 @@ async fn supervise(args: LockArgs) -> Ending {
         }
         None => status,
     }
+}
+
+/// The gateway client the flags describe: its token (given, or read from
+/// --token-file) and its TLS files.
+fn gateway(args: &LockArgs) -> Result<Gateway, String> {
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => args.token.clone(),
+    };
+    let tls = TlsFiles {
+        ca_file: args.ca_file.clone(),
+        client_cert_file: args.client_cert_file.clone(),
+        client_key_file: args.client_key_file.clone(),
+    };
+    Gateway::new(args.url.clone(), token, &tls)
 }
 
 /// Takes the lease, asking again while `wait` lasts (one acquire waits at
@@ -561,7 +616,9 @@ mod tests {
             &["--ttl=1500ms", "id", "--", "true"],
             &["--ttl=2h", "id", "--", "true"],
             &["--wait=soon", "id", "--", "true"],
-            &["--url=https://gw", "id", "--", "true"],
+            &["--url=ftp://gw", "id", "--", "true"],
+            &["--token=t", "--token-file=f", "id", "--", "true"],
+            &["--client-cert-file=c.pem", "id", "--", "true"],
             &["--url=gw:8080", "id", "--", "true"],
             &["--url=http://u:p@gw", "id", "--", "true"],
             &["--url=http://gw/?a=b", "id", "--", "true"],

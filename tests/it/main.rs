@@ -30,6 +30,7 @@ mod overload;
 mod packaging;
 mod proxy;
 mod run_lease;
+mod run_lease_tls;
 mod seed_compat;
 mod slow_clients;
 mod states_api;

@@ -15,23 +15,24 @@
 //! The pure parts (exit codes, the renewal schedule, argument checks) are
 //! here; the gateway client is in `client`, the command in `child`.
 
+mod args;
 mod child;
 mod client;
+mod clock;
 
-use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+pub use self::args::LockArgs;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
 use crate::client::TlsFiles;
 
-use self::client::{Acquired, Gateway, GatewayUrl, Holder, Lease, Verdict};
+use self::client::{Acquired, Gateway, Holder, Lease, Verdict};
+use self::clock::{LeaseClock, REQUEST_TIMEOUT};
 
 /// The lock stayed held by another past `--wait`; nothing was run (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -47,79 +48,6 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 /// Longest the gateway waits in one acquire (its `wait_seconds` limit); a
 /// longer `--wait` asks again.
 const MAX_WAIT_PER_ACQUIRE: Duration = Duration::from_secs(300);
-/// Longest one renewal or release may take, within the lease's life.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Args)]
-pub struct LockArgs {
-    /// The gateway's base URL, http:// or https://.
-    #[arg(long, env = "STATEHOUSE_URL", default_value = "http://127.0.0.1:8080", value_parser = GatewayUrl::parse)]
-    pub url: GatewayUrl,
-
-    /// Bearer token for the gateway (a write token, when it has tokens).
-    #[arg(long, env = "STATEHOUSE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// A file holding the bearer token, which then stays out of `ps` and the
-    /// environment (surrounding whitespace is ignored).
-    #[arg(long, env = "STATEHOUSE_TOKEN_FILE", conflicts_with = "token")]
-    pub token_file: Option<PathBuf>,
-
-    /// Over https://, trust this PEM CA file for the gateway's certificate
-    /// instead of the system's CAs.
-    #[arg(long, env = "STATEHOUSE_CA_FILE")]
-    pub ca_file: Option<PathBuf>,
-
-    /// Over https://, present this PEM client certificate (mTLS), with --client-key-file.
-    #[arg(
-        long,
-        env = "STATEHOUSE_CLIENT_CERT_FILE",
-        requires = "client_key_file"
-    )]
-    pub client_cert_file: Option<PathBuf>,
-
-    /// The key of --client-cert-file, in PEM.
-    #[arg(
-        long,
-        env = "STATEHOUSE_CLIENT_KEY_FILE",
-        requires = "client_cert_file"
-    )]
-    pub client_key_file: Option<PathBuf>,
-
-    /// Who holds the lease, as lock listings show it (default: <hostname>:<pid>).
-    #[arg(long, env = "STATEHOUSE_LOCK_OWNER")]
-    pub owner: Option<String>,
-
-    /// How long the lease lives without renewal, in whole seconds from 1s to
-    /// 1h; it is renewed every third of it.
-    #[arg(long, env = "STATEHOUSE_LOCK_TTL", default_value = "30s", value_parser = parse_ttl)]
-    pub ttl: Duration,
-
-    /// How long to wait while another holds the lock; 0s tries once. Past it
-    /// the runner exits 75 without running the command.
-    #[arg(long, env = "STATEHOUSE_LOCK_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
-    pub wait: Duration,
-
-    /// After the lease is lost, how long the command has between SIGTERM and SIGKILL.
-    #[arg(long, env = "STATEHOUSE_LOCK_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub grace: Duration,
-
-    /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
-    pub state_id: String,
-
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
-    pub command: Vec<OsString>,
-}
-
-/// A lease's TTL as the gateway takes it: whole seconds, 1 to 3600.
-fn parse_ttl(raw: &str) -> Result<Duration, String> {
-    let ttl = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
-    if ttl.subsec_nanos() != 0 || !(1..=3600).contains(&ttl.as_secs()) {
-        return Err("the TTL must be a whole number of seconds from 1s to 1h".into());
-    }
-    Ok(ttl)
-}
 
 /// How a run ended, from which the exit status follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,59 +81,6 @@ pub fn exit_code(ending: Ending) -> u8 {
         Ending::Unusable => EXIT_UNUSABLE,
         Ending::NotStarted(SpawnError::NotFound) => EXIT_NOT_FOUND,
         Ending::NotStarted(SpawnError::CannotExecute) => EXIT_CANNOT_EXECUTE,
-    }
-}
-
-/// When to renew a lease and when it ends, seen from this side: a renewal
-/// counts from the moment it was sent, before the gateway stamped it, so
-/// the lease here never outlives the lease there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseClock {
-    ttl: Duration,
-    expires: Instant,
-    next: Instant,
-}
-
-impl LeaseClock {
-    /// A lease granted (or renewed) at `at`.
-    pub fn new(ttl: Duration, at: Instant) -> Self {
-        Self {
-            ttl,
-            expires: at + ttl,
-            next: at + ttl / 3,
-        }
-    }
-
-    /// A renewal sent at `sent` succeeded.
-    pub fn renewed(&mut self, sent: Instant) {
-        *self = Self::new(self.ttl, sent);
-    }
-
-    /// A renewal failed at `now` without a verdict (no answer, or not one
-    /// about the lease): try again soon, until the lease would have expired.
-    /// False when it has.
-    pub fn failed(&mut self, now: Instant) -> bool {
-        if now >= self.expires {
-            return false;
-        }
-        self.next = (now + self.retry_delay()).min(self.expires);
-        true
-    }
-
-    /// Between failed renewals: a tenth of the TTL, from 100 ms to 1 s.
-    fn retry_delay(&self) -> Duration {
-        (self.ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
-    }
-
-    pub fn next_attempt(&self) -> Instant {
-        self.next
-    }
-
-    /// How long a renewal starting at `now` may take: until the lease would
-    /// expire, at most `REQUEST_TIMEOUT`; None when it has expired.
-    pub fn time_left(&self, now: Instant) -> Option<Duration> {
-        let left = self.expires.checked_duration_since(now)?;
-        (!left.is_zero()).then(|| left.min(REQUEST_TIMEOUT))
     }
 }
 
@@ -384,7 +259,7 @@ async fn keep(
     mut clock: LeaseClock,
     lost: oneshot::Sender<Lost>,
 ) {
-    let ttl = clock.ttl;
+    let ttl = clock.ttl();
     let mut failing: Option<String> = None;
     let why = loop {
         tokio::time::sleep_until(clock.next_attempt()).await;
@@ -508,17 +383,6 @@ fn describe(holder: Option<&Holder>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Only {
-        #[command(flatten)]
-        args: LockArgs,
-    }
-
-    fn parse(argv: &[&str]) -> Result<LockArgs, clap::Error> {
-        Only::try_parse_from(["statehouse lock"].iter().chain(argv)).map(|only| only.args)
-    }
 
     #[test]
     fn exit_codes_follow_the_contract() {
@@ -536,101 +400,5 @@ mod tests {
             exit_code(Ending::NotStarted(SpawnError::CannotExecute)),
             126
         );
-    }
-
-    #[test]
-    fn renews_every_third_of_the_ttl_counted_from_each_send() {
-        let start = Instant::now();
-        let ttl = Duration::from_secs(30);
-        let mut clock = LeaseClock::new(ttl, start);
-        assert_eq!(clock.next_attempt(), start + Duration::from_secs(10));
-        let sent = start + Duration::from_secs(10);
-        clock.renewed(sent);
-        assert_eq!(clock.next_attempt(), sent + Duration::from_secs(10));
-        assert_eq!(
-            clock.time_left(sent + Duration::from_secs(29)),
-            Some(Duration::from_secs(1))
-        );
-        assert_eq!(
-            clock.time_left(sent),
-            Some(REQUEST_TIMEOUT),
-            "one request never takes longer than REQUEST_TIMEOUT"
-        );
-    }
-
-    #[test]
-    fn failed_renewals_retry_soon_until_the_lease_would_expire() {
-        let start = Instant::now();
-        let mut clock = LeaseClock::new(Duration::from_secs(3), start);
-        let now = start + Duration::from_secs(1);
-        assert!(clock.failed(now));
-        assert_eq!(clock.next_attempt(), now + Duration::from_millis(300));
-        // Never scheduled past the expiry, and lost once it is reached.
-        let late = start + Duration::from_millis(2900);
-        assert!(clock.failed(late));
-        assert_eq!(clock.next_attempt(), start + Duration::from_secs(3));
-        assert_eq!(clock.time_left(start + Duration::from_secs(3)), None);
-        assert!(!clock.failed(start + Duration::from_secs(3)));
-        // The delay between retries stays within 100 ms and 1 s.
-        let mut long = LeaseClock::new(Duration::from_secs(3600), start);
-        assert!(long.failed(start));
-        assert_eq!(long.next_attempt(), start + Duration::from_secs(1));
-        let mut short = LeaseClock::new(Duration::from_secs(1), start);
-        assert!(short.failed(start));
-        assert_eq!(short.next_attempt(), start + Duration::from_millis(100));
-    }
-
-    #[test]
-    fn defaults_and_flags() {
-        let args = parse(&["dev:tap-to-target", "--", "meltano", "run", "--force"]).unwrap();
-        assert_eq!(args.state_id, "dev:tap-to-target");
-        assert_eq!(args.command, ["meltano", "run", "--force"]);
-        assert_eq!(args.ttl, Duration::from_secs(30));
-        assert_eq!(args.wait, Duration::ZERO);
-        assert_eq!(args.grace, Duration::from_secs(10));
-        assert_eq!(args.url.as_str(), "http://127.0.0.1:8080");
-        let args = parse(&[
-            "--url=http://gw:9000/base/",
-            "--ttl=1m",
-            "--wait=90s",
-            "--owner=cron",
-            "id",
-            "--",
-            "true",
-        ])
-        .unwrap();
-        assert_eq!(args.url.as_str(), "http://gw:9000/base");
-        assert_eq!(args.ttl, Duration::from_secs(60));
-        assert_eq!(args.wait, Duration::from_secs(90));
-        assert_eq!(args.owner.as_deref(), Some("cron"));
-    }
-
-    #[test]
-    fn bad_command_lines_are_refused() {
-        for argv in [
-            &["id"][..],
-            &["id", "--"],
-            &["id", "true"],
-            &["--", "true"],
-            &["--ttl=0s", "id", "--", "true"],
-            &["--ttl=1500ms", "id", "--", "true"],
-            &["--ttl=2h", "id", "--", "true"],
-            &["--wait=soon", "id", "--", "true"],
-            &["--url=ftp://gw", "id", "--", "true"],
-            &["--token=t", "--token-file=f", "id", "--", "true"],
-            &["--client-cert-file=c.pem", "id", "--", "true"],
-            &["--url=gw:8080", "id", "--", "true"],
-            &["--url=http://u:p@gw", "id", "--", "true"],
-            &["--url=http://gw/?a=b", "id", "--", "true"],
-        ] {
-            assert!(parse(argv).is_err(), "{argv:?}");
-        }
-    }
-
-    #[test]
-    fn the_command_keeps_its_own_flags() {
-        let args = parse(&["id", "--", "sh", "-c", "exit 3", "--ttl=5s"]).unwrap();
-        assert_eq!(args.command, ["sh", "-c", "exit 3", "--ttl=5s"]);
-        assert_eq!(args.ttl, Duration::from_secs(30));
     }
 }

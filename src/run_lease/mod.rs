@@ -4,21 +4,24 @@
 //!
 //! One process: it takes the lease (waiting up to `--wait` for it), runs the
 //! command with the lease in its environment, renews the lease every third of
-//! its TTL, passes SIGINT, SIGTERM and SIGHUP on to the command, and releases
-//! the lease when the command ends. When the lease is lost (a renewal answers
-//! 409, or the gateway stays unreachable until the lease would have expired)
-//! the command gets SIGTERM, and SIGKILL after `--grace`. The command never
-//! outlives the runner: it runs in a process group of its own, which is
-//! killed when the runner is done with it, and on Linux the kernel kills the
-//! command if the runner dies (`kill -9`).
+//! its TTL, passes SIGINT, SIGTERM and SIGHUP on to the command's process
+//! group, and releases the lease when the command ends. When the lease is
+//! lost (a renewal answers 409, or the gateway stays unreachable until the
+//! lease would have expired) the group gets SIGTERM, and SIGKILL after
+//! `--grace`. Nothing of the group outlives the runner: what the command
+//! leaves running is stopped before the lease goes, and a watchdog process
+//! stops the group if the runner dies (`kill -9`).
 //!
-//! The pure parts (exit codes, the renewal schedule, argument checks) are
-//! here; the gateway client is in `client`, the command in `child`.
+//! The run itself is here; the command line is in `args`, the gateway client
+//! in `client`, the renewal schedule in `clock`, the command in `child` and
+//! `group`, the watchdog in `watchdog`.
 
 mod args;
 mod child;
 mod client;
 mod clock;
+mod group;
+mod watchdog;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -29,10 +32,12 @@ use tokio::time::Instant;
 pub use self::args::LockArgs;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
+pub use self::watchdog::{WatchdogArgs, run as run_watchdog};
 use crate::client::TlsFiles;
 
 use self::client::{Acquired, Gateway, Holder, Lease, Verdict};
 use self::clock::{LeaseClock, REQUEST_TIMEOUT};
+use self::watchdog::Watchdog;
 
 /// The lock stayed held by another past `--wait`; nothing was run (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -144,6 +149,17 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::Unusable;
         }
     };
+    // Started before anything is asked, so that a runner that cannot have
+    // one takes no lease and runs nothing.
+    let mut watchdog = match Watchdog::start(args.grace) {
+        Ok(watchdog) => watchdog,
+        Err(err) => {
+            say(format_args!(
+                "cannot start the watchdog: {err}; nothing was run"
+            ));
+            return Ending::Unusable;
+        }
+    };
     let acquired = tokio::select! {
         acquired = acquire(&gateway, id, &owner, args.ttl, args.wait) => acquired,
         signal = signals.recv() => return Ending::Interrupted(signal),
@@ -173,6 +189,11 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::NotStarted(err.kind);
         }
     };
+    if let Err(err) = watchdog.watch(child.pgid()) {
+        say(format_args!(
+            "the watchdog is gone ({err}): should the runner die, what the command started may outlive it"
+        ));
+    }
     let (lost_tx, lost_rx) = oneshot::channel();
     let keeper = tokio::spawn(keep(
         gateway.clone(),
@@ -293,8 +314,8 @@ async fn keep(
     let _ = lost.send(why);
 }
 
-/// Waits for the command, passing signals on; when the lease is lost, stops
-/// it (SIGTERM, then SIGKILL to its process group after `grace`). Answers
+/// Waits for the command, passing signals on to its group; when the lease
+/// is lost, stops the group (SIGTERM, then SIGKILL after `grace`). Answers
 /// how it ended and whether the lease was lost.
 async fn watch(
     mut child: Child,
@@ -306,34 +327,38 @@ async fn watch(
     let mut lost: Option<Lost> = None;
     let mut keeper_gone = false;
     let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            signal = signals.recv() => child.signal(signal),
+            signal = signals.recv() => child.signal_group(signal),
             why = &mut lost_rx, if !keeper_gone => {
                 keeper_gone = true;
                 // A keeper that ended without a word was aborted: not a loss.
                 let Ok(why) = why else { continue };
                 say(format_args!(
-                    "lost the lease on {id}: {why}; sending SIGTERM to the command, SIGKILL after {}",
+                    "lost the lease on {id}: {why}; sending SIGTERM to the command's process group, SIGKILL after {}",
                     humantime::format_duration(grace)
                 ));
-                child.signal(libc::SIGTERM);
+                child.signal_group(libc::SIGTERM);
                 kill_at = Some(Instant::now() + grace);
                 lost = Some(why);
             }
             () = sleep_until_some(kill_at) => {
                 kill_at = None;
-                killed = child.kill_group();
+                child.signal_group(libc::SIGKILL);
             }
         }
     };
-    // Whatever the command left running in its group would outlive the lease.
-    if child.kill_group() && !killed {
+    // Whatever the command left running in its group would outlive the
+    // lease; it has what is left of the grace (all of it if none began).
+    let pgid = child.pgid();
+    if group::alive(pgid) {
+        let left = kill_at.map_or(grace, |at| at.saturating_duration_since(Instant::now()));
         say(format_args!(
-            "killed what the command left running in its process group"
+            "stopping what the command left running in its process group: SIGTERM, SIGKILL after {}",
+            humantime::format_duration(left)
         ));
+        let _ = tokio::task::spawn_blocking(move || group::stop(pgid, left)).await;
     }
     let ending = match status {
         Ok(status) => child::ending(status),

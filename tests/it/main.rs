@@ -31,6 +31,7 @@ mod packaging;
 mod proxy;
 mod run_lease;
 mod run_lease_tls;
+mod run_lease_tree;
 mod seed_compat;
 mod slow_clients;
 mod states_api;

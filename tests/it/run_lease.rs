@@ -425,7 +425,7 @@ async fn what_the_command_leaves_running_is_killed_before_the_lease_goes() {
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     assert!(
-        stderr.contains("killed what the command left running"),
+        stderr.contains("stopping what the command left running"),
         "{stderr}"
     );
     let left = pid_in(&scratch, "left");

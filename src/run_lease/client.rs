@@ -69,8 +69,12 @@ impl GatewayUrl {
 pub struct Lease {
     pub lease_id: String,
     pub fencing_token: u64,
-    /// When the grant was answered: the lease lives its TTL from about then.
-    pub granted: Instant,
+    /// When the acquire that got it was sent: the gateway granted it no
+    /// earlier, so counting its TTL from here never outlives the gateway's.
+    pub sent: Instant,
+    /// Whether that acquire waited in line: then the grant may have come
+    /// any time between `sent` and its answer.
+    pub waited: bool,
 }
 
 /// Who holds a lock, as the gateway names them.
@@ -203,6 +207,7 @@ impl Gateway {
             "ttl_seconds": ttl.as_secs(),
             "wait_seconds": wait.as_secs_f64(),
         });
+        let sent = Instant::now();
         let answer = self
             .call(Method::POST, &path, Some(body), Some(wait + ACQUIRE_MARGIN))
             .await?;
@@ -219,7 +224,8 @@ impl Gateway {
                 Ok(Acquired::Granted(Lease {
                     lease_id: granted.lease_id,
                     fencing_token: granted.fencing_token,
-                    granted: Instant::now(),
+                    sent,
+                    waited: !wait.is_zero(),
                 }))
             }
             StatusCode::CONFLICT if answer.problem().is("lock-held") => {

@@ -50,6 +50,9 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as a shell answers).
 pub const EXIT_NOT_FOUND: u8 = 127;
 
+/// After a signal while acquiring, how long an acquire already sent may
+/// take to answer with a grant that is then released.
+const SETTLE: Duration = Duration::from_secs(1);
 /// Longest the gateway waits in one acquire (its `wait_seconds` limit); a
 /// longer `--wait` asks again.
 const MAX_WAIT_PER_ACQUIRE: Duration = Duration::from_secs(300);
@@ -160,9 +163,22 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::Unusable;
         }
     };
+    let acquiring = acquire(&gateway, id, &owner, args.ttl, args.wait);
+    tokio::pin!(acquiring);
     let acquired = tokio::select! {
-        acquired = acquire(&gateway, id, &owner, args.ttl, args.wait) => acquired,
-        signal = signals.recv() => return Ending::Interrupted(signal),
+        acquired = &mut acquiring => acquired,
+        signal = signals.recv() => {
+            // The gateway may be granting the lease at this very moment: a
+            // grant that answers within SETTLE is released; an acquire still
+            // waiting then is abandoned, and the gateway drops it from the
+            // line when the connection closes.
+            if let Ok(Ok(Acquired::Granted(lease))) =
+                tokio::time::timeout(SETTLE, &mut acquiring).await
+            {
+                release(&gateway, id, &lease).await;
+            }
+            return Ending::Interrupted(signal);
+        }
     };
     let lease = match acquired {
         Ok(Acquired::Granted(lease)) => lease,
@@ -175,6 +191,16 @@ async fn supervise(args: LockArgs) -> Ending {
         }
         Err(err) => {
             say(format_args!("{err}; nothing was run"));
+            return Ending::Unusable;
+        }
+    };
+    let clock = match start_clock(&gateway, id, &lease, args.ttl).await {
+        Ok(clock) => clock,
+        Err(why) => {
+            say(format_args!(
+                "the lease on {id} could not be confirmed ({why}); nothing was run"
+            ));
+            release(&gateway, id, &lease).await;
             return Ending::Unusable;
         }
     };
@@ -199,7 +225,7 @@ async fn supervise(args: LockArgs) -> Ending {
         gateway.clone(),
         id.to_owned(),
         lease.lease_id.clone(),
-        LeaseClock::new(args.ttl, lease.granted),
+        clock,
         lost_tx,
     ));
     let (status, lost) = watch(child, &mut signals, lost_rx, id, args.grace).await;
@@ -269,6 +295,31 @@ async fn acquire(
             }
             other => return other,
         }
+    }
+}
+
+/// The lease's clock, counted from when the acquire that got it was sent.
+/// A grant at the end of a wait in line may date from any moment of the
+/// wait, so one renewal at once tells from when it counts.
+async fn start_clock(
+    gateway: &Gateway,
+    id: &str,
+    lease: &Lease,
+    ttl: Duration,
+) -> Result<LeaseClock, String> {
+    let mut clock = LeaseClock::new(ttl, lease.sent);
+    if !lease.waited {
+        return Ok(clock);
+    }
+    let sent = Instant::now();
+    match tokio::time::timeout(REQUEST_TIMEOUT, gateway.renew(id, &lease.lease_id, ttl)).await {
+        Ok(Ok(Verdict::Done)) => {
+            clock.renewed(sent);
+            Ok(clock)
+        }
+        Ok(Ok(Verdict::NotCurrent(why))) => Err(why),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
     }
 }
 

@@ -231,6 +231,49 @@ async fn with_a_wait_it_runs_once_the_holder_lets_go() {
 }
 
 #[tokio::test]
+async fn a_signal_while_waiting_in_line_leaves_the_id_free() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    // The holder lets go just before the signal (the runner may be granted
+    // the lease as it is interrupted) and just after (it must not be).
+    for release_first in [true, false] {
+        let (lease_id, _) = app.lease("job", "first", 60, 0.0).await;
+        let run = lock(
+            &app.base,
+            &["--wait", "30s"],
+            "job",
+            &scratch.0,
+            "touch ran",
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let pid = i32::try_from(run.id().unwrap()).unwrap();
+        // SAFETY: kill(2) on the runner this test started.
+        let interrupt = || assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        if !release_first {
+            interrupt();
+        }
+        app.release("job", &lease_id).await;
+        if release_first {
+            interrupt();
+        }
+        let at = Instant::now();
+        let (status, stderr) = ended(run, Duration::from_secs(2)).await;
+        assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
+        assert!(!scratch.path("ran").exists(), "nothing was run");
+        while lock_status(&app, "job").await != StatusCode::NOT_FOUND {
+            assert!(
+                at.elapsed() < Duration::from_secs(2),
+                "the id is still held"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // And no grant shows up later.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(lock_status(&app, "job").await, StatusCode::NOT_FOUND);
+    }
+}
+
+#[tokio::test]
 async fn it_renews_every_third_of_the_ttl_while_the_command_runs() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
@@ -365,8 +408,9 @@ async fn a_gateway_unreachable_until_the_lease_would_expire_loses_it() {
         .collect();
     assert_eq!(lost.len(), 1, "{stderr}");
     assert!(lost[0].contains("would have expired"), "{stderr}");
-    // The gateway's lease expired meanwhile: the next runner gets it.
-    let next = lock(&app.base, &[], "job", &scratch.0, "exit 0");
+    // The runner gave up no later than the gateway's lease ends (its clock
+    // counts from each send): the next runner gets it once it has.
+    let next = lock(&app.base, &["--wait", "5s"], "job", &scratch.0, "exit 0");
     assert_eq!(ended(next, Duration::from_secs(20)).await.0, Some(0));
 }
 

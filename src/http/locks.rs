@@ -31,6 +31,11 @@ pub struct AcquireRequest {
     owner: Option<String>,
     ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
+    #[expect(
+        dead_code,
+        reason = "sent by `statehouse lock`; the server side of lock-delay (issue 29) is to come"
+    )]
+    lock_delay_seconds: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]

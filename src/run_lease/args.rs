@@ -62,12 +62,29 @@ pub struct LockArgs {
     #[arg(long, env = "STATEHOUSE_LOCK_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
 
+    /// Asked of the gateway with the lease: should it be lost (expiry or
+    /// force-unlock), no next run is granted the id for this long, time for
+    /// this run's tree to be stopped. Default: --grace + 5s. A release has none.
+    #[arg(long, env = "STATEHOUSE_LOCK_DELAY", value_parser = humantime::parse_duration)]
+    pub lock_delay: Option<Duration>,
+
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
     pub state_id: String,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
     pub command: Vec<OsString>,
+}
+
+/// Beyond the grace, how long the next run's lease waits by default after
+/// this one was lost: the SIGKILL has to land and the processes to go.
+const LOCK_DELAY_MARGIN: Duration = Duration::from_secs(5);
+
+impl LockArgs {
+    /// The lock-delay to ask for: --lock-delay, or --grace + 5s.
+    pub fn lock_delay(&self) -> Duration {
+        self.lock_delay.unwrap_or(self.grace + LOCK_DELAY_MARGIN)
+    }
 }
 
 /// A lease's TTL as the gateway takes it: whole seconds, 1 to 3600.
@@ -102,12 +119,14 @@ mod tests {
         assert_eq!(args.ttl, Duration::from_secs(30));
         assert_eq!(args.wait, Duration::ZERO);
         assert_eq!(args.grace, Duration::from_secs(10));
+        assert_eq!(args.lock_delay(), Duration::from_secs(15));
         assert_eq!(args.url.as_str(), "http://127.0.0.1:8080");
         let args = parse(&[
             "--url=http://gw:9000/base/",
             "--ttl=1m",
             "--wait=90s",
             "--owner=cron",
+            "--grace=30s",
             "id",
             "--",
             "true",
@@ -117,6 +136,9 @@ mod tests {
         assert_eq!(args.ttl, Duration::from_secs(60));
         assert_eq!(args.wait, Duration::from_secs(90));
         assert_eq!(args.owner.as_deref(), Some("cron"));
+        assert_eq!(args.lock_delay(), Duration::from_secs(35));
+        let args = parse(&["--lock-delay=0s", "id", "--", "true"]).unwrap();
+        assert_eq!(args.lock_delay(), Duration::ZERO);
     }
 
     #[test]

@@ -89,6 +89,30 @@ pub enum Acquired {
     Granted(Lease),
     /// Held by another for the whole wait; the holder, when the gateway could name it.
     Held(Option<Holder>),
+    /// In the lock-delay after a lost lease, past the wait: no lease is
+    /// granted before `free_at` (RFC 3339, as the gateway wrote it).
+    Delayed {
+        free_at: String,
+    },
+}
+
+/// A 409 to an acquire that means busy: held by another, or in its lock-delay.
+fn busy(answer: &Answer) -> Option<Acquired> {
+    if answer.status != StatusCode::CONFLICT {
+        return None;
+    }
+    let problem = answer.problem();
+    if problem.is("lock-held") {
+        Some(Acquired::Held(problem.holder))
+    } else if problem.is("lock-delay") {
+        Some(Acquired::Delayed {
+            free_at: problem
+                .free_at
+                .unwrap_or_else(|| "a time the gateway did not name".into()),
+        })
+    } else {
+        None
+    }
 }
 
 /// The gateway's verdict on a renewal or a release.
@@ -133,6 +157,8 @@ struct Problem {
     #[serde(default)]
     detail: String,
     holder: Option<Holder>,
+    /// When a lock-delay ends (`lock-delay` problems).
+    free_at: Option<String>,
 }
 
 impl Problem {
@@ -200,12 +226,15 @@ impl Gateway {
         owner: &str,
         ttl: Duration,
         wait: Duration,
+        lock_delay: Duration,
     ) -> Result<Acquired, GatewayError> {
         let path = format!("/v1/locks/{}", segment(id));
         let body = serde_json::json!({
             "owner": owner,
             "ttl_seconds": ttl.as_secs(),
             "wait_seconds": wait.as_secs_f64(),
+            // Whole seconds, rounded up: the delay is a floor for the next run.
+            "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
         });
         let sent = Instant::now();
         let answer = self
@@ -228,10 +257,7 @@ impl Gateway {
                     waited: !wait.is_zero(),
                 }))
             }
-            StatusCode::CONFLICT if answer.problem().is("lock-held") => {
-                Ok(Acquired::Held(answer.problem().holder))
-            }
-            _ => Err(self.error(&Method::POST, &path, &answer)),
+            _ => busy(&answer).ok_or_else(|| self.error(&Method::POST, &path, &answer)),
         }
     }
 
@@ -424,5 +450,45 @@ mod tests {
             body: Bytes::from(b"<html>bad gateway</html>"),
         };
         assert_eq!(garbage.problem().summary(), "<html>bad gateway</html>");
+    }
+
+    #[test]
+    fn a_lock_delay_is_busy_until_its_free_at() {
+        let answer = |status, body: &str| Answer {
+            status,
+            retry_after: None,
+            body: Bytes::from(body.as_bytes()),
+        };
+        let delayed = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-delay","title":"In lock-delay","status":409,"detail":"the last lease was lost","free_at":"2026-12-05T01:00:15.000Z"}"#,
+        );
+        match busy(&delayed) {
+            Some(Acquired::Delayed { free_at }) => assert_eq!(free_at, "2026-12-05T01:00:15.000Z"),
+            _ => panic!("a lock-delay is busy"),
+        }
+        let unnamed = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-delay","status":409}"#,
+        );
+        assert!(
+            matches!(busy(&unnamed), Some(Acquired::Delayed { free_at }) if free_at.contains("did not name"))
+        );
+        let held = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-held","status":409,"holder":{"owner":"cron","acquired_at":"a","expires_at":"b"}}"#,
+        );
+        assert!(matches!(busy(&held), Some(Acquired::Held(Some(h))) if h.owner == "cron"));
+        // Another conflict, or the same type with another status, is not busy.
+        let other = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lease-held-elsewhere","status":409}"#,
+        );
+        assert!(busy(&other).is_none());
+        let unavailable = answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"type":"urn:statehouse:problem:lock-delay","status":503}"#,
+        );
+        assert!(busy(&unavailable).is_none());
     }
 }

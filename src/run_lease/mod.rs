@@ -163,7 +163,7 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::Unusable;
         }
     };
-    let acquiring = acquire(&gateway, id, &owner, args.ttl, args.wait);
+    let acquiring = acquire(&gateway, id, &owner, &args);
     tokio::pin!(acquiring);
     let acquired = tokio::select! {
         acquired = &mut acquiring => acquired,
@@ -186,6 +186,12 @@ async fn supervise(args: LockArgs) -> Ending {
             say(format_args!(
                 "{id} is locked by {}; nothing was run",
                 describe(holder.as_ref())
+            ));
+            return Ending::Busy;
+        }
+        Ok(Acquired::Delayed { free_at }) => {
+            say(format_args!(
+                "{id} is in its lock-delay after a lost lease, free at {free_at}; nothing was run"
             ));
             return Ending::Busy;
         }
@@ -275,18 +281,20 @@ async fn acquire(
     gateway: &Gateway,
     id: &str,
     owner: &str,
-    ttl: Duration,
-    wait: Duration,
+    args: &LockArgs,
 ) -> Result<Acquired, client::GatewayError> {
     let started = Instant::now();
-    let give_up = started + wait;
+    let give_up = started + args.wait;
     let retry_until = give_up.max(started + Duration::from_secs(30));
     loop {
         let now = Instant::now();
         let this_wait = give_up
             .saturating_duration_since(now)
             .min(MAX_WAIT_PER_ACQUIRE);
-        match gateway.acquire(id, owner, ttl, this_wait).await {
+        match gateway
+            .acquire(id, owner, args.ttl, this_wait, args.lock_delay())
+            .await
+        {
             Ok(Acquired::Held(_)) if Instant::now() < give_up => continue,
             Err(client::GatewayError::Busy { retry_after, .. })
                 if Instant::now() + retry_after < retry_until =>

@@ -30,6 +30,7 @@ mod overload;
 mod packaging;
 mod proxy;
 mod run_lease;
+mod run_lease_delay;
 mod run_lease_tls;
 mod run_lease_tree;
 mod seed_compat;

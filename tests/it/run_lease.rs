@@ -562,6 +562,7 @@ fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
         ("--ttl", "STATEHOUSE_LOCK_TTL"),
         ("--wait", "STATEHOUSE_LOCK_WAIT"),
         ("--grace", "STATEHOUSE_LOCK_GRACE"),
+        ("--lock-delay", "STATEHOUSE_LOCK_DELAY"),
         ("--token-file", "STATEHOUSE_TOKEN_FILE"),
         ("--ca-file", "STATEHOUSE_CA_FILE"),
         ("--client-cert-file", "STATEHOUSE_CLIENT_CERT_FILE"),

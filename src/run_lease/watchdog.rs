@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ impl Watchdog {
             "{}ms",
             grace.min(MAX_GRACE_AFTER_DEATH).as_millis()
         ));
-        std::process::Command::new(std::env::current_exe()?)
+        std::process::Command::new(this_program()?)
             .arg("lock-watchdog")
             .arg(grace_arg)
             .stdin(Stdio::from(read))
@@ -63,6 +64,19 @@ impl Watchdog {
     pub fn watch(&mut self, pgid: libc::pid_t) -> io::Result<()> {
         writeln!(self.pipe, "{pgid}")
     }
+}
+
+/// The runner's own binary. On Linux `/proc/self/exe` still runs it after
+/// an upgrade replaced the file, where its path would name the new one (or
+/// nothing).
+#[cfg(target_os = "linux")]
+fn this_program() -> io::Result<PathBuf> {
+    Ok(PathBuf::from("/proc/self/exe"))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn this_program() -> io::Result<PathBuf> {
+    std::env::current_exe()
 }
 
 /// A pipe whose ends close on exec: only the watchdog's standard input

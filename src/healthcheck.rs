@@ -52,7 +52,14 @@ pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
             .send()
             .await
             .map(|answer| answer.status())
-            .map_err(|e| format!("no answer from {addr}: {}", error_chain(&e)))
+            .map_err(|e| {
+                let what = if e.is_connect() {
+                    "cannot connect to"
+                } else {
+                    "no answer from"
+                };
+                format!("{what} {addr}: {}", error_chain(&e))
+            })
     })?;
     if status == reqwest::StatusCode::OK {
         Ok(())
@@ -108,7 +115,8 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        assert!(probe(&args(addr)).is_err());
+        let err = probe(&args(addr)).unwrap_err();
+        assert!(err.contains("cannot connect"), "{err}");
     }
 
     #[test]

@@ -1,15 +1,11 @@
-//! `statehouse healthcheck`: one HTTP/1.1 GET over std's TcpStream (inside
-//! rustls's blocking stream for HTTPS), so the container image needs no curl
-//! and the binary no HTTP client.
+//! `statehouse healthcheck`: one GET to the gateway on this machine, so the
+//! container image needs no curl. Over HTTPS it is the client of
+//! `statehouse lock` (`crate::client`), on the same TLS files.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream};
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use rustls::pki_types::ServerName;
-
+use crate::client::{TlsFiles, error_chain};
 use crate::config::HealthcheckArgs;
-use crate::tls::{Identity, client_config};
 
 /// Answers whether the gateway said 200, or why it could not be asked.
 pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
@@ -20,57 +16,62 @@ pub fn probe(args: &HealthcheckArgs) -> Result<(), String> {
         IpAddr::V6(ip) if ip.is_unspecified() => addr.set_ip(IpAddr::V6(Ipv6Addr::LOCALHOST)),
         _ => {}
     }
-    let fail = |what: &str, err: std::io::Error| format!("{what} {addr}: {err}");
-    let mut stream = TcpStream::connect_timeout(&addr, args.timeout)
-        .map_err(|e| fail("cannot connect to", e))?;
-    stream
-        .set_read_timeout(Some(args.timeout))
-        .and_then(|()| stream.set_write_timeout(Some(args.timeout)))
-        .map_err(|e| fail("cannot configure the connection to", e))?;
-    let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nUser-Agent: statehouse-healthcheck\r\n\r\n",
-        args.path
-    );
-    let mut head = [0u8; 12];
-    let mut exchange = |conn: &mut dyn ReadWrite| {
-        conn.write_all(request.as_bytes())
-            .map_err(|e| fail("cannot send to", e))?;
-        conn.read_exact(&mut head)
-            .map_err(|e| fail("no answer from", e))
-    };
-    match &args.ca_file {
-        None => exchange(&mut stream)?,
-        Some(ca_file) => {
-            let roots = crate::tls::read_certificates(ca_file)
-                .map_err(|e| format!("cannot use the CA file {}: {e}", ca_file.display()))?;
-            let identity = match (&args.client_cert_file, &args.client_key_file) {
-                (Some(cert), Some(key)) => Some(Arc::new(
-                    Identity::load(cert, key).map_err(|e| e.to_string())?,
-                )),
-                _ => None,
+    let (url, builder) = match &args.ca_file {
+        None => (
+            format!("http://{addr}{}", args.path),
+            reqwest::Client::builder(),
+        ),
+        Some(_) => {
+            let tls = TlsFiles {
+                ca_file: args.ca_file.clone(),
+                client_cert_file: args.client_cert_file.clone(),
+                client_key_file: args.client_key_file.clone(),
             };
-            let name = ServerName::try_from(args.server_name.clone())
-                .map_err(|e| format!("invalid --server-name {:?}: {e}", args.server_name))?;
-            let conn = rustls::ClientConnection::new(client_config(&roots, identity), name)
-                .map_err(|e| format!("cannot start TLS to {addr}: {e}"))?;
-            exchange(&mut rustls::StreamOwned::new(conn, stream))?;
+            // The certificate is checked for --server-name, which is
+            // reached at the listen address whatever DNS says.
+            let url = format!("https://{}:{}{}", args.server_name, addr.port(), args.path);
+            (
+                url,
+                crate::client::builder(&tls)?.resolve(&args.server_name, addr),
+            )
         }
-    }
-    let status_line = String::from_utf8_lossy(&head);
-    match status_line.split_whitespace().nth(1) {
-        Some("200") => Ok(()),
-        Some(status) => Err(format!("{addr}{} answered {status}", args.path)),
-        None => Err(format!("{addr} did not answer HTTP")),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start: {e}"))?;
+    // reqwest's client takes its timers from the runtime it is built in.
+    let status = runtime.block_on(async {
+        let client = builder
+            .timeout(args.timeout)
+            .user_agent("statehouse-healthcheck")
+            .build()
+            .map_err(|e| format!("cannot set up the HTTP client: {}", error_chain(&e)))?;
+        client
+            .get(&url)
+            .send()
+            .await
+            .map(|answer| answer.status())
+            .map_err(|e| {
+                let what = if e.is_connect() {
+                    "cannot connect to"
+                } else {
+                    "no answer from"
+                };
+                format!("{what} {addr}: {}", error_chain(&e))
+            })
+    })?;
+    if status == reqwest::StatusCode::OK {
+        Ok(())
+    } else {
+        Err(format!("{addr}{} answered {}", args.path, status.as_u16()))
     }
 }
-
-trait ReadWrite: Read + Write {}
-
-impl<T: Read + Write> ReadWrite for T {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpListener};
     use std::time::Duration;
 
@@ -114,7 +115,8 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        assert!(probe(&args(addr)).is_err());
+        let err = probe(&args(addr)).unwrap_err();
+        assert!(err.contains("cannot connect"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod agreement;
 pub mod auth;
+pub mod client;
 pub mod config;
 pub mod domain;
 pub mod hangup;

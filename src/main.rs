@@ -18,6 +18,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Serve(args) => args,
         Command::Lock(args) => return run_lease::run(*args),
+        Command::LockWatchdog(args) => return run_lease::run_watchdog(&args),
         Command::Healthcheck(args) => {
             return match healthcheck::probe(&args) {
                 Ok(()) => ExitCode::SUCCESS,

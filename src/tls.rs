@@ -171,9 +171,10 @@ impl ServerTls {
     }
 }
 
-/// The TLS client for `https://` peers: their certificates must chain to
-/// `roots` (the system's when none are given); `identity`, when the gateway
-/// has one, is presented to peers that ask for a client certificate.
+/// The TLS client for `https://` peers, and for `statehouse lock` and
+/// `statehouse healthcheck` (see `crate::client`): certificates must chain to
+/// `roots` (the system's when none are given); `identity`, when there is
+/// one, is presented to servers that ask for a client certificate.
 pub fn peer_client_config(
     roots: Option<&[CertificateDer<'static>]>,
     identity: Option<Arc<Identity>>,
@@ -186,7 +187,7 @@ pub fn peer_client_config(
 }
 
 /// A TLS client trusting `roots`, presenting `identity` to a server that asks.
-pub fn client_config(
+fn client_config(
     roots: &[CertificateDer<'static>],
     identity: Option<Arc<Identity>>,
 ) -> Arc<ClientConfig> {

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 from meltano.core.state_store.base import MeltanoState
 
-from conftest import MELTANO, Gateway, Project, lock_prefix
+from conftest import MELTANO, Gateway, Project, lock_prefix, statehouse_bin
 from statehouse_meltano.backend import StatehouseStateStoreManager
 from test_run import JOB, bookmark, received_states, records
 
@@ -54,16 +54,27 @@ def wait_for(what: str, check, within: float = 120) -> None:
 
 
 def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
+    """The processes whose parent is `pid`, but for the runner's own: its
+    watchdog, or a fork of it that has not yet become the command."""
+    runner = os.path.realpath(statehouse_bin())
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
+                program = os.path.realpath(entry / "exe")
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and program != runner:
                 found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: for meltano, its tap and target among them."""
+    found = children(pid)
+    for child in list(found):
+        found.extend(descendants(child))
     return found
 
 
@@ -212,10 +223,13 @@ def test_kill_9_of_the_runner_ends_meltano_and_the_lease_ends_by_its_ttl(project
     try:
         wait_for("progress", lambda: (bookmark(gateway) or 0) >= 5)
         [meltano] = children(run.pid)
+        tree = [meltano, *descendants(meltano)]
+        assert len(tree) >= 3, f"meltano runs a tap and a target: {tree}"
         os.kill(run.pid, signal.SIGKILL)
         run.wait(timeout=10)
         killed = time.monotonic()
         wait_for("meltano dies with its runner", lambda: not alive(meltano), within=5)
+        wait_for("the tap and target die too", lambda: not any(alive(pid) for pid in tree), within=10)
         wait_for("the lease lapses by its TTL", lambda: lock_view(gateway) is None, within=10)
         assert time.monotonic() - killed < 5
     finally:

@@ -33,6 +33,10 @@ pub enum Command {
     /// when another holds the lock past --wait, 76 when the lease was lost.
     #[command(arg_required_else_help = true)]
     Lock(Box<crate::run_lease::LockArgs>),
+    /// Started by `statehouse lock` to stop its command's process group
+    /// should the runner die; not for use by hand.
+    #[command(hide = true)]
+    LockWatchdog(crate::run_lease::WatchdogArgs),
 }
 
 #[derive(Debug, Clone, Args)]

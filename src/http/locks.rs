@@ -13,8 +13,8 @@ use super::error::ApiError;
 use super::extract::{LeasePath, OptionalJson, StatePath};
 use super::lock_view::LockView;
 use super::wire::rfc3339_millis;
-use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 use crate::domain::Scope;
+use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
@@ -27,6 +27,11 @@ pub struct AcquireRequest {
     owner: Option<String>,
     ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
+    #[expect(
+        dead_code,
+        reason = "sent by `statehouse lock`; the server side of lock-delay (issue 29) is to come"
+    )]
+    lock_delay_seconds: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]

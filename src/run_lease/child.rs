@@ -1,6 +1,6 @@
 //! The command under the lease: started in a process group of its own with
-//! the lease in its environment, sent the signals the runner gets, and
-//! killed with its whole group when the runner is done with it.
+//! the lease in its environment; the signals the runner gets go to its
+//! whole group.
 
 use std::ffi::OsString;
 use std::io;
@@ -10,6 +10,7 @@ use std::task::Poll;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::client::Lease;
+use super::group;
 
 /// The environment the command gets: which state_id its lease is on, the
 /// lease to send as `Lease-Id` on writes, and the lease's fencing token.
@@ -40,7 +41,7 @@ impl Child {
     /// Starts `command` (program and arguments) with the lease in its
     /// environment, as the leader of a new process group, its standard input
     /// /dev/null when the runner's is a terminal. On Linux the kernel sends it
-    /// SIGKILL if the runner dies first.
+    /// SIGTERM if the runner dies first.
     pub fn spawn(command: &[OsString], id: &str, lease: &Lease) -> Result<Self, StartFailure> {
         let (program, args) = command
             .split_first()
@@ -84,30 +85,28 @@ impl Child {
         self.process.wait().await
     }
 
-    /// Sends `signal` to the command itself; it decides what its own
-    /// children get (Meltano stops its plugins gracefully on SIGTERM).
-    /// Only called before `wait` has answered, while the pid is still its.
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on the pid of our own unreaped child.
-        unsafe { libc::kill(self.pid, signal) };
+    /// The command's process group: its pid, as it leads the group.
+    pub fn pgid(&self) -> libc::pid_t {
+        self.pid
     }
 
-    /// SIGKILL to the command's process group, the command and whatever it
-    /// started there; true when anything was left to kill.
-    pub fn kill_group(&self) -> bool {
-        // SAFETY: kill(2) on the process group the command leads.
-        unsafe { libc::kill(-self.pid, libc::SIGKILL) == 0 }
+    /// Sends `signal` to the command's whole group: `meltano run` and the
+    /// tap and target it started get it at once, as from a terminal.
+    pub fn signal_group(&self, signal: i32) {
+        group::signal(self.pid, signal);
     }
 }
 
-/// Run in the command between fork and exec: ask the kernel to kill it
-/// when the runner dies. The death signal follows the thread that forked,
-/// which is why the runner forks from its one thread.
+/// Run in the command between fork and exec: ask the kernel to send it
+/// SIGTERM when the runner dies. The watchdog stops the whole group then;
+/// this covers the moment before the watchdog knows the group. The death
+/// signal follows the thread that forked, which is why the runner forks from
+/// its one thread.
 #[cfg(target_os = "linux")]
 fn die_with(runner: libc::pid_t) -> io::Result<()> {
     // SAFETY: plain system calls on this process.
     unsafe {
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
             return Err(io::Error::last_os_error());
         }
         // The runner may have died before the call above, and then nothing

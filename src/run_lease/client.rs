@@ -1,18 +1,19 @@
-//! The runner's HTTP client for the gateway's lock API: plain HTTP/1.1 over
-//! hyper, one pooled connection reused for every renewal.
+//! The runner's HTTP client for the gateway's lock API: reqwest over HTTP or
+//! HTTPS (see `crate::client`), one pooled connection reused for every renewal.
 
 use std::time::Duration;
 
-use axum::http::{HeaderValue, Method, Request, StatusCode, Uri, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use tokio::time::Instant;
 use url::Url;
+
+use crate::client::{TlsFiles, error_chain};
+
+/// The body of an answer, as read.
+type Bytes = Vec<u8>;
 
 /// A path segment keeps only RFC 3986's unreserved characters as they are.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -31,7 +32,7 @@ const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
 /// Lock answers are small; a larger one is not the gateway's.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
 
-/// The gateway's base URL: `http://host[:port][/path]`, without a trailing slash.
+/// The gateway's base URL: `http[s]://host[:port][/path]`, without a trailing slash.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayUrl(String);
 
@@ -39,15 +40,10 @@ impl GatewayUrl {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
         match url.scheme() {
-            "http" => {}
-            "https" => {
-                return Err(
-                    "https:// is not supported by statehouse lock yet: use the gateway's http:// address".into(),
-                );
-            }
+            "http" | "https" => {}
             other => {
                 return Err(format!(
-                    "unsupported scheme {other:?}: use http://host:port"
+                    "unsupported scheme {other:?}: use http://host:port or https://host:port"
                 ));
             }
         }
@@ -73,8 +69,12 @@ impl GatewayUrl {
 pub struct Lease {
     pub lease_id: String,
     pub fencing_token: u64,
-    /// When the grant was answered: the lease lives its TTL from about then.
-    pub granted: Instant,
+    /// When the acquire that got it was sent: the gateway granted it no
+    /// earlier, so counting its TTL from here never outlives the gateway's.
+    pub sent: Instant,
+    /// Whether that acquire waited in line: then the grant may have come
+    /// any time between `sent` and its answer.
+    pub waited: bool,
 }
 
 /// Who holds a lock, as the gateway names them.
@@ -89,6 +89,30 @@ pub enum Acquired {
     Granted(Lease),
     /// Held by another for the whole wait; the holder, when the gateway could name it.
     Held(Option<Holder>),
+    /// In the lock-delay after a lost lease, past the wait: no lease is
+    /// granted before `free_at` (RFC 3339, as the gateway wrote it).
+    Delayed {
+        free_at: String,
+    },
+}
+
+/// A 409 to an acquire that means busy: held by another, or in its lock-delay.
+fn busy(answer: &Answer) -> Option<Acquired> {
+    if answer.status != StatusCode::CONFLICT {
+        return None;
+    }
+    let problem = answer.problem();
+    if problem.is("lock-held") {
+        Some(Acquired::Held(problem.holder))
+    } else if problem.is("lock-delay") {
+        Some(Acquired::Delayed {
+            free_at: problem
+                .free_at
+                .unwrap_or_else(|| "a time the gateway did not name".into()),
+        })
+    } else {
+        None
+    }
 }
 
 /// The gateway's verdict on a renewal or a release.
@@ -133,6 +157,8 @@ struct Problem {
     #[serde(default)]
     detail: String,
     holder: Option<Holder>,
+    /// When a lock-delay ends (`lock-delay` problems).
+    free_at: Option<String>,
 }
 
 impl Problem {
@@ -169,30 +195,28 @@ impl Answer {
 
 #[derive(Clone)]
 pub struct Gateway {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: reqwest::Client,
     base: GatewayUrl,
-    authorization: Option<HeaderValue>,
+    token: Option<String>,
 }
 
 impl Gateway {
-    pub fn new(base: GatewayUrl, token: Option<&str>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder.pool_idle_timeout(POOL_IDLE_TIMEOUT);
-        let authorization = token
-            .filter(|t| !t.is_empty())
-            .and_then(|t| HeaderValue::from_str(&format!("Bearer {t}")).ok())
-            .map(|mut value| {
-                value.set_sensitive(true);
-                value
-            });
-        Self {
-            client: builder.build(connector),
+    /// A client for the gateway at `base`, with the TLS that `tls` names;
+    /// an error says why the files cannot be used.
+    pub fn new(base: GatewayUrl, token: Option<String>, tls: &TlsFiles) -> Result<Self, String> {
+        let client = crate::client::builder(tls)?
+            .http1_only()
+            .tcp_nodelay(true)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .user_agent(concat!("statehouse-lock/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot set up the HTTP client: {}", error_chain(&e)))?;
+        Ok(Self {
+            client,
             base,
-            authorization,
-        }
+            token: token.filter(|t| !t.is_empty()),
+        })
     }
 
     /// One acquire, waiting up to `wait` in the gateway's queue.
@@ -202,13 +226,17 @@ impl Gateway {
         owner: &str,
         ttl: Duration,
         wait: Duration,
+        lock_delay: Duration,
     ) -> Result<Acquired, GatewayError> {
         let path = format!("/v1/locks/{}", segment(id));
         let body = serde_json::json!({
             "owner": owner,
             "ttl_seconds": ttl.as_secs(),
             "wait_seconds": wait.as_secs_f64(),
+            // Whole seconds, rounded up: the delay is a floor for the next run.
+            "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
         });
+        let sent = Instant::now();
         let answer = self
             .call(Method::POST, &path, Some(body), Some(wait + ACQUIRE_MARGIN))
             .await?;
@@ -225,13 +253,11 @@ impl Gateway {
                 Ok(Acquired::Granted(Lease {
                     lease_id: granted.lease_id,
                     fencing_token: granted.fencing_token,
-                    granted: Instant::now(),
+                    sent,
+                    waited: !wait.is_zero(),
                 }))
             }
-            StatusCode::CONFLICT if answer.problem().is("lock-held") => {
-                Ok(Acquired::Held(answer.problem().holder))
-            }
-            _ => Err(self.error(&Method::POST, &path, &answer)),
+            _ => busy(&answer).ok_or_else(|| self.error(&Method::POST, &path, &answer)),
         }
     }
 
@@ -286,50 +312,47 @@ impl Gateway {
             url: self.base.as_str().to_owned(),
             reason,
         };
-        let uri: Uri = format!("{}{path}", self.base.as_str())
-            .parse()
-            .map_err(|e| unreachable(format!("bad request URI: {e}")))?;
-        let mut request = Request::builder().method(method).uri(uri).header(
-            header::USER_AGENT,
-            concat!("statehouse-lock/", env!("CARGO_PKG_VERSION")),
-        );
-        if let Some(authorization) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.base.as_str()));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
         }
-        let body = match body {
-            Some(json) => {
-                request = request.header(header::CONTENT_TYPE, "application/json");
-                Full::new(Bytes::from(json.to_string()))
-            }
-            None => Full::new(Bytes::new()),
-        };
-        let request = request
-            .body(body)
-            .map_err(|e| unreachable(format!("bad request: {e}")))?;
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| unreachable(error_chain(&e)))?;
-            let status = response.status();
-            let retry_after = response
-                .headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| unreachable(format!("the answer broke off: {e}")))?
-                .to_bytes();
-            Ok(Answer {
-                status,
-                retry_after,
-                body,
-            })
-        };
+        if let Some(json) = body {
+            request = request
+                .header(CONTENT_TYPE, "application/json")
+                .body(json.to_string());
+        }
+        let exchange =
+            async {
+                let mut response = request
+                    .send()
+                    .await
+                    .map_err(|e| unreachable(error_chain(&e)))?;
+                let status = response.status();
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                let mut body = Bytes::new();
+                while let Some(chunk) = response.chunk().await.map_err(|e| {
+                    unreachable(format!("the answer broke off: {}", error_chain(&e)))
+                })? {
+                    if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                        return Err(unreachable(format!(
+                            "the answer is over {MAX_ANSWER_BYTES} bytes"
+                        )));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(Answer {
+                    status,
+                    retry_after,
+                    body,
+                })
+            };
         let Some(deadline) = deadline else {
             return exchange.await;
         };
@@ -378,18 +401,6 @@ fn segment(raw: &str) -> String {
     utf8_percent_encode(raw, SEGMENT).to_string()
 }
 
-/// An error with its causes: hyper's own says only "client error (Connect)".
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,7 +424,12 @@ mod tests {
             parse("http://gw/statehouse/").unwrap(),
             "http://gw/statehouse"
         );
-        assert!(parse("https://gw").unwrap_err().contains("not supported"));
+        assert_eq!(parse("https://gw:8443/").unwrap(), "https://gw:8443");
+        assert!(
+            parse("ftp://gw")
+                .unwrap_err()
+                .contains("unsupported scheme")
+        );
     }
 
     #[test]
@@ -421,7 +437,7 @@ mod tests {
         let answer = Answer {
             status: StatusCode::CONFLICT,
             retry_after: None,
-            body: Bytes::from_static(
+            body: Bytes::from(
                 br#"{"type":"urn:statehouse:problem:lock-held","title":"Lock held by another owner","status":409,"detail":"x","holder":{"state_id":"j","owner":"cron@a:1","fencing_token":3,"acquired_at":"2026-01-01T00:00:00.000Z","expires_at":"2026-01-01T00:00:30.000Z","gateway_id":"g"}}"#,
             ),
         };
@@ -431,8 +447,48 @@ mod tests {
         let garbage = Answer {
             status: StatusCode::BAD_GATEWAY,
             retry_after: None,
-            body: Bytes::from_static(b"<html>bad gateway</html>"),
+            body: Bytes::from(b"<html>bad gateway</html>"),
         };
         assert_eq!(garbage.problem().summary(), "<html>bad gateway</html>");
+    }
+
+    #[test]
+    fn a_lock_delay_is_busy_until_its_free_at() {
+        let answer = |status, body: &str| Answer {
+            status,
+            retry_after: None,
+            body: Bytes::from(body.as_bytes()),
+        };
+        let delayed = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-delay","title":"In lock-delay","status":409,"detail":"the last lease was lost","free_at":"2026-12-05T01:00:15.000Z"}"#,
+        );
+        match busy(&delayed) {
+            Some(Acquired::Delayed { free_at }) => assert_eq!(free_at, "2026-12-05T01:00:15.000Z"),
+            _ => panic!("a lock-delay is busy"),
+        }
+        let unnamed = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-delay","status":409}"#,
+        );
+        assert!(
+            matches!(busy(&unnamed), Some(Acquired::Delayed { free_at }) if free_at.contains("did not name"))
+        );
+        let held = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lock-held","status":409,"holder":{"owner":"cron","acquired_at":"a","expires_at":"b"}}"#,
+        );
+        assert!(matches!(busy(&held), Some(Acquired::Held(Some(h))) if h.owner == "cron"));
+        // Another conflict, or the same type with another status, is not busy.
+        let other = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:lease-held-elsewhere","status":409}"#,
+        );
+        assert!(busy(&other).is_none());
+        let unavailable = answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"type":"urn:statehouse:problem:lock-delay","status":503}"#,
+        );
+        assert!(busy(&unavailable).is_none());
     }
 }

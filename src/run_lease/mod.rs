@@ -4,140 +4,52 @@
 //!
 //! One process: it takes the lease (waiting up to `--wait` for it), runs the
 //! command with the lease in its environment, renews the lease every third of
-//! its TTL, passes SIGINT, SIGTERM and SIGHUP on to the command, and releases
-//! the lease when the command ends. When the lease is lost (a renewal answers
-//! 409, or the gateway stays unreachable until the lease would have expired)
-//! the command gets SIGTERM, and SIGKILL after `--grace`. The command never
-//! outlives the runner: it runs in a process group of its own, which is
-//! killed when the runner is done with it, and on Linux the kernel kills the
-//! command if the runner dies (`kill -9`).
+//! its TTL, passes SIGINT, SIGTERM and SIGHUP on to the command's process
+//! group, and releases the lease when the command ends. When the lease is
+//! lost (a renewal answers 409, or the gateway stays unreachable until the
+//! lease would have expired) the group gets SIGTERM, and SIGKILL after
+//! `--grace`. Nothing of the group outlives the runner: what the command
+//! leaves running is stopped before the lease goes, and a watchdog process
+//! stops the group if the runner dies (`kill -9`).
 //!
-//! The pure parts (the renewal schedule, argument checks) are here; how a
-//! run ended and its exit status are in `ending`, the gateway client in
-//! `client`, the command in `child`.
+//! The run itself is here; the command line is in `args`, the gateway client
+//! in `client`, the renewal schedule in `clock`, how a run ended and its exit
+//! status in `ending`, the command in `child` and `group`, the watchdog in
+//! `watchdog`.
 
+mod args;
 mod child;
 mod client;
+mod clock;
 mod ending;
+mod group;
+mod watchdog;
 
-use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+pub use self::args::LockArgs;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
-use self::client::{Acquired, Gateway, GatewayUrl, Holder, Lease, Verdict};
+pub use self::watchdog::{WatchdogArgs, run as run_watchdog};
+use crate::client::TlsFiles;
+
+use self::client::{Acquired, Gateway, Holder, Lease, Verdict};
+use self::clock::{LeaseClock, REQUEST_TIMEOUT};
 pub use self::ending::{
     EXIT_BUSY, EXIT_CANNOT_EXECUTE, EXIT_LOST, EXIT_NOT_FOUND, EXIT_UNUSABLE, Ending, exit_code,
 };
+use self::watchdog::Watchdog;
 
+/// After a signal while acquiring, how long an acquire already sent may
+/// take to answer with a grant that is then released.
+const SETTLE: Duration = Duration::from_secs(1);
 /// Longest the gateway waits in one acquire (its `wait_seconds` limit); a
 /// longer `--wait` asks again.
 const MAX_WAIT_PER_ACQUIRE: Duration = Duration::from_secs(300);
-/// Longest one renewal or release may take, within the lease's life.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, Clone, Args)]
-pub struct LockArgs {
-    /// The gateway's base URL (http:// only; https:// is not supported yet).
-    #[arg(long, env = "STATEHOUSE_URL", default_value = "http://127.0.0.1:8080", value_parser = GatewayUrl::parse)]
-    pub url: GatewayUrl,
-
-    /// Bearer token for the gateway (a write token, when it has tokens).
-    #[arg(long, env = "STATEHOUSE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// Who holds the lease, as lock listings show it (default: <hostname>:<pid>).
-    #[arg(long, env = "STATEHOUSE_LOCK_OWNER")]
-    pub owner: Option<String>,
-
-    /// How long the lease lives without renewal, in whole seconds from 1s to
-    /// 1h; it is renewed every third of it.
-    #[arg(long, env = "STATEHOUSE_LOCK_TTL", default_value = "30s", value_parser = parse_ttl)]
-    pub ttl: Duration,
-
-    /// How long to wait while another holds the lock; 0s tries once. Past it
-    /// the runner exits 75 without running the command.
-    #[arg(long, env = "STATEHOUSE_LOCK_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
-    pub wait: Duration,
-
-    /// After the lease is lost, how long the command has between SIGTERM and SIGKILL.
-    #[arg(long, env = "STATEHOUSE_LOCK_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub grace: Duration,
-
-    /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
-    pub state_id: String,
-
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
-    pub command: Vec<OsString>,
-}
-
-/// A lease's TTL as the gateway takes it: whole seconds, 1 to 3600.
-fn parse_ttl(raw: &str) -> Result<Duration, String> {
-    let ttl = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
-    if ttl.subsec_nanos() != 0 || !(1..=3600).contains(&ttl.as_secs()) {
-        return Err("the TTL must be a whole number of seconds from 1s to 1h".into());
-    }
-    Ok(ttl)
-}
-
-/// When to renew a lease and when it ends, seen from this side: a renewal
-/// counts from the moment it was sent, before the gateway stamped it, so
-/// the lease here never outlives the lease there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseClock {
-    ttl: Duration,
-    expires: Instant,
-    next: Instant,
-}
-
-impl LeaseClock {
-    /// A lease granted (or renewed) at `at`.
-    pub fn new(ttl: Duration, at: Instant) -> Self {
-        Self {
-            ttl,
-            expires: at + ttl,
-            next: at + ttl / 3,
-        }
-    }
-
-    /// A renewal sent at `sent` succeeded.
-    pub fn renewed(&mut self, sent: Instant) {
-        *self = Self::new(self.ttl, sent);
-    }
-
-    /// A renewal failed at `now` without a verdict (no answer, or not one
-    /// about the lease): try again soon, until the lease would have expired.
-    /// False when it has.
-    pub fn failed(&mut self, now: Instant) -> bool {
-        if now >= self.expires {
-            return false;
-        }
-        self.next = (now + self.retry_delay()).min(self.expires);
-        true
-    }
-
-    /// Between failed renewals: a tenth of the TTL, from 100 ms to 1 s.
-    fn retry_delay(&self) -> Duration {
-        (self.ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
-    }
-
-    pub fn next_attempt(&self) -> Instant {
-        self.next
-    }
-
-    /// How long a renewal starting at `now` may take: until the lease would
-    /// expire, at most `REQUEST_TIMEOUT`; None when it has expired.
-    pub fn time_left(&self, now: Instant) -> Option<Duration> {
-        let left = self.expires.checked_duration_since(now)?;
-        (!left.is_zero()).then(|| left.min(REQUEST_TIMEOUT))
-    }
-}
 
 /// Why the lease was lost.
 #[derive(Debug)]
@@ -185,7 +97,13 @@ pub fn run(args: LockArgs) -> ExitCode {
 async fn supervise(args: LockArgs) -> Ending {
     let id = args.state_id.as_str();
     let owner = args.owner.clone().unwrap_or_else(child::default_owner);
-    let gateway = Gateway::new(args.url.clone(), args.token.as_deref());
+    let gateway = match gateway(&args) {
+        Ok(gateway) => gateway,
+        Err(err) => {
+            say(format_args!("{err}; nothing was run"));
+            return Ending::Unusable;
+        }
+    };
     let mut signals = match Signals::install() {
         Ok(signals) => signals,
         Err(err) => {
@@ -193,9 +111,33 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::Unusable;
         }
     };
+    // Started before anything is asked, so that a runner that cannot have
+    // one takes no lease and runs nothing.
+    let mut watchdog = match Watchdog::start(args.grace) {
+        Ok(watchdog) => watchdog,
+        Err(err) => {
+            say(format_args!(
+                "cannot start the watchdog: {err}; nothing was run"
+            ));
+            return Ending::Unusable;
+        }
+    };
+    let acquiring = acquire(&gateway, id, &owner, &args);
+    tokio::pin!(acquiring);
     let acquired = tokio::select! {
-        acquired = acquire(&gateway, id, &owner, args.ttl, args.wait) => acquired,
-        signal = signals.recv() => return Ending::Interrupted(signal),
+        acquired = &mut acquiring => acquired,
+        signal = signals.recv() => {
+            // The gateway may be granting the lease at this very moment: a
+            // grant that answers within SETTLE is released; an acquire still
+            // waiting then is abandoned, and the gateway drops it from the
+            // line when the connection closes.
+            if let Ok(Ok(Acquired::Granted(lease))) =
+                tokio::time::timeout(SETTLE, &mut acquiring).await
+            {
+                release(&gateway, id, &lease).await;
+            }
+            return Ending::Interrupted(signal);
+        }
     };
     let lease = match acquired {
         Ok(Acquired::Granted(lease)) => lease,
@@ -206,8 +148,24 @@ async fn supervise(args: LockArgs) -> Ending {
             ));
             return Ending::Busy;
         }
+        Ok(Acquired::Delayed { free_at }) => {
+            say(format_args!(
+                "{id} is in its lock-delay after a lost lease, free at {free_at}; nothing was run"
+            ));
+            return Ending::Busy;
+        }
         Err(err) => {
             say(format_args!("{err}; nothing was run"));
+            return Ending::Unusable;
+        }
+    };
+    let clock = match start_clock(&gateway, id, &lease, args.ttl).await {
+        Ok(clock) => clock,
+        Err(why) => {
+            say(format_args!(
+                "the lease on {id} could not be confirmed ({why}); nothing was run"
+            ));
+            release(&gateway, id, &lease).await;
             return Ending::Unusable;
         }
     };
@@ -222,12 +180,17 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::NotStarted(err.kind);
         }
     };
+    if let Err(err) = watchdog.watch(child.pgid()) {
+        say(format_args!(
+            "the watchdog is gone ({err}): should the runner die, what the command started may outlive it"
+        ));
+    }
     let (lost_tx, lost_rx) = oneshot::channel();
     let keeper = tokio::spawn(keep(
         gateway.clone(),
         id.to_owned(),
         lease.lease_id.clone(),
-        LeaseClock::new(args.ttl, lease.granted),
+        clock,
         lost_tx,
     ));
     let (status, lost) = watch(child, &mut signals, lost_rx, id, args.grace).await;
@@ -249,6 +212,26 @@ async fn supervise(args: LockArgs) -> Ending {
     }
 }
 
+/// The gateway client the flags describe: its token (given, or read from
+/// --token-file) and its TLS files.
+fn gateway(args: &LockArgs) -> Result<Gateway, String> {
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => args.token.clone(),
+    };
+    let tls = TlsFiles {
+        ca_file: args.ca_file.clone(),
+        client_cert_file: args.client_cert_file.clone(),
+        client_key_file: args.client_key_file.clone(),
+    };
+    Gateway::new(args.url.clone(), token, &tls)
+}
+
 /// Takes the lease, asking again while `wait` lasts (one acquire waits at
 /// most the gateway's limit). A 503 that says when to come back
 /// (`overloaded`, `authority-unreachable`) is retried then, within the wait
@@ -257,18 +240,20 @@ async fn acquire(
     gateway: &Gateway,
     id: &str,
     owner: &str,
-    ttl: Duration,
-    wait: Duration,
+    args: &LockArgs,
 ) -> Result<Acquired, client::GatewayError> {
     let started = Instant::now();
-    let give_up = started + wait;
+    let give_up = started + args.wait;
     let retry_until = give_up.max(started + Duration::from_secs(30));
     loop {
         let now = Instant::now();
         let this_wait = give_up
             .saturating_duration_since(now)
             .min(MAX_WAIT_PER_ACQUIRE);
-        match gateway.acquire(id, owner, ttl, this_wait).await {
+        match gateway
+            .acquire(id, owner, args.ttl, this_wait, args.lock_delay())
+            .await
+        {
             Ok(Acquired::Held(_)) if Instant::now() < give_up => continue,
             Err(client::GatewayError::Busy { retry_after, .. })
                 if Instant::now() + retry_after < retry_until =>
@@ -280,6 +265,31 @@ async fn acquire(
     }
 }
 
+/// The lease's clock, counted from when the acquire that got it was sent.
+/// A grant at the end of a wait in line may date from any moment of the
+/// wait, so one renewal at once tells from when it counts.
+async fn start_clock(
+    gateway: &Gateway,
+    id: &str,
+    lease: &Lease,
+    ttl: Duration,
+) -> Result<LeaseClock, String> {
+    let mut clock = LeaseClock::new(ttl, lease.sent);
+    if !lease.waited {
+        return Ok(clock);
+    }
+    let sent = Instant::now();
+    match tokio::time::timeout(REQUEST_TIMEOUT, gateway.renew(id, &lease.lease_id, ttl)).await {
+        Ok(Ok(Verdict::Done)) => {
+            clock.renewed(sent);
+            Ok(clock)
+        }
+        Ok(Ok(Verdict::NotCurrent(why))) => Err(why),
+        Ok(Err(err)) => Err(err.to_string()),
+        Err(_) => Err(format!("no answer within {REQUEST_TIMEOUT:?}")),
+    }
+}
+
 /// Renews the lease on schedule until it is lost; then says why on `lost`.
 async fn keep(
     gateway: Gateway,
@@ -288,7 +298,7 @@ async fn keep(
     mut clock: LeaseClock,
     lost: oneshot::Sender<Lost>,
 ) {
-    let ttl = clock.ttl;
+    let ttl = clock.ttl();
     let mut failing: Option<String> = None;
     let why = loop {
         tokio::time::sleep_until(clock.next_attempt()).await;
@@ -322,8 +332,8 @@ async fn keep(
     let _ = lost.send(why);
 }
 
-/// Waits for the command, passing signals on; when the lease is lost, stops
-/// it (SIGTERM, then SIGKILL to its process group after `grace`). Answers
+/// Waits for the command, passing signals on to its group; when the lease
+/// is lost, stops the group (SIGTERM, then SIGKILL after `grace`). Answers
 /// how it ended and whether the lease was lost.
 async fn watch(
     mut child: Child,
@@ -335,34 +345,38 @@ async fn watch(
     let mut lost: Option<Lost> = None;
     let mut keeper_gone = false;
     let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status,
-            signal = signals.recv() => child.signal(signal),
+            signal = signals.recv() => child.signal_group(signal),
             why = &mut lost_rx, if !keeper_gone => {
                 keeper_gone = true;
                 // A keeper that ended without a word was aborted: not a loss.
                 let Ok(why) = why else { continue };
                 say(format_args!(
-                    "lost the lease on {id}: {why}; sending SIGTERM to the command, SIGKILL after {}",
+                    "lost the lease on {id}: {why}; sending SIGTERM to the command's process group, SIGKILL after {}",
                     humantime::format_duration(grace)
                 ));
-                child.signal(libc::SIGTERM);
+                child.signal_group(libc::SIGTERM);
                 kill_at = Some(Instant::now() + grace);
                 lost = Some(why);
             }
             () = sleep_until_some(kill_at) => {
                 kill_at = None;
-                killed = child.kill_group();
+                child.signal_group(libc::SIGKILL);
             }
         }
     };
-    // Whatever the command left running in its group would outlive the lease.
-    if child.kill_group() && !killed {
+    // Whatever the command left running in its group would outlive the
+    // lease; it has what is left of the grace (all of it if none began).
+    let pgid = child.pgid();
+    if group::alive(pgid) {
+        let left = kill_at.map_or(grace, |at| at.saturating_duration_since(Instant::now()));
         say(format_args!(
-            "killed what the command left running in its process group"
+            "stopping what the command left running in its process group: SIGTERM, SIGKILL after {}",
+            humantime::format_duration(left)
         ));
+        let _ = tokio::task::spawn_blocking(move || group::stop(pgid, left)).await;
     }
     let ending = match status {
         Ok(status) => Ending::from(status),
@@ -412,109 +426,22 @@ fn describe(holder: Option<&Holder>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Only {
-        #[command(flatten)]
-        args: LockArgs,
-    }
-
-    fn parse(argv: &[&str]) -> Result<LockArgs, clap::Error> {
-        Only::try_parse_from(["statehouse lock"].iter().chain(argv)).map(|only| only.args)
-    }
 
     #[test]
-    fn renews_every_third_of_the_ttl_counted_from_each_send() {
-        let start = Instant::now();
-        let ttl = Duration::from_secs(30);
-        let mut clock = LeaseClock::new(ttl, start);
-        assert_eq!(clock.next_attempt(), start + Duration::from_secs(10));
-        let sent = start + Duration::from_secs(10);
-        clock.renewed(sent);
-        assert_eq!(clock.next_attempt(), sent + Duration::from_secs(10));
+    fn exit_codes_follow_the_contract() {
+        assert_eq!(exit_code(Ending::Exited(0)), 0);
+        assert_eq!(exit_code(Ending::Exited(3)), 3);
+        assert_eq!(exit_code(Ending::Exited(255)), 255);
+        assert_eq!(exit_code(Ending::Signalled(libc::SIGKILL)), 137);
+        assert_eq!(exit_code(Ending::Signalled(libc::SIGTERM)), 143);
+        assert_eq!(exit_code(Ending::Interrupted(libc::SIGINT)), 130);
+        assert_eq!(exit_code(Ending::Busy), 75);
+        assert_eq!(exit_code(Ending::Lost), 76);
+        assert_eq!(exit_code(Ending::Unusable), 1);
+        assert_eq!(exit_code(Ending::NotStarted(SpawnError::NotFound)), 127);
         assert_eq!(
-            clock.time_left(sent + Duration::from_secs(29)),
-            Some(Duration::from_secs(1))
+            exit_code(Ending::NotStarted(SpawnError::CannotExecute)),
+            126
         );
-        assert_eq!(
-            clock.time_left(sent),
-            Some(REQUEST_TIMEOUT),
-            "one request never takes longer than REQUEST_TIMEOUT"
-        );
-    }
-
-    #[test]
-    fn failed_renewals_retry_soon_until_the_lease_would_expire() {
-        let start = Instant::now();
-        let mut clock = LeaseClock::new(Duration::from_secs(3), start);
-        let now = start + Duration::from_secs(1);
-        assert!(clock.failed(now));
-        assert_eq!(clock.next_attempt(), now + Duration::from_millis(300));
-        // Never scheduled past the expiry, and lost once it is reached.
-        let late = start + Duration::from_millis(2900);
-        assert!(clock.failed(late));
-        assert_eq!(clock.next_attempt(), start + Duration::from_secs(3));
-        assert_eq!(clock.time_left(start + Duration::from_secs(3)), None);
-        assert!(!clock.failed(start + Duration::from_secs(3)));
-        // The delay between retries stays within 100 ms and 1 s.
-        let mut long = LeaseClock::new(Duration::from_secs(3600), start);
-        assert!(long.failed(start));
-        assert_eq!(long.next_attempt(), start + Duration::from_secs(1));
-        let mut short = LeaseClock::new(Duration::from_secs(1), start);
-        assert!(short.failed(start));
-        assert_eq!(short.next_attempt(), start + Duration::from_millis(100));
-    }
-
-    #[test]
-    fn defaults_and_flags() {
-        let args = parse(&["dev:tap-to-target", "--", "meltano", "run", "--force"]).unwrap();
-        assert_eq!(args.state_id, "dev:tap-to-target");
-        assert_eq!(args.command, ["meltano", "run", "--force"]);
-        assert_eq!(args.ttl, Duration::from_secs(30));
-        assert_eq!(args.wait, Duration::ZERO);
-        assert_eq!(args.grace, Duration::from_secs(10));
-        assert_eq!(args.url.as_str(), "http://127.0.0.1:8080");
-        let args = parse(&[
-            "--url=http://gw:9000/base/",
-            "--ttl=1m",
-            "--wait=90s",
-            "--owner=cron",
-            "id",
-            "--",
-            "true",
-        ])
-        .unwrap();
-        assert_eq!(args.url.as_str(), "http://gw:9000/base");
-        assert_eq!(args.ttl, Duration::from_secs(60));
-        assert_eq!(args.wait, Duration::from_secs(90));
-        assert_eq!(args.owner.as_deref(), Some("cron"));
-    }
-
-    #[test]
-    fn bad_command_lines_are_refused() {
-        for argv in [
-            &["id"][..],
-            &["id", "--"],
-            &["id", "true"],
-            &["--", "true"],
-            &["--ttl=0s", "id", "--", "true"],
-            &["--ttl=1500ms", "id", "--", "true"],
-            &["--ttl=2h", "id", "--", "true"],
-            &["--wait=soon", "id", "--", "true"],
-            &["--url=https://gw", "id", "--", "true"],
-            &["--url=gw:8080", "id", "--", "true"],
-            &["--url=http://u:p@gw", "id", "--", "true"],
-            &["--url=http://gw/?a=b", "id", "--", "true"],
-        ] {
-            assert!(parse(argv).is_err(), "{argv:?}");
-        }
-    }
-
-    #[test]
-    fn the_command_keeps_its_own_flags() {
-        let args = parse(&["id", "--", "sh", "-c", "exit 3", "--ttl=5s"]).unwrap();
-        assert_eq!(args.command, ["sh", "-c", "exit 3", "--ttl=5s"]);
-        assert_eq!(args.ttl, Duration::from_secs(30));
     }
 }

@@ -173,7 +173,7 @@ fn tls_config(certs: &Certs, extra: &[&str]) -> Config {
     config
 }
 
-async fn spawn_tls(certs: &Certs, extra: &[&str]) -> TestApp {
+pub async fn spawn_tls(certs: &Certs, extra: &[&str]) -> TestApp {
     let mut app = spawn_configured(tls_config(certs, extra)).await;
     assert!(app.api.base.starts_with("https://"), "{}", app.api.base);
     app.api = certs.api(&app.api.base, None);
@@ -181,7 +181,7 @@ async fn spawn_tls(certs: &Certs, extra: &[&str]) -> TestApp {
 }
 
 /// Every cause of a client error, which reqwest's own text leaves out.
-fn causes(err: &reqwest::Error) -> String {
+pub fn causes(err: &reqwest::Error) -> String {
     let mut text = err.to_string();
     let mut cause = std::error::Error::source(err);
     while let Some(inner) = cause {

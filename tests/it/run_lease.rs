@@ -12,23 +12,23 @@ use serde_json::json;
 use crate::helpers::{Api, encode_id, metric, spawn_app};
 use crate::proxy::Proxy;
 
-const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
+pub const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
 
 /// A scratch directory for one test's scripts to leave marks in.
-struct Scratch(PathBuf);
+pub struct Scratch(pub PathBuf);
 
 impl Scratch {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let dir = std::env::temp_dir().join(format!("statehouse-lock-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
 
-    fn read(&self, name: &str) -> Option<String> {
+    pub fn read(&self, name: &str) -> Option<String> {
         std::fs::read_to_string(self.path(name)).ok()
     }
 }
@@ -40,7 +40,13 @@ impl Drop for Scratch {
 }
 
 /// `statehouse lock --url BASE FLAGS... ID -- sh -c SCRIPT`, run in `dir`.
-fn lock(base: &str, flags: &[&str], id: &str, dir: &Path, script: &str) -> tokio::process::Child {
+pub fn lock(
+    base: &str,
+    flags: &[&str],
+    id: &str,
+    dir: &Path,
+    script: &str,
+) -> tokio::process::Child {
     tokio::process::Command::new(BIN)
         .args(["lock", "--url", base])
         .args(flags)
@@ -56,7 +62,7 @@ fn lock(base: &str, flags: &[&str], id: &str, dir: &Path, script: &str) -> tokio
 }
 
 /// The runner's exit code and stderr, once it has ended (within `within`).
-async fn ended(child: tokio::process::Child, within: Duration) -> (Option<i32>, String) {
+pub async fn ended(child: tokio::process::Child, within: Duration) -> (Option<i32>, String) {
     let output = tokio::time::timeout(within, child.wait_with_output())
         .await
         .expect("the runner ended in time")
@@ -68,7 +74,7 @@ async fn ended(child: tokio::process::Child, within: Duration) -> (Option<i32>, 
 }
 
 /// Polls `done` every 20 ms; panics naming `what` after `within`.
-async fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+pub async fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !done() {
         assert!(Instant::now() < deadline, "{what} within {within:?}");
@@ -77,7 +83,7 @@ async fn until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
 }
 
 /// Whether `pid` is a process that still runs (a zombie has ended).
-fn running(pid: i32) -> bool {
+pub fn running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.
         Ok(stat) => stat
@@ -87,18 +93,18 @@ fn running(pid: i32) -> bool {
     }
 }
 
-fn pid_in(scratch: &Scratch, name: &str) -> i32 {
+pub fn pid_in(scratch: &Scratch, name: &str) -> i32 {
     scratch.read(name).unwrap().trim().parse().unwrap()
 }
 
-async fn lock_status(app: &Api, id: &str) -> StatusCode {
+pub async fn lock_status(app: &Api, id: &str) -> StatusCode {
     app.get(&format!("/v1/locks/{}", encode_id(id)))
         .await
         .status
 }
 
 /// Waits for a script to touch `ready`, then tells it to go on by creating `go`.
-const WAIT_FOR_GO: &str = "touch ready; while [ ! -e go ]; do sleep 0.02; done";
+pub const WAIT_FOR_GO: &str = "touch ready; while [ ! -e go ]; do sleep 0.02; done";
 
 #[tokio::test]
 async fn the_commands_exit_status_comes_back_and_the_lease_is_released() {
@@ -222,6 +228,49 @@ async fn with_a_wait_it_runs_once_the_holder_lets_go() {
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     assert!(scratch.path("ran").exists());
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_in_line_leaves_the_id_free() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    // The holder lets go just before the signal (the runner may be granted
+    // the lease as it is interrupted) and just after (it must not be).
+    for release_first in [true, false] {
+        let (lease_id, _) = app.lease("job", "first", 60, 0.0).await;
+        let run = lock(
+            &app.base,
+            &["--wait", "30s"],
+            "job",
+            &scratch.0,
+            "touch ran",
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let pid = i32::try_from(run.id().unwrap()).unwrap();
+        // SAFETY: kill(2) on the runner this test started.
+        let interrupt = || assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        if !release_first {
+            interrupt();
+        }
+        app.release("job", &lease_id).await;
+        if release_first {
+            interrupt();
+        }
+        let at = Instant::now();
+        let (status, stderr) = ended(run, Duration::from_secs(2)).await;
+        assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
+        assert!(!scratch.path("ran").exists(), "nothing was run");
+        while lock_status(&app, "job").await != StatusCode::NOT_FOUND {
+            assert!(
+                at.elapsed() < Duration::from_secs(2),
+                "the id is still held"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // And no grant shows up later.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(lock_status(&app, "job").await, StatusCode::NOT_FOUND);
+    }
 }
 
 #[tokio::test]
@@ -359,8 +408,9 @@ async fn a_gateway_unreachable_until_the_lease_would_expire_loses_it() {
         .collect();
     assert_eq!(lost.len(), 1, "{stderr}");
     assert!(lost[0].contains("would have expired"), "{stderr}");
-    // The gateway's lease expired meanwhile: the next runner gets it.
-    let next = lock(&app.base, &[], "job", &scratch.0, "exit 0");
+    // The runner gave up no later than the gateway's lease ends (its clock
+    // counts from each send): the next runner gets it once it has.
+    let next = lock(&app.base, &["--wait", "5s"], "job", &scratch.0, "exit 0");
     assert_eq!(ended(next, Duration::from_secs(20)).await.0, Some(0));
 }
 
@@ -419,7 +469,7 @@ async fn what_the_command_leaves_running_is_killed_before_the_lease_goes() {
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     assert!(
-        stderr.contains("killed what the command left running"),
+        stderr.contains("stopping what the command left running"),
         "{stderr}"
     );
     let left = pid_in(&scratch, "left");
@@ -447,7 +497,7 @@ async fn bad_command_lines_and_unusable_gateways_exit_1_and_run_nothing() {
             ],
         ),
         (
-            "https",
+            "https, nothing listening",
             vec![
                 "lock",
                 "--url",
@@ -512,6 +562,11 @@ fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
         ("--ttl", "STATEHOUSE_LOCK_TTL"),
         ("--wait", "STATEHOUSE_LOCK_WAIT"),
         ("--grace", "STATEHOUSE_LOCK_GRACE"),
+        ("--lock-delay", "STATEHOUSE_LOCK_DELAY"),
+        ("--token-file", "STATEHOUSE_TOKEN_FILE"),
+        ("--ca-file", "STATEHOUSE_CA_FILE"),
+        ("--client-cert-file", "STATEHOUSE_CLIENT_CERT_FILE"),
+        ("--client-key-file", "STATEHOUSE_CLIENT_KEY_FILE"),
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
         assert!(help.contains(&format!("env: {env}")), "{env} missing");

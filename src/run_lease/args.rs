@@ -1,0 +1,172 @@
+//! The command line of `statehouse lock`, with its environment variables.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::client::GatewayUrl;
+
+#[derive(Debug, Clone, Args)]
+pub struct LockArgs {
+    /// The gateway's base URL, http:// or https://.
+    #[arg(long, env = "STATEHOUSE_URL", default_value = "http://127.0.0.1:8080", value_parser = GatewayUrl::parse)]
+    pub url: GatewayUrl,
+
+    /// Bearer token for the gateway (a write token, when it has tokens).
+    #[arg(long, env = "STATEHOUSE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// A file holding the bearer token, which then stays out of `ps` and the
+    /// environment (surrounding whitespace is ignored).
+    #[arg(long, env = "STATEHOUSE_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+
+    /// Over https://, trust this PEM CA file for the gateway's certificate
+    /// instead of the system's CAs.
+    #[arg(long, env = "STATEHOUSE_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Over https://, present this PEM client certificate (mTLS), with --client-key-file.
+    #[arg(
+        long,
+        env = "STATEHOUSE_CLIENT_CERT_FILE",
+        requires = "client_key_file"
+    )]
+    pub client_cert_file: Option<PathBuf>,
+
+    /// The key of --client-cert-file, in PEM.
+    #[arg(
+        long,
+        env = "STATEHOUSE_CLIENT_KEY_FILE",
+        requires = "client_cert_file"
+    )]
+    pub client_key_file: Option<PathBuf>,
+
+    /// Who holds the lease, as lock listings show it (default: <hostname>:<pid>).
+    #[arg(long, env = "STATEHOUSE_LOCK_OWNER")]
+    pub owner: Option<String>,
+
+    /// How long the lease lives without renewal, in whole seconds from 1s to
+    /// 1h; it is renewed every third of it.
+    #[arg(long, env = "STATEHOUSE_LOCK_TTL", default_value = "30s", value_parser = parse_ttl)]
+    pub ttl: Duration,
+
+    /// How long to wait while another holds the lock; 0s tries once. Past it
+    /// the runner exits 75 without running the command.
+    #[arg(long, env = "STATEHOUSE_LOCK_WAIT", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// After the lease is lost, how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, env = "STATEHOUSE_LOCK_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+
+    /// Asked of the gateway with the lease: should it be lost (expiry or
+    /// force-unlock), no next run is granted the id for this long, time for
+    /// this run's tree to be stopped. Default: --grace + 5s. A release has none.
+    #[arg(long, env = "STATEHOUSE_LOCK_DELAY", value_parser = humantime::parse_duration)]
+    pub lock_delay: Option<Duration>,
+
+    /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
+    pub state_id: String,
+
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
+    pub command: Vec<OsString>,
+}
+
+/// Beyond the grace, how long the next run's lease waits by default after
+/// this one was lost: the SIGKILL has to land and the processes to go.
+const LOCK_DELAY_MARGIN: Duration = Duration::from_secs(5);
+
+impl LockArgs {
+    /// The lock-delay to ask for: --lock-delay, or --grace + 5s.
+    pub fn lock_delay(&self) -> Duration {
+        self.lock_delay.unwrap_or(self.grace + LOCK_DELAY_MARGIN)
+    }
+}
+
+/// A lease's TTL as the gateway takes it: whole seconds, 1 to 3600.
+fn parse_ttl(raw: &str) -> Result<Duration, String> {
+    let ttl = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
+    if ttl.subsec_nanos() != 0 || !(1..=3600).contains(&ttl.as_secs()) {
+        return Err("the TTL must be a whole number of seconds from 1s to 1h".into());
+    }
+    Ok(ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Only {
+        #[command(flatten)]
+        args: LockArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<LockArgs, clap::Error> {
+        Only::try_parse_from(["statehouse lock"].iter().chain(argv)).map(|only| only.args)
+    }
+
+    #[test]
+    fn defaults_and_flags() {
+        let args = parse(&["dev:tap-to-target", "--", "meltano", "run", "--force"]).unwrap();
+        assert_eq!(args.state_id, "dev:tap-to-target");
+        assert_eq!(args.command, ["meltano", "run", "--force"]);
+        assert_eq!(args.ttl, Duration::from_secs(30));
+        assert_eq!(args.wait, Duration::ZERO);
+        assert_eq!(args.grace, Duration::from_secs(10));
+        assert_eq!(args.lock_delay(), Duration::from_secs(15));
+        assert_eq!(args.url.as_str(), "http://127.0.0.1:8080");
+        let args = parse(&[
+            "--url=http://gw:9000/base/",
+            "--ttl=1m",
+            "--wait=90s",
+            "--owner=cron",
+            "--grace=30s",
+            "id",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(args.url.as_str(), "http://gw:9000/base");
+        assert_eq!(args.ttl, Duration::from_secs(60));
+        assert_eq!(args.wait, Duration::from_secs(90));
+        assert_eq!(args.owner.as_deref(), Some("cron"));
+        assert_eq!(args.lock_delay(), Duration::from_secs(35));
+        let args = parse(&["--lock-delay=0s", "id", "--", "true"]).unwrap();
+        assert_eq!(args.lock_delay(), Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused() {
+        for argv in [
+            &["id"][..],
+            &["id", "--"],
+            &["id", "true"],
+            &["--", "true"],
+            &["--ttl=0s", "id", "--", "true"],
+            &["--ttl=1500ms", "id", "--", "true"],
+            &["--ttl=2h", "id", "--", "true"],
+            &["--wait=soon", "id", "--", "true"],
+            &["--url=ftp://gw", "id", "--", "true"],
+            &["--token=t", "--token-file=f", "id", "--", "true"],
+            &["--client-cert-file=c.pem", "id", "--", "true"],
+            &["--url=gw:8080", "id", "--", "true"],
+            &["--url=http://u:p@gw", "id", "--", "true"],
+            &["--url=http://gw/?a=b", "id", "--", "true"],
+        ] {
+            assert!(parse(argv).is_err(), "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_flags() {
+        let args = parse(&["id", "--", "sh", "-c", "exit 3", "--ttl=5s"]).unwrap();
+        assert_eq!(args.command, ["sh", "-c", "exit 3", "--ttl=5s"]);
+        assert_eq!(args.ttl, Duration::from_secs(30));
+    }
+}

@@ -55,6 +55,23 @@ def test_a_held_lock_raises_meltanos_locked_error_after_lock_timeout(gateway: Ga
         pass
 
 
+def test_a_lock_delay_raises_meltanos_locked_error_as_a_held_lock_does(gateway: Gateway):
+    taken = gateway.session.post(
+        f"{gateway.base}/v1/locks/delayed",
+        json={"owner": "old-run", "ttl_seconds": 30, "lock_delay_seconds": 3},
+        timeout=10,
+        **gateway.tls,
+    )
+    assert taken.status_code == 201, taken.text
+    unlocked = gateway.session.delete(f"{gateway.base}/v1/locks/delayed", timeout=10, **gateway.tls)
+    assert unlocked.status_code == 204, unlocked.text
+    waiter = StatehouseStateStoreManager(uri=gateway.uri, owner="waiter", lock_timeout_seconds=1)
+    with pytest.raises(StateIDLockedError, match="free again at"):
+        with waiter.acquire_lock("delayed", retry_seconds=1):
+            pass
+    waiter.close()
+
+
 def test_one_http_connection_serves_many_calls(gateway: Gateway):
     manager = StatehouseStateStoreManager(uri=gateway.uri)
     for n in range(20):

@@ -192,6 +192,11 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_CLAIM_IDLE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub claim_idle: Duration,
 
+    /// The longest lock-delay an acquire may ask for (`lock_delay_seconds`);
+    /// a longer one is cut to this, not refused.
+    #[arg(long, env = "STATEHOUSE_MAX_LOCK_DELAY", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub max_lock_delay: Duration,
+
     /// How peer gateways reach this one, e.g. http://10.0.0.5:8080: stored
     /// with its claims, so any gateway can forward a state_id's lock
     /// operations to the one holding its claim. Without it this gateway

@@ -36,6 +36,8 @@ pub struct LockSettings {
     pub claim_ttl: Duration,
     /// A claim with no lease and no waiter for this long is released.
     pub claim_idle: Duration,
+    /// The longest lock-delay a lease may carry (`--max-lock-delay`).
+    pub max_lock_delay: Duration,
     /// How peer gateways reach this one (`http://host:port` or
     /// `https://host:port`), stored with its claims so they can forward to it.
     pub advertise_url: Option<String>,
@@ -195,6 +197,7 @@ impl TryFrom<ServeArgs> for Config {
                 settle: args.claim_settle,
                 claim_ttl: args.claim_ttl,
                 claim_idle: args.claim_idle,
+                max_lock_delay: args.max_lock_delay,
                 advertise_url: args
                     .advertise_url
                     .as_deref()

@@ -1,5 +1,7 @@
 //! A lease, and the vocabulary of its rows: their order and what they say of it.
 
+use std::time::Duration;
+
 use uuid::Uuid;
 
 use super::StateId;
@@ -16,6 +18,10 @@ pub struct Lease {
     pub gateway_id: Uuid,
     pub acquired_ms: i64,
     pub expires_ms: i64,
+    /// Once this lease ends by expiry or force-unlock, no lease on its id is
+    /// granted for this long: time for the holder's run to be stopped
+    /// (lock-delay). A release ends it with no delay.
+    pub lock_delay: Duration,
 }
 
 /// A lease row's version. ReplacingMergeTree keeps the row with the highest

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::lock_view::LockView;
+use super::wire::rfc3339_millis;
 use crate::domain::{DocumentError, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
@@ -110,6 +111,7 @@ problem_types! {
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
     LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
+    LockDelay => CONFLICT, "lock-delay", "Lock in its lock-delay";
     LeaseNotCurrent => CONFLICT, "lease-not-current", "Lease is not current";
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
@@ -166,32 +168,48 @@ struct ProblemBody<'a> {
     /// A refused regression says which bookmarks went from what to what.
     #[serde(skip_serializing_if = "Option::is_none")]
     regressions: Option<&'a [Regression]>,
+    /// A lock-delay says when the id is free again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    free_at: Option<String>,
 }
 
 /// Builds a problem+json response, with the problem type's status.
 pub fn problem(kind: ProblemType, detail: &str) -> Response {
-    problem_with(kind.status(), kind, detail, None, None)
+    problem_with(kind.status(), kind, detail, Extras::default())
 }
 
 /// A problem+json response for a bare `status` some layer answered.
 pub fn bare_problem(status: StatusCode, detail: &str) -> Response {
-    problem_with(status, ProblemType::for_status(status), detail, None, None)
+    problem_with(
+        status,
+        ProblemType::for_status(status),
+        detail,
+        Extras::default(),
+    )
+}
+
+/// The members some problems have besides the standard ones.
+#[derive(Default)]
+struct Extras<'a> {
+    holder: Option<Option<LockView>>,
+    regressions: Option<&'a [Regression]>,
+    free_at: Option<String>,
 }
 
 fn problem_with(
     status: StatusCode,
     kind: ProblemType,
     detail: &str,
-    holder: Option<Option<LockView>>,
-    regressions: Option<&[Regression]>,
+    extras: Extras<'_>,
 ) -> Response {
     let body = ProblemBody {
         kind: format!("urn:statehouse:problem:{}", kind.slug()),
         title: kind.title(),
         status: status.as_u16(),
         detail,
-        holder,
-        regressions,
+        holder: extras.holder,
+        regressions: extras.regressions,
+        free_at: extras.free_at,
     };
     let mut response = (status, Json(body)).into_response();
     response
@@ -226,6 +244,7 @@ impl ApiError {
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
+            Self::Lock(LockError::Delayed { .. }) => ProblemType::LockDelay,
             Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
             Self::Lock(LockError::HeldElsewhere { .. }) => ProblemType::LeaseHeldElsewhere,
             Self::Lock(LockError::Locked { .. } | LockError::LockedElsewhere(_)) => {
@@ -267,7 +286,16 @@ impl IntoResponse for ApiError {
             },
             _ => None,
         };
-        let mut response = problem_with(status, kind, &self.to_string(), holder, regressions);
+        let free_at = match &self {
+            Self::Lock(LockError::Delayed { free_at_ms, .. }) => Some(rfc3339_millis(*free_at_ms)),
+            _ => None,
+        };
+        let extras = Extras {
+            holder,
+            regressions,
+            free_at,
+        };
+        let mut response = problem_with(status, kind, &self.to_string(), extras);
         if let Self::BodyTimeout(_) = self {
             // The rest of the body may still be trickling in; only closing
             // the connection frees it.

@@ -16,6 +16,7 @@ pub struct LockView {
     acquired_at: String,
     expires_at: String,
     gateway_id: String,
+    lock_delay_seconds: u64,
 }
 
 impl From<&Lease> for LockView {
@@ -27,6 +28,7 @@ impl From<&Lease> for LockView {
             acquired_at: rfc3339_millis(lease.acquired_ms),
             expires_at: rfc3339_millis(lease.expires_ms),
             gateway_id: lease.gateway_id.to_string(),
+            lock_delay_seconds: lease.lock_delay.as_secs(),
         }
     }
 }

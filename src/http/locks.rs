@@ -27,10 +27,6 @@ pub struct AcquireRequest {
     owner: Option<String>,
     ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
-    #[expect(
-        dead_code,
-        reason = "sent by `statehouse lock`; the server side of lock-delay (issue 29) is to come"
-    )]
     lock_delay_seconds: Option<u64>,
 }
 
@@ -49,6 +45,7 @@ struct LeaseBody<'a> {
     owner: &'a str,
     acquired_at: String,
     expires_at: String,
+    lock_delay_seconds: u64,
 }
 
 fn lease_body(lease: &Lease) -> LeaseBody<'_> {
@@ -59,6 +56,7 @@ fn lease_body(lease: &Lease) -> LeaseBody<'_> {
         owner: &lease.owner,
         acquired_at: rfc3339_millis(lease.acquired_ms),
         expires_at: rfc3339_millis(lease.expires_ms),
+        lock_delay_seconds: lease.lock_delay.as_secs(),
     }
 }
 
@@ -97,7 +95,13 @@ pub async fn acquire(
     }
     let lease = ctx
         .locks
-        .acquire(&id, &owner, ttl, Duration::from_secs_f64(wait))
+        .acquire(
+            &id,
+            &owner,
+            ttl,
+            Duration::from_secs_f64(wait),
+            Duration::from_secs(request.lock_delay_seconds.unwrap_or(0)),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }

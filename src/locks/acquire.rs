@@ -40,12 +40,19 @@ impl Acquirer<'_> {
         owner: &str,
         ttl: Duration,
         wait: Duration,
+        lock_delay: Duration,
     ) -> Result<Lease, LockError> {
         let deadline = Instant::now() + wait;
         let in_line = InLine::join(self.slots.get_or_make(id));
-        let result = self
-            .wait_for_grant(id, &in_line, owner, ttl, deadline)
-            .await;
+        let waiter = Waiter {
+            ticket: in_line.ticket,
+            owner,
+            ttl,
+            deadline,
+            attempted_claim: false,
+            lock_delay,
+        };
+        let result = self.wait_for_grant(id, &in_line, waiter).await;
         match &result {
             Ok(_) => self.slots.metrics().lock_event(LockEvent::Grant),
             Err(LockError::Held { .. }) => self.slots.metrics().lock_event(LockEvent::Timeout),
@@ -58,19 +65,11 @@ impl Acquirer<'_> {
         &self,
         id: &StateId,
         in_line: &InLine,
-        owner: &str,
-        ttl: Duration,
-        deadline: Instant,
+        mut waiter: Waiter<'_>,
     ) -> Result<Lease, LockError> {
         let slot = in_line.slot();
         let rules = self.rules();
-        let mut waiter = Waiter {
-            ticket: in_line.ticket,
-            owner,
-            ttl,
-            deadline,
-            attempted_claim: false,
-        };
+        let deadline = waiter.deadline;
         let mut counted_wait = false;
         loop {
             let notified = slot.changed.notified();
@@ -191,6 +190,12 @@ impl Acquirer<'_> {
                 // A claim attempt ahead of this waiter is still in line at
                 // ClickHouse: the holder is whoever ClickHouse records.
                 Step::GiveUp(None) => return Err(self.held_elsewhere(id).await),
+                Step::Delayed(free_at_ms) => {
+                    return Err(LockError::Delayed {
+                        state_id: id.clone(),
+                        free_at_ms,
+                    });
+                }
                 Step::Wait(wake_at) => {
                     if !counted_wait {
                         counted_wait = true;

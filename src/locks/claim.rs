@@ -373,6 +373,7 @@ mod tests {
                     gateway_id: HOLDER,
                     acquired_ms: 1,
                     expires_ms: 2,
+                    lock_delay: Duration::ZERO,
                 },
                 version: LeaseVersion::granted(7),
                 state,

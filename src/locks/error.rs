@@ -38,6 +38,10 @@ pub enum LockError {
     /// Another gateway won the claim: the request belongs there.
     #[error("gateway {} is the authority for this state_id", .0.gateway_id)]
     Elsewhere(Peer),
+    /// A lease with a lock-delay ended (expiry, force-unlock): nothing is
+    /// granted on the id until `free_at_ms`, past the acquire's wait.
+    #[error("{state_id} is in a lock-delay after its last lease ended; retry once it is free")]
+    Delayed { state_id: StateId, free_at_ms: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -14,7 +14,7 @@ use super::record::Recorder;
 use super::slot::HeldClaim;
 use super::slots::Slots;
 use crate::domain::{Lease, LeaseState, StateId};
-use crate::store::{LeaseRecord, LeaseStore};
+use crate::store::{LeaseRecord, LeaseStore, now_ms};
 
 /// The background task of the locks, apart from the handle requests use:
 /// it shares the handle's slots, claim protocol and lease recorder.
@@ -155,7 +155,7 @@ impl Maintenance {
                     .as_ref()
                     .is_some_and(|l| l.lease.lease_id == lease.lease_id)
                 {
-                    st.lease = None;
+                    st.end_by_force(Instant::now(), now_ms());
                     drop(st);
                     slot.changed.notify_waiters();
                 }

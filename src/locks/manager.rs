@@ -111,13 +111,15 @@ impl LockManager {
 
     /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
     /// waiters; a first acquire still runs one claim attempt (settle included)
-    /// even with no wait at all.
+    /// even with no wait at all. The lease carries `lock_delay`, cut to
+    /// `--max-lock-delay`.
     pub async fn acquire(
         &self,
         id: &StateId,
         owner: &str,
         ttl: Duration,
         wait: Duration,
+        lock_delay: Duration,
     ) -> Result<Lease, LockError> {
         Acquirer {
             slots: &self.slots,
@@ -125,7 +127,13 @@ impl LockManager {
             recorder: &self.recorder,
             settings: &self.settings,
         }
-        .acquire(id, owner, ttl, wait)
+        .acquire(
+            id,
+            owner,
+            ttl,
+            wait,
+            lock_delay.min(self.settings.max_lock_delay),
+        )
         .await
     }
 
@@ -230,7 +238,7 @@ impl LockManager {
                 let mut st = slot.lock();
                 st.expire(id, Instant::now(), &self.metrics);
                 if st.claim.is_some() {
-                    Some(st.lease.take())
+                    Some(st.end_by_force(Instant::now(), now_ms()))
                 } else {
                     None
                 }

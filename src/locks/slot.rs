@@ -55,6 +55,17 @@ pub(super) struct SlotState {
     /// claim, while any is here (see `locks::write`).
     pub sending: HashMap<u64, Instant>,
     pub next_send: u64,
+    /// A lease with a lock-delay ended by expiry or force-unlock: nothing is
+    /// granted until the delay has passed, so the old holder's run is gone.
+    pub delayed: Option<Delay>,
+}
+
+/// The end of a lock-delay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Delay {
+    pub until: Instant,
+    /// The same instant by the clock of `free_at` answers (ms since the epoch).
+    pub free_at_ms: i64,
 }
 
 pub(super) struct HeldClaim {
@@ -89,6 +100,8 @@ pub(super) struct Waiter<'a> {
     pub deadline: Instant,
     /// It ran a claim attempt of its own already.
     pub attempted_claim: bool,
+    /// The lock-delay its lease will carry.
+    pub lock_delay: Duration,
 }
 
 /// The gateway's rules that a decision applies.
@@ -116,6 +129,9 @@ pub(super) enum Step {
     Claim,
     /// Give up: the wait ran out. With the holder this gateway knows of.
     GiveUp(Option<Lease>),
+    /// Give up: the id is in a lock-delay that ends (ms since the epoch)
+    /// after the waiter's wait.
+    Delayed(i64),
     /// Sleep until woken or until this instant.
     Wait(Instant),
 }
@@ -139,11 +155,33 @@ impl SlotState {
                 metrics.lock_event(LockEvent::Expiry);
             }
         }
-        if self.lease.as_ref().is_some_and(|l| now >= l.deadline) {
-            self.lease = None;
+        if let Some(expired) = self.lease.take_if(|l| now >= l.deadline) {
+            self.delay_after(&expired, expired.deadline, expired.lease.expires_ms);
             metrics.lock_event(LockEvent::Expiry);
         }
+        if self.delayed.is_some_and(|d| now >= d.until) {
+            self.delayed = None;
+        }
         self.sending.retain(|_, until| now < *until);
+    }
+
+    /// Ends the current lease by force (a force-unlock), at `now`: its
+    /// lock-delay starts now.
+    pub fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
+        let ended = self.lease.take()?;
+        self.delay_after(&ended, now, now_ms);
+        Some(ended)
+    }
+
+    /// Starts `ended`'s lock-delay, if it has one, from `at` (`at_ms`).
+    fn delay_after(&mut self, ended: &LocalLease, at: Instant, at_ms: i64) {
+        let delay = ended.lease.lock_delay;
+        if !delay.is_zero() {
+            self.delayed = Some(Delay {
+                until: at + delay,
+                free_at_ms: at_ms.saturating_add(millis(delay)),
+            });
+        }
     }
 
     /// The claim turned out to be another gateway's (a renewal or a token
@@ -164,6 +202,7 @@ impl SlotState {
             && self.lease.is_none()
             && self.queue.is_empty()
             && self.sending.is_empty()
+            && self.delayed.is_none()
     }
 
     /// Until when writes sent earlier may still land, if any may.
@@ -174,7 +213,8 @@ impl SlotState {
     /// Whether the claim may go (idle, or handed over): no lease runs under
     /// it and no write sent under it may still land.
     pub fn claim_can_go(&self) -> bool {
-        self.lease.is_none() && self.sending.is_empty()
+        // Held through a lock-delay too: another gateway would not know of it.
+        self.lease.is_none() && self.sending.is_empty() && self.delayed.is_none()
     }
 
     /// Decides what `waiter` does next on `id`, from this state and the time
@@ -187,6 +227,19 @@ impl SlotState {
         now: Instant,
         now_ms: i64,
     ) -> Decision {
+        if let Some(delay) = self.delayed {
+            // No lease exists during a lock-delay, and none is granted: a
+            // waiter that cannot wait it out is told when it ends.
+            let step = if waiter.deadline < delay.until {
+                Step::Delayed(delay.free_at_ms)
+            } else {
+                Step::Wait(delay.until)
+            };
+            return Decision {
+                step,
+                withdraw: None,
+            };
+        }
         let mut withdraw = None;
         let first = self.queue.front() == Some(&waiter.ticket);
         let turn = first && self.lease.is_none() && !self.claiming && self.sending.is_empty();
@@ -267,6 +320,7 @@ impl SlotState {
             gateway_id,
             acquired_ms: now_ms,
             expires_ms: now_ms.saturating_add(millis(waiter.ttl)),
+            lock_delay: waiter.lock_delay,
         };
         let version = LeaseVersion::granted(token);
         self.lease = Some(LocalLease {

@@ -178,6 +178,7 @@ pub(super) async fn request_ticket(
                 gateway_id: peer.gateway_id,
                 acquired_ms: 0,
                 expires_ms: 0,
+                lock_delay: Duration::ZERO,
             })
         })
         .collect();

@@ -364,6 +364,7 @@ mod tests {
             gateway_id: Uuid::nil(),
             acquired_ms: now_ms(),
             expires_ms: now_ms() + 30_000,
+            lock_delay: Duration::ZERO,
         }
     }
 

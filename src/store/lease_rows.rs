@@ -143,6 +143,8 @@ impl IdLocks {
                 fencing_token: row.fencing_token,
                 acquired_ms: row.created_ms,
                 expires_ms: row.expires_ms,
+                // Not recorded: a lease adopted from a row has none.
+                lock_delay: std::time::Duration::ZERO,
             },
             version: LeaseVersion::from_bits(row.version),
             state: LeaseState::from_column(row.released),

@@ -47,7 +47,13 @@ fn id(text: &str) -> StateId {
 
 /// Polls `acquire` for `after`, then drops it wherever it is.
 async fn abandon(locks: &LockManager, state_id: &StateId, wait: Duration, after: Duration) {
-    let acquire = locks.acquire(state_id, "abandoned", Duration::from_secs(30), wait);
+    let acquire = locks.acquire(
+        state_id,
+        "abandoned",
+        Duration::from_secs(30),
+        wait,
+        Duration::ZERO,
+    );
     if let Ok(result) = tokio::time::timeout(after, acquire).await {
         // Finished before the drop: let it go the ordinary way.
         let lease = result.expect("acquire");
@@ -64,6 +70,7 @@ async fn fresh_acquire_succeeds(locks: &LockManager, state_id: &StateId) {
             "fresh",
             Duration::from_secs(30),
             Duration::from_secs(5),
+            Duration::ZERO,
         )
         .await
         .expect("a fresh acquire after an abandoned one");
@@ -91,7 +98,13 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
     let locks = manager(&proxy, Duration::from_millis(200)).await;
     let state_id = id("dropped-in-line");
     let held = locks
-        .acquire(&state_id, "holder", Duration::from_secs(30), Duration::ZERO)
+        .acquire(
+            &state_id,
+            "holder",
+            Duration::from_secs(30),
+            Duration::ZERO,
+            Duration::ZERO,
+        )
         .await
         .unwrap();
     // One waiter is dropped in line while another waits behind it.
@@ -106,6 +119,7 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
                     "behind",
                     Duration::from_secs(30),
                     Duration::from_secs(30),
+                    Duration::ZERO,
                 )
                 .await
         })
@@ -154,6 +168,7 @@ async fn acquires_dropped_anywhere_in_a_claim_attempt_leave_the_id_lockable() {
                         "waiter",
                         Duration::from_secs(30),
                         Duration::from_secs(60),
+                        Duration::ZERO,
                     )
                     .await
             })

@@ -25,6 +25,7 @@ mod keeper_locks;
 mod keeper_loss;
 mod lock_cancellation;
 mod lock_concurrency;
+mod lock_delay;
 mod lock_faults;
 mod locks_api;
 mod logs;

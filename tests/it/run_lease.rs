@@ -381,7 +381,7 @@ async fn a_gateway_unreachable_until_the_lease_would_expire_loses_it() {
     let through = format!("http://{}", proxy.addr);
     let run = lock(
         &through,
-        &["--ttl", "3s", "--grace", "0s"],
+        &["--ttl", "3s", "--grace", "0s", "--lock-delay", "0s"],
         "job",
         &scratch.0,
         &format!("trap 'touch terminated' TERM; {WAIT_FOR_GO}"),
@@ -420,7 +420,7 @@ async fn kill_9_of_the_runner_takes_the_command_with_it_and_the_lease_ends_by_it
     let scratch = Scratch::new();
     let mut run = lock(
         &app.base,
-        &["--ttl", "2s"],
+        &["--ttl", "2s", "--lock-delay", "3s"],
         "job",
         &scratch.0,
         "echo $$ > command; exec sleep 60",
@@ -451,7 +451,12 @@ async fn kill_9_of_the_runner_takes_the_command_with_it_and_the_lease_ends_by_it
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(lapsed, "the lease outlived its TTL");
-    let next = lock(&app.base, &[], "job", &scratch.0, "exit 0");
+    // Its lock-delay keeps the next run out a while: busy, naming when it ends.
+    let refused = lock(&app.base, &[], "job", &scratch.0, "exit 0");
+    let (status, stderr) = ended(refused, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(stderr.contains("free"), "{stderr}");
+    let next = lock(&app.base, &["--wait", "10s"], "job", &scratch.0, "exit 0");
     assert_eq!(ended(next, Duration::from_secs(20)).await.0, Some(0));
 }
 

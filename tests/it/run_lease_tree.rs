@@ -33,9 +33,10 @@ async fn kill_9_of_the_runner_ends_the_whole_tree() {
     let app = spawn_app().await;
     for stubborn in [false, true] {
         let scratch = Scratch::new();
+        // The second round takes the id at once: no lock-delay in its way.
         let mut run = lock(
             &app.base,
-            &["--ttl", "2s"],
+            &["--ttl", "2s", "--lock-delay", "0s"],
             "job",
             &scratch.0,
             &tree(stubborn),

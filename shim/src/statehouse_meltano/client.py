@@ -176,13 +176,17 @@ class GatewayClient:
         holder = problem.get("holder") if isinstance(problem, dict) else None
         if holder:
             detail += f"; held by {holder.get('owner')} until {holder.get('expires_at')}"
+        free_at = problem.get("free_at") if isinstance(problem, dict) else None
+        if free_at:
+            detail += f"; free again at {free_at}"
         message = f"statehouse gateway at {self.base_url}: {method} {url} answered {response.status_code} ({detail})"
         kind = str(problem.get("type", ""))
         if response.status_code == 403 and "client certificate" in detail:
             message += f"; {CLIENT_CERT_HINT}"
         if kind.endswith(":bookmark-regression"):
             message += f"; {REGRESSION_HINT}"
-        if response.status_code == 409 and kind.endswith(":lock-held"):
+        # A lock-delay is busy as a held lock is: the id is not free yet.
+        if response.status_code == 409 and kind.endswith((":lock-held", ":lock-delay")):
             return LockHeldError(message)
         if response.status_code in (502, 503, 504):
             return GatewayUnavailableError(message)

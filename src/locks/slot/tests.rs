@@ -24,6 +24,7 @@ fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
         ttl: Duration::from_secs(30),
         deadline,
         attempted_claim: false,
+        lock_delay: Duration::ZERO,
     }
 }
 

@@ -1,0 +1,133 @@
+//! Lock-delay: after a lease with `lock_delay_seconds` ends by expiry or
+//! force-unlock, no lease on its id is granted until the delay has passed,
+//! through the same gateway or another; a release ends it with no delay.
+//! (`scripts/test` runs these in keeper mode too.)
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Api, TestApp, peer_config, spawn_app_with, spawn_configured, unique_schema};
+
+/// Two gateways on one database that forward to each other.
+async fn two_peers() -> (TestApp, TestApp) {
+    let schema = unique_schema();
+    let a = spawn_configured(peer_config(&schema)).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    (a, b)
+}
+
+async fn acquire(api: &Api, id: &str, ttl: u64, wait: f64, delay: u64) -> crate::helpers::Reply {
+    api.acquire(
+        id,
+        &json!({"owner": "worker", "ttl_seconds": ttl, "wait_seconds": wait, "lock_delay_seconds": delay}),
+    )
+    .await
+}
+
+/// A time of an answer. The API writes RFC 3339 UTC with milliseconds,
+/// fixed-width, so text order is time order.
+fn time(body: &Value, field: &str) -> String {
+    let text = body[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} in {body}"));
+    assert!(
+        text.len() == 24 && text.ends_with('Z'),
+        "{field} is not RFC 3339 UTC with milliseconds: {text}"
+    );
+    text.to_owned()
+}
+
+/// A lease with a delay expires; the next acquire through `next` is told
+/// when the id is free, and one that waits is granted only then.
+async fn after_expiry(holder: &Api, next: &Api) {
+    let id = "delayed-expiry";
+    let held = acquire(holder, id, 1, 0.0, 3).await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    assert_eq!(held.json()["lock_delay_seconds"], 3);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let none = next.get(&format!("/v1/locks/{id}")).await;
+    assert_eq!(
+        none.status,
+        StatusCode::NOT_FOUND,
+        "no lease during the delay: {}",
+        none.text
+    );
+    let refused = acquire(next, id, 30, 0.0, 0).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert_eq!(refused.problem_type(), "lock-delay");
+    let free_at = time(&refused.json(), "free_at");
+    assert!(
+        free_at > time(&held.json(), "expires_at"),
+        "free_at comes after the lease's end: {}",
+        refused.text
+    );
+
+    let granted = acquire(next, id, 30, 10.0, 0).await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    assert!(
+        time(&granted.json(), "acquired_at") >= free_at,
+        "granted before the delay ended: {} (free at {free_at:?})",
+        granted.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_an_expiry_the_next_grant_waits_for_the_delay_through_the_same_gateway() {
+    let app = spawn_app_with(|_| {}).await;
+    after_expiry(&app.api, &app.api).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_an_expiry_the_next_grant_waits_for_the_delay_through_another_gateway() {
+    let (a, b) = two_peers().await;
+    after_expiry(&a.api, &b.api).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_force_unlock_starts_the_delay_and_a_release_ends_a_lease_with_none() {
+    let (a, b) = two_peers().await;
+    let id = "delayed-force";
+    let held = acquire(&a.api, id, 30, 0.0, 2).await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    let unlock = b
+        .request(Method::DELETE, &format!("/v1/locks/{id}"), None, &[])
+        .await;
+    assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+    let refused = acquire(&b.api, id, 30, 0.0, 0).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert_eq!(refused.problem_type(), "lock-delay");
+    let granted = acquire(&b.api, id, 30, 10.0, 2).await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+
+    // Released by its holder: no delay, the next acquire is granted at once.
+    let lease = granted.json()["lease_id"].as_str().unwrap().to_owned();
+    assert_eq!(b.release(id, &lease).await.status, StatusCode::NO_CONTENT);
+    let next = acquire(&a.api, id, 30, 0.0, 0).await;
+    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_without_a_delay_is_granted_again_at_once_after_its_expiry() {
+    let app = spawn_app_with(|_| {}).await;
+    let id = "undelayed";
+    let held = acquire(&app.api, id, 1, 0.0, 0).await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    assert_eq!(held.json()["lock_delay_seconds"], 0);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let next = acquire(&app.api, id, 30, 0.0, 0).await;
+    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delay_past_the_cap_is_cut_to_it_and_shown_to_others() {
+    let app = spawn_app_with(|config| config.locks.max_lock_delay = Duration::from_secs(2)).await;
+    let id = "capped";
+    let held = acquire(&app.api, id, 30, 0.0, 600).await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    assert_eq!(held.json()["lock_delay_seconds"], 2, "clamped, not refused");
+    let view = app.get(&format!("/v1/locks/{id}")).await;
+    assert_eq!(view.json()["lock_delay_seconds"], 2, "{}", view.text);
+}

@@ -372,3 +372,71 @@ fn a_slot_is_idle_only_with_nothing_held_claimed_queued_or_landing() {
         assert!(!st.is_idle());
     }
 }
+
+/// A lease with a 4 s lock-delay granted to the first waiter, for 30 s.
+fn granted_with_delay(st: &mut SlotState, now: Instant) -> Lease {
+    let delayed = Waiter {
+        lock_delay: Duration::from_secs(4),
+        ..waiter(st.queue[0], now)
+    };
+    let Step::Granted(lease, _) = decide(st, &delayed, now).step else {
+        panic!("the first in line is granted")
+    };
+    lease
+}
+
+#[test]
+fn after_an_expiry_with_a_lock_delay_nothing_is_granted_until_it_ends() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0, 1]);
+    let lease = granted_with_delay(&mut st, now);
+    assert_eq!(lease.lock_delay, Duration::from_secs(4));
+    st.queue.pop_front();
+    // Renewed in the background meanwhile.
+    st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(60);
+    let expired = now + Duration::from_secs(30);
+    // A waiter that cannot wait past the delay is told when it ends.
+    let short = decide(
+        &mut st,
+        &waiter(1, expired + Duration::from_secs(1)),
+        expired,
+    );
+    assert_eq!(short.step, Step::Delayed(31_000 + 4_000));
+    assert!(st.lease.is_none(), "no lease exists during the delay");
+    assert!(!st.claim_can_go(), "the claim is held through the delay");
+    // One that can wait sleeps until it ends, and is granted then.
+    let long = waiter(1, expired + Duration::from_secs(10));
+    assert_eq!(
+        decide(&mut st, &long, expired).step,
+        Step::Wait(expired + Duration::from_secs(4))
+    );
+    let over = expired + Duration::from_secs(4);
+    assert!(matches!(
+        decide(&mut st, &long, over).step,
+        Step::Granted(..)
+    ));
+}
+
+#[test]
+fn a_force_unlock_starts_the_delay_and_a_release_does_not() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0, 1]);
+    granted_with_delay(&mut st, now);
+    st.queue.pop_front();
+    let forced = now + Duration::from_secs(1);
+    assert!(st.end_by_force(forced, 2_000).is_some());
+    assert_eq!(
+        decide(&mut st, &waiter(1, forced), forced).step,
+        Step::Delayed(6_000)
+    );
+
+    let mut st = claimed(now, &[0, 1]);
+    granted_with_delay(&mut st, now);
+    st.queue.pop_front();
+    // A release takes the lease: its holder is done, so no delay.
+    st.lease = None;
+    assert!(matches!(
+        decide(&mut st, &waiter(1, now), now).step,
+        Step::Granted(..)
+    ));
+}

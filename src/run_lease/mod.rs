@@ -422,26 +422,3 @@ fn describe(holder: Option<&Holder>) -> String {
         None => "another holder (the gateway did not name it)".into(),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exit_codes_follow_the_contract() {
-        assert_eq!(exit_code(Ending::Exited(0)), 0);
-        assert_eq!(exit_code(Ending::Exited(3)), 3);
-        assert_eq!(exit_code(Ending::Exited(255)), 255);
-        assert_eq!(exit_code(Ending::Signalled(libc::SIGKILL)), 137);
-        assert_eq!(exit_code(Ending::Signalled(libc::SIGTERM)), 143);
-        assert_eq!(exit_code(Ending::Interrupted(libc::SIGINT)), 130);
-        assert_eq!(exit_code(Ending::Busy), 75);
-        assert_eq!(exit_code(Ending::Lost), 76);
-        assert_eq!(exit_code(Ending::Unusable), 1);
-        assert_eq!(exit_code(Ending::NotStarted(SpawnError::NotFound)), 127);
-        assert_eq!(
-            exit_code(Ending::NotStarted(SpawnError::CannotExecute)),
-            126
-        );
-    }
-}

@@ -8,9 +8,10 @@
 use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::helpers::{Api, peer_config, raw_sql, spawn_configured, unique_schema};
+use crate::helpers::{peer_config, spawn_configured, unique_schema};
+use crate::lock_faults::{served_n, stored_n};
 use crate::proxy::Proxy;
 
 #[derive(Clone, Copy, Debug)]
@@ -18,25 +19,6 @@ enum End {
     Expiry,
     Release,
     ForceUnlock,
-}
-
-async fn stored_n(schema: &str, id: &str) -> Option<u64> {
-    let row = raw_sql(&format!(
-        "SELECT completed_state FROM `{schema}`.state FINAL WHERE state_id = '{id}' FORMAT JSONEachRow"
-    ))
-    .await;
-    let row: Value = serde_json::from_str(row.lines().next()?).unwrap();
-    let doc: Value = serde_json::from_str(row["completed_state"].as_str()?).unwrap();
-    doc["n"].as_u64()
-}
-
-async fn served_n(api: &Api, id: &str) -> Option<u64> {
-    let read = api.get_state(id).await;
-    match read.status {
-        StatusCode::OK => read.json()["completed"]["n"].as_u64(),
-        StatusCode::NOT_FOUND => None,
-        other => panic!("read failed: {other} {}", read.text),
-    }
 }
 
 async fn import_in_flight_at_the_lease_end(end: End) {

@@ -31,7 +31,7 @@ async fn two_peers(adjust: impl Fn(&mut statehouse::config::Config)) -> (TestApp
 }
 
 /// The counter `n` of `id` as ClickHouse has it now, read past every gateway.
-async fn stored_n(schema: &str, id: &str) -> Option<u64> {
+pub async fn stored_n(schema: &str, id: &str) -> Option<u64> {
     let row = raw_sql(&format!(
         "SELECT completed_state FROM `{schema}`.state FINAL WHERE state_id = '{id}' FORMAT JSONEachRow"
     ))
@@ -42,7 +42,7 @@ async fn stored_n(schema: &str, id: &str) -> Option<u64> {
 }
 
 /// `n` as a gateway answers it.
-async fn served_n(api: &Api, id: &str) -> Option<u64> {
+pub async fn served_n(api: &Api, id: &str) -> Option<u64> {
     let read = api.get_state(id).await;
     match read.status {
         StatusCode::OK => read.json()["completed"]["n"].as_u64(),

@@ -237,8 +237,16 @@ def test_kill_9_of_the_runner_ends_meltano_and_the_lease_ends_by_its_ttl(project
             os.killpg(run.pid, signal.SIGKILL)
     left = bookmark(gateway)
     # Meltano's own record of the killed run still says "running": --force
-    # skips that check, the lease is the guard.
-    resumed = project.meltano("run", "--force", "tap-tiny", "target-tiny", prefix=lock(gateway), extra_env={"TAP_TINY_COUNT": "3"})
+    # skips that check, the lease is the guard. The killed run's lock-delay
+    # (its default, --grace + 5 s) keeps the next one waiting until it ends.
+    resumed = project.meltano(
+        "run",
+        "--force",
+        "tap-tiny",
+        "target-tiny",
+        prefix=lock(gateway, "--wait", "60s"),
+        extra_env={"TAP_TINY_COUNT": "3"},
+    )
     assert "Failed to persist" not in resumed.stdout + resumed.stderr, resumed.stderr
     assert received_states(project)[-1]["bookmarks"]["numbers"]["last_id"] == left
     assert bookmark(gateway) == left + 3

@@ -2,6 +2,8 @@
 //! flat shape dashboards (Grafana's Infinity data source, the page at `/`)
 //! read without walking documents.
 
+use std::collections::HashSet;
+
 use axum::Json;
 use axum::extract::{Extension, State};
 use serde::{Deserialize, Serialize};
@@ -11,7 +13,7 @@ use super::error::ApiError;
 use super::extract::{ApiQuery, page_limit};
 use super::states::{page_cursor, parse_pattern};
 use super::wire::rfc3339_millis;
-use crate::domain::{self, PageCursor, Scope};
+use crate::domain::{self, PageCursor, Scope, Version};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -31,6 +33,8 @@ struct BookmarkRow {
     replication_key_value: Option<domain::Json>,
     /// The stream's bookmark object as it is.
     bookmark: Option<domain::Json>,
+    /// The stream's newest change moved it backwards.
+    last_change_regressed: bool,
     updated_at: String,
     age_seconds: f64,
 }
@@ -58,10 +62,22 @@ pub async fn list(
         .then(|| states.last())
         .flatten()
         .map(|last| PageCursor::after(last.id.clone()).encode(&pattern));
+    let current: Vec<_> = states
+        .iter()
+        .map(|s| (&s.id, Version::from_millis(s.updated_at_ms)))
+        .collect();
+    let regressed: HashSet<(String, String)> = ctx
+        .states
+        .last_changes_regressed(&current)
+        .await?
+        .into_iter()
+        .filter(|change| change.regressed)
+        .map(|change| (change.state_id, change.stream))
+        .collect();
     let now_ms = crate::store::now_ms();
     let bookmarks = states
         .iter()
-        .flat_map(|state| rows_of(state, now_ms))
+        .flat_map(|state| rows_of(state, &regressed, now_ms))
         .collect();
     let listing = BookmarkListing {
         bookmarks,
@@ -72,7 +88,11 @@ pub async fn list(
     ))
 }
 
-fn rows_of(state: &StoredState, now_ms: i64) -> Vec<BookmarkRow> {
+fn rows_of(
+    state: &StoredState,
+    regressed: &HashSet<(String, String)>,
+    now_ms: i64,
+) -> Vec<BookmarkRow> {
     let row = |stream: Option<&String>, bookmark: Option<&domain::Json>| {
         let field = |name: &str| match bookmark {
             Some(domain::Json::Object(fields)) => fields.get(name).cloned(),
@@ -84,6 +104,9 @@ fn rows_of(state: &StoredState, now_ms: i64) -> Vec<BookmarkRow> {
             replication_key: field("replication_key"),
             replication_key_value: field("replication_key_value"),
             bookmark: bookmark.cloned(),
+            last_change_regressed: stream.is_some_and(|stream| {
+                regressed.contains(&(state.id.as_str().to_owned(), stream.clone()))
+            }),
             updated_at: rfc3339_millis(state.updated_at_ms),
             age_seconds: (now_ms - state.updated_at_ms).max(0) as f64 / 1000.0,
         }

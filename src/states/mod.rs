@@ -36,8 +36,8 @@ use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    ChangeContext, HistoryStore, Operation, Selection, StateStore, StateSummary, StoreError,
-    StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    ChangeContext, HistoryStore, LastChange, Operation, Selection, StateStore, StateSummary,
+    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
 
 /// What a batch write did.
@@ -460,6 +460,18 @@ impl States {
             })
             .collect();
         Ok(HistoryPage { versions, has_more })
+    }
+
+    /// Whether each stream's newest change regressed it, for the states
+    /// listed (none known with history off).
+    pub async fn last_changes_regressed(
+        &self,
+        states: &[(&StateId, Version)],
+    ) -> Result<Vec<LastChange>, StoreError> {
+        match &self.history {
+            Some(history) => history.last_changes_regressed(states).await,
+            None => Ok(Vec::new()),
+        }
     }
 
     /// One version of `id` with its document, and whether it is current.

@@ -94,6 +94,14 @@ pub struct VersionMeta {
     pub user_agent: String,
 }
 
+/// Whether the newest change of a state's stream moved it backwards.
+#[derive(clickhouse::Row, Deserialize, Debug)]
+pub struct LastChange {
+    pub state_id: String,
+    pub stream: String,
+    pub regressed: bool,
+}
+
 /// One version with its document (None for a tombstone).
 #[derive(Clone, Debug)]
 pub struct StoredVersion {
@@ -469,6 +477,39 @@ impl HistoryStore {
             return Ok(None);
         };
         row.into_version(id).map(Some)
+    }
+
+    /// For each (state, stream) of `states` (ids with their current version),
+    /// whether the newest version up to the current one that changed the
+    /// stream also regressed it. Versions after the current one are changes
+    /// whose state row failed, which the state never took.
+    pub async fn last_changes_regressed(
+        &self,
+        states: &[(&StateId, Version)],
+    ) -> Result<Vec<LastChange>, StoreError> {
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT state_id, stream, argMax(has(regressed_streams, stream), version) AS regressed
+             FROM {} ARRAY JOIN changed_streams AS stream
+             WHERE state_id IN {{ids:Array(String)}}
+               AND version <= fromUnixTimestamp64Milli(
+                 arrayElement({{bounds:Array(Int64)}}, indexOf({{ids:Array(String)}}, state_id)))
+             GROUP BY state_id, stream",
+            self.table
+        );
+        let ids: Vec<&str> = states.iter().map(|(id, _)| id.as_str()).collect();
+        let bounds: Vec<i64> = states.iter().map(|(_, v)| v.millis()).collect();
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("ids", ids)
+            .param("bounds", bounds);
+        self.ch
+            .timed("history_list", query.fetch_all::<LastChange>())
+            .await
     }
 
     /// The newest tombstone of `id`: the current version of a state that

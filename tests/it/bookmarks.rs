@@ -79,3 +79,55 @@ async fn each_stream_of_the_effective_state_is_a_row() {
         .await;
     assert_eq!(foreign.status, StatusCode::BAD_REQUEST);
 }
+
+fn shop(orders: &str, customers: u64) -> Value {
+    json!({"completed": {"singer_state": {"bookmarks": {
+        "orders": {"replication_key": "updated_at", "replication_key_value": orders},
+        "customers": {"replication_key": "id", "replication_key_value": customers}
+    }}}})
+}
+
+async fn regressed(app: &crate::helpers::TestApp, id: &str) -> Vec<(String, bool)> {
+    let body = app.get(&format!("/v1/bookmarks?pattern={id}")).await.json();
+    let mut rows: Vec<(String, bool)> = body["bookmarks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let stream = r["stream"].as_str().unwrap_or("").to_owned();
+            (stream, r["last_change_regressed"].as_bool().unwrap())
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test]
+async fn a_row_says_whether_its_streams_newest_change_went_backwards() {
+    let app = spawn_app().await;
+    app.put_state("shop", &shop("2026-11-02T00:00:00Z", 41))
+        .await;
+    app.put_state("shop", &shop("2026-11-01T00:00:00Z", 42))
+        .await;
+    let back = [("customers".to_owned(), false), ("orders".to_owned(), true)];
+    assert_eq!(regressed(&app, "shop").await, back);
+
+    // A later change of another stream leaves the orders' last change as it was.
+    app.put_state("shop", &shop("2026-11-01T00:00:00Z", 43))
+        .await;
+    assert_eq!(regressed(&app, "shop").await, back);
+
+    // Moving forward again clears it.
+    app.put_state("shop", &shop("2026-11-03T00:00:00Z", 43))
+        .await;
+    assert_eq!(
+        regressed(&app, "shop").await,
+        [
+            ("customers".to_owned(), false),
+            ("orders".to_owned(), false)
+        ]
+    );
+
+    app.put_state("plain", &json!({"completed": {}})).await;
+    assert_eq!(regressed(&app, "plain").await, [(String::new(), false)]);
+}

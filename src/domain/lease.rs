@@ -24,6 +24,15 @@ pub struct Lease {
     pub lock_delay: Duration,
 }
 
+impl Lease {
+    /// When its id may be granted again after the lease ended at `ended_ms`
+    /// (ms since the epoch): its lock-delay later.
+    pub fn free_at_ms(&self, ended_ms: i64) -> i64 {
+        let delay = i64::try_from(self.lock_delay.as_millis()).unwrap_or(i64::MAX);
+        ended_ms.saturating_add(delay)
+    }
+}
+
 /// A lease row's version. ReplacingMergeTree keeps the row with the highest
 /// version, so the order of a lease's rows is encoded here, in one place: the
 /// fencing token in the high bits (a later lease beats an earlier one), a

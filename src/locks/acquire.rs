@@ -135,7 +135,10 @@ impl Acquirer<'_> {
                                 let mut st = slot.lock();
                                 st.claim = Some(won.claim);
                                 st.tokens = won.tokens;
-                                let adopted = won.adopted.map(|adopted| {
+                                if let Some(delay) = won.inherited.delay {
+                                    st.inherit_delay(delay);
+                                }
+                                let adopted = won.inherited.lease.map(|adopted| {
                                     let row = (adopted.lease.clone(), adopted.version);
                                     st.lease = Some(adopted);
                                     // Gateways without the claim admitted writes
@@ -150,8 +153,9 @@ impl Acquirer<'_> {
                                     row
                                 });
                                 // The winner gets a lease before any hand-over,
-                                // unless a lease from before is still running.
-                                let granted = if st.lease.is_none() {
+                                // unless a lease from before, or its lock-delay,
+                                // is still running.
+                                let granted = if st.lease.is_none() && st.delayed.is_none() {
                                     st.grant(
                                         id,
                                         &waiter,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::peer::{Peer, SeenLease};
-use super::slot::{HeldClaim, LocalLease, TokenBlock};
+use super::slot::{Delay, HeldClaim, LocalLease, TokenBlock};
 use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, LeaseState, StateId};
@@ -61,8 +61,18 @@ pub(super) enum ClaimOutcome {
 pub(super) struct WonClaim {
     pub claim: HeldClaim,
     pub tokens: TokenBlock,
+    /// What the id's lease row leaves to this authority.
+    pub inherited: Inherited,
+}
+
+/// What a claim just won takes over from the id's lease row.
+#[derive(Default)]
+pub(super) struct Inherited {
     /// A lease handed on by a gateway that shut down, still running.
-    pub adopted: Option<LocalLease>,
+    pub lease: Option<LocalLease>,
+    /// The rest of the lock-delay of a lease that ended under an earlier
+    /// authority: it holds across a restart or crash of that authority.
+    pub delay: Option<Delay>,
 }
 
 /// Who holds an id's claim, with the lease ClickHouse records for it.
@@ -336,21 +346,55 @@ impl Coordinator {
         }
     }
 
-    /// A lease handed on by a gateway that shut down and still running,
-    /// taken over by this gateway with a claim just won.
-    pub(super) fn adopt(&self, latest: Option<StoredLease>) -> Option<LocalLease> {
-        let stored = latest.filter(|s| s.unexpired && s.record.state == LeaseState::HandedOver)?;
-        let record = stored.record;
-        let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
-        Some(LocalLease {
-            deadline: Instant::now() + Duration::from_millis(remaining),
-            version: record.version.renewed(),
-            lease: Lease {
-                gateway_id: self.settings.gateway_id,
-                ..record.lease
-            },
-        })
+    /// What this gateway takes over with a claim just won, from the id's
+    /// latest lease row: a lease handed on at a shutdown and still running,
+    /// or the rest of a lock-delay.
+    pub(super) fn inherit(&self, latest: Option<StoredLease>) -> Inherited {
+        let Some(stored) = latest else {
+            return Inherited::default();
+        };
+        if stored.unexpired && stored.record.state == LeaseState::HandedOver {
+            let record = stored.record;
+            let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
+            return Inherited {
+                lease: Some(LocalLease {
+                    deadline: Instant::now() + Duration::from_millis(remaining),
+                    version: record.version.renewed(),
+                    lease: Lease {
+                        gateway_id: self.settings.gateway_id,
+                        ..record.lease
+                    },
+                }),
+                delay: None,
+            };
+        }
+        let now_ms = now_ms();
+        Inherited {
+            lease: None,
+            delay: delay_end(&stored, now_ms).map(|free_at_ms| Delay {
+                until: Instant::now()
+                    + Duration::from_millis(u64::try_from(free_at_ms - now_ms).unwrap_or(0)),
+                free_at_ms,
+            }),
+        }
     }
+}
+
+/// When the id of a recorded lease that is not in force may be granted
+/// again, if that is still to come: its lock-delay after its end. A release
+/// or force-unlock recorded its end; an expired lease ended at its expiry;
+/// an unexpired one whose authority lost its claim (it crashed, or its
+/// renewals did not land) ends now, as this gateway takes the claim over,
+/// for its holder learns of the loss only from here on.
+pub(super) fn delay_end(stored: &StoredLease, now_ms: i64) -> Option<i64> {
+    let record = &stored.record;
+    let ended = match record.ended_ms {
+        Some(ended) => ended,
+        None if stored.unexpired => now_ms,
+        None => record.lease.expires_ms.min(now_ms),
+    };
+    let free_at = record.lease.free_at_ms(ended);
+    (free_at > now_ms).then_some(free_at)
 }
 
 #[cfg(test)]
@@ -377,6 +421,7 @@ mod tests {
                 },
                 version: LeaseVersion::granted(7),
                 state,
+                ended_ms: None,
             },
             unexpired,
         }
@@ -385,6 +430,39 @@ mod tests {
     fn claims(gateways: &[Uuid]) -> impl Fn(Uuid) -> bool {
         let gateways = gateways.to_vec();
         move |gateway| gateways.contains(&gateway)
+    }
+
+    /// A lease with a 5 s lock-delay that expires at 10 000 ms.
+    fn delayed(state: LeaseState, unexpired: bool, ended_ms: Option<i64>) -> StoredLease {
+        let mut stored = stored(state, unexpired);
+        stored.record.lease.expires_ms = 10_000;
+        stored.record.lease.lock_delay = Duration::from_secs(5);
+        stored.record.ended_ms = ended_ms;
+        stored
+    }
+
+    #[test]
+    fn a_lock_delay_runs_from_the_recorded_end_or_the_expiry() {
+        // Forced at 4 000 ms: free 5 s later, whatever its expiry says.
+        let forced = delayed(LeaseState::Released, true, Some(4_000));
+        assert_eq!(delay_end(&forced, 6_000), Some(9_000));
+        assert_eq!(delay_end(&forced, 9_000), None);
+        // Expired at 10 000 ms: free 5 s after that.
+        let expired = delayed(LeaseState::Held, false, None);
+        assert_eq!(delay_end(&expired, 12_000), Some(15_000));
+        assert_eq!(delay_end(&expired, 15_001), None);
+        // A release row carries no delay.
+        let mut released = delayed(LeaseState::Released, true, Some(4_000));
+        released.record.lease.lock_delay = Duration::ZERO;
+        assert_eq!(delay_end(&released, 4_001), None);
+    }
+
+    #[test]
+    fn an_unexpired_lease_whose_authority_is_gone_ends_at_the_take_over() {
+        // Its holder hears of the loss only from the new authority: the
+        // delay runs from then, not from the crash nor from the expiry.
+        let orphaned = delayed(LeaseState::Held, true, None);
+        assert_eq!(delay_end(&orphaned, 7_000), Some(12_000));
     }
 
     #[test]

@@ -184,6 +184,7 @@ impl Maintenance {
                     lease: local.lease,
                     version: local.version.renewed(),
                     state: LeaseState::HandedOver,
+                    ended_ms: None,
                 });
             }
         }

@@ -20,16 +20,16 @@ use super::forward::{ForwardError, Router};
 use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::peer::{Peer, Route, SeenLease};
-use super::record::Recorder;
+use super::record::{Recorder, ended_row};
 use super::slot::millis;
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
 use super::write::{Admitted, admit_here, lease_rule};
 use crate::config::LockSettings;
-use crate::domain::{Lease, LeaseState, StateId};
+use crate::domain::{Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{KeeperClaimStore, LeaseRecord, LeaseStore, now_ms};
+use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
 
 pub struct LockManager {
     settings: LockSettings,
@@ -234,11 +234,12 @@ impl LockManager {
     /// Ends whatever lease `id` has. Answers whether there was one.
     pub async fn force_unlock(&self, id: &StateId) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
+            let at_ms = now_ms();
             let ended = {
                 let mut st = slot.lock();
                 st.expire(id, Instant::now(), &self.metrics);
                 if st.claim.is_some() {
-                    Some(st.end_by_force(Instant::now(), now_ms()))
+                    Some(st.end_by_force(Instant::now(), at_ms))
                 } else {
                     None
                 }
@@ -248,7 +249,7 @@ impl LockManager {
                 if let Some(local) = ended {
                     slot.changed.notify_waiters();
                     self.metrics.lock_event(LockEvent::ForcedRelease);
-                    self.recorder.released(local.lease, local.version);
+                    self.recorder.forced(local.lease, local.version, at_ms);
                 }
                 return Ok(had_lease);
             }
@@ -260,11 +261,7 @@ impl LockManager {
             Some(stored) => {
                 let record = stored.record.clone();
                 self.leases
-                    .write_leases(&[LeaseRecord {
-                        version: record.version.released(),
-                        state: LeaseState::Released,
-                        lease: record.lease,
-                    }])
+                    .write_leases(&[ended_row(record.lease, record.version, now_ms())])
                     .await?;
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 Ok(true)

@@ -44,16 +44,28 @@ impl Recorder {
             lease: lease.clone(),
             version,
             state: LeaseState::Held,
+            ended_ms: None,
         });
     }
 
-    /// The row of a lease released (by its holder, or forced).
+    /// The row of a lease its holder released: the holder knows its run is
+    /// done, so the id is free at once, with no lock-delay.
     pub fn released(&self, lease: Lease, version: LeaseVersion) {
-        self.record(LeaseRecord {
-            lease,
-            version: version.released(),
-            state: LeaseState::Released,
-        });
+        self.record(ended_row(
+            Lease {
+                lock_delay: Duration::ZERO,
+                ..lease
+            },
+            version,
+            now_ms(),
+        ));
+    }
+
+    /// The row of a lease ended by force at `at_ms`: its lock-delay runs
+    /// from then, and the row carries it to whichever gateway is the id's
+    /// authority next.
+    pub fn forced(&self, lease: Lease, version: LeaseVersion, at_ms: i64) {
+        self.record(ended_row(lease, version, at_ms));
     }
 
     pub fn record(&self, record: LeaseRecord) {
@@ -80,9 +92,9 @@ impl Recorder {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         for record in &batch {
             let id = &record.lease.state_id;
-            // A row about a lease that has run out by now says nothing any
-            // view needs: it is not retried.
-            let done = written.is_ok() || record.lease.expires_ms <= now;
+            // A row about a lease whose time and lock-delay have run out by
+            // now says nothing anyone needs: it is not retried.
+            let done = written.is_ok() || record.matters_until_ms() <= now;
             if done && pending.get(id).is_some_and(|p| p.version <= record.version) {
                 pending.remove(id);
             }
@@ -105,6 +117,16 @@ impl Recorder {
             }
             pause = Duration::from_millis(200);
         }
+    }
+}
+
+/// The row of a lease that a release or a force-unlock ended at `at_ms`.
+pub(super) fn ended_row(lease: Lease, version: LeaseVersion, at_ms: i64) -> LeaseRecord {
+    LeaseRecord {
+        lease,
+        version: version.released(),
+        state: LeaseState::Released,
+        ended_ms: Some(at_ms),
     }
 }
 

@@ -179,8 +179,16 @@ impl SlotState {
         if !delay.is_zero() {
             self.delayed = Some(Delay {
                 until: at + delay,
-                free_at_ms: at_ms.saturating_add(millis(delay)),
+                free_at_ms: ended.lease.free_at_ms(at_ms),
             });
+        }
+    }
+
+    /// Takes on a lock-delay that began under an earlier authority of the
+    /// id; of two, the later end holds.
+    pub fn inherit_delay(&mut self, delay: Delay) {
+        if self.delayed.is_none_or(|d| d.until < delay.until) {
+            self.delayed = Some(delay);
         }
     }
 

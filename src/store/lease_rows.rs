@@ -35,6 +35,18 @@ pub struct LeaseRecord {
     pub lease: Lease,
     pub version: LeaseVersion,
     pub state: LeaseState,
+    /// When a release or a force-unlock ended the lease (ms since the
+    /// epoch); none while it runs. A release row carries no lock-delay.
+    pub ended_ms: Option<i64>,
+}
+
+impl LeaseRecord {
+    /// Until when (ms since the epoch) the row says something the next
+    /// authority needs: the lease runs, or its lock-delay does.
+    pub fn matters_until_ms(&self) -> i64 {
+        let ended = self.ended_ms.unwrap_or(self.lease.expires_ms);
+        self.lease.free_at_ms(ended.max(self.lease.expires_ms))
+    }
 }
 
 /// A lease row as ClickHouse holds it. Whether it is in force also takes
@@ -64,6 +76,9 @@ pub(super) struct LeaseRowOut {
     pub(super) released: u8,
     pub(super) version: u64,
     pub(super) advertise_url: String,
+    pub(super) lock_delay_ms: u64,
+    /// 0 while the lease runs.
+    pub(super) ended_at: i64,
 }
 
 const KIND_CLAIM: i8 = 1;
@@ -84,6 +99,9 @@ pub(super) struct LockRowIn {
     pub(super) released: u8,
     pub(super) version: u64,
     pub(super) advertise_url: String,
+    pub(super) lock_delay_ms: u64,
+    /// 0 while the lease runs.
+    pub(super) ended_ms: i64,
     /// Not expired by ClickHouse's clock.
     pub(super) unexpired: u8,
 }
@@ -143,11 +161,11 @@ impl IdLocks {
                 fencing_token: row.fencing_token,
                 acquired_ms: row.created_ms,
                 expires_ms: row.expires_ms,
-                // Not recorded: a lease adopted from a row has none.
-                lock_delay: std::time::Duration::ZERO,
+                lock_delay: std::time::Duration::from_millis(row.lock_delay_ms),
             },
             version: LeaseVersion::from_bits(row.version),
             state: LeaseState::from_column(row.released),
+            ended_ms: (row.ended_ms > 0).then_some(row.ended_ms),
         };
         locks.lease = Some(StoredLease {
             record,
@@ -164,7 +182,8 @@ pub(super) fn lock_rows_sql(table: &str, filter: &str) -> String {
                 toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
                 fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
                 toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
-                advertise_url, expires_at > now64(3) AS unexpired
+                advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
+                expires_at > now64(3) AS unexpired
          FROM {table} FINAL
          WHERE {filter}
            AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
@@ -189,7 +208,9 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
             expires_at DateTime64(3),
             released UInt8,
             version UInt64,
-            advertise_url String DEFAULT ''
+            advertise_url String DEFAULT '',
+            lock_delay_ms UInt64 DEFAULT 0,
+            ended_at DateTime64(3) DEFAULT 0
         ) ENGINE = {}
         ORDER BY (state_id, kind, claim_id)
         TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
@@ -219,6 +240,8 @@ mod tests {
             released: 0,
             version: 1,
             advertise_url: "http://peer".into(),
+            lock_delay_ms: 0,
+            ended_ms: 0,
             unexpired: 1,
         }
     }
@@ -246,6 +269,33 @@ mod tests {
             claim(HOLDER),
             lease(LeaseState::Held, false)
         ]));
+    }
+
+    #[test]
+    fn a_row_matters_until_its_lease_and_its_lock_delay_have_run_out() {
+        let mut locks = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
+        let mut record = locks.lease.take().unwrap().record;
+        record.lease.expires_ms = 10_000;
+        assert_eq!(record.matters_until_ms(), 10_000);
+        record.lease.lock_delay = std::time::Duration::from_secs(5);
+        assert_eq!(record.matters_until_ms(), 15_000);
+        // Forced before its expiry: the expiry still bounds what views need.
+        record.ended_ms = Some(4_000);
+        assert_eq!(record.matters_until_ms(), 15_000);
+        record.ended_ms = Some(12_000);
+        assert_eq!(record.matters_until_ms(), 17_000);
+    }
+
+    #[test]
+    fn a_lease_row_carries_its_lock_delay_and_its_end() {
+        let mut row = lease(LeaseState::Released, false);
+        row.lock_delay_ms = 15_000;
+        row.ended_ms = 1_234;
+        let record = IdLocks::assemble(vec![row]).unwrap().lease.unwrap().record;
+        assert_eq!(record.lease.lock_delay, std::time::Duration::from_secs(15));
+        assert_eq!(record.ended_ms, Some(1_234));
+        let running = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
+        assert_eq!(running.lease.unwrap().record.ended_ms, None);
     }
 
     #[test]

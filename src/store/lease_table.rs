@@ -61,20 +61,27 @@ impl LeaseStore {
             .await
     }
 
-    /// A table an earlier version made gains the token kind and the URL
-    /// column; one that has them is left alone (its user may lack ALTER).
+    /// A table an earlier version made gains the token kind, the URL
+    /// column and the lock-delay columns; one that has them is left alone
+    /// (its user may lack ALTER).
     pub async fn upgrade_table(
         &self,
         columns: &[(String, String)],
         placement: &Placement,
     ) -> Result<(), StoreError> {
-        let has_urls = columns.iter().any(|(name, _)| name == "advertise_url");
         let has_tokens = columns
             .iter()
             .any(|(name, kind)| name == "kind" && kind.contains("'tokens'"));
+        let has = |column: &str| columns.iter().any(|(name, _)| name == column);
         let mut changes = Vec::new();
-        if !has_urls {
+        if !has("advertise_url") {
             changes.push("ADD COLUMN IF NOT EXISTS advertise_url String DEFAULT ''".to_owned());
+        }
+        if !has("lock_delay_ms") {
+            changes.push("ADD COLUMN IF NOT EXISTS lock_delay_ms UInt64 DEFAULT 0".to_owned());
+        }
+        if !has("ended_at") {
+            changes.push("ADD COLUMN IF NOT EXISTS ended_at DateTime64(3) DEFAULT 0".to_owned());
         }
         if !has_tokens {
             changes.push(format!("MODIFY COLUMN kind {KIND_TYPE}"));
@@ -379,6 +386,9 @@ impl LeaseStore {
                             released: record.state as u8,
                             version: record.version.bits(),
                             advertise_url: String::new(),
+                            lock_delay_ms: u64::try_from(lease.lock_delay.as_millis())
+                                .unwrap_or(u64::MAX),
+                            ended_at: record.ended_ms.unwrap_or(0),
                         })
                         .await?;
                 }

@@ -1,14 +1,18 @@
 //! Lock-delay: after a lease with `lock_delay_seconds` ends by expiry or
 //! force-unlock, no lease on its id is granted until the delay has passed,
-//! through the same gateway or another; a release ends it with no delay.
-//! (`scripts/test` runs these in keeper mode too.)
+//! through the same gateway or another, and after the authority restarts or
+//! crashes (the lease row carries the delay); a release ends it with no
+//! delay. (`scripts/test` runs these in keeper mode too.)
 
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, TestApp, peer_config, spawn_app_with, spawn_configured, unique_schema};
+use crate::helpers::{
+    Api, TestApp, clickhouse_url, peer_config, spawn_app_with, spawn_configured,
+    spawn_peer_process, unique_schema,
+};
 
 /// Two gateways on one database that forward to each other.
 async fn two_peers() -> (TestApp, TestApp) {
@@ -130,4 +134,82 @@ async fn a_delay_past_the_cap_is_cut_to_it_and_shown_to_others() {
     assert_eq!(held.json()["lock_delay_seconds"], 2, "clamped, not refused");
     let view = app.get(&format!("/v1/locks/{id}")).await;
     assert_eq!(view.json()["lock_delay_seconds"], 2, "{}", view.text);
+}
+
+/// The id is in its lock-delay through `next`: an acquire that cannot wait
+/// is told when it ends (answered).
+async fn refused_until(next: &Api, id: &str) -> String {
+    let refused = acquire(next, id, 30, 0.0, 0).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
+    time(&refused.json(), "free_at")
+}
+
+/// An acquire that waits is granted, but not before `free_at`.
+async fn granted_after(next: &Api, id: &str, free_at: &str) {
+    let granted = acquire(next, id, 30, 10.0, 0).await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    assert!(
+        time(&granted.json(), "acquired_at").as_str() >= free_at,
+        "granted before the delay ended: {} (free at {free_at:?})",
+        granted.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delay_outlives_a_restart_of_the_authority() {
+    let (a, b) = two_peers().await;
+    let expired = acquire(&a.api, "restart-expiry", 1, 0.0, 4).await;
+    assert_eq!(expired.status, StatusCode::CREATED, "{}", expired.text);
+    let forced = acquire(&a.api, "restart-force", 30, 0.0, 4).await;
+    assert_eq!(forced.status, StatusCode::CREATED, "{}", forced.text);
+    let unlock = a
+        .request(Method::DELETE, "/v1/locks/restart-force", None, &[])
+        .await;
+    assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // The authority stops as at a redeploy: it hands its claims back, and
+    // the next authority learns the delays from the lease rows alone.
+    a.shut_down().await;
+    let expiry_ends = refused_until(&b.api, "restart-expiry").await;
+    let force_ends = refused_until(&b.api, "restart-force").await;
+    granted_after(&b.api, "restart-expiry", &expiry_ends).await;
+    granted_after(&b.api, "restart-force", &force_ends).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
+    let schema = unique_schema();
+    let flags = [
+        "--schema",
+        &schema,
+        "--claim-ttl",
+        "3s",
+        "--claim-settle",
+        "200ms",
+    ];
+    let mut a = spawn_peer_process(&clickhouse_url(), &flags).await;
+    let b = spawn_peer_process(&clickhouse_url(), &flags).await;
+    let id = "crashed-authority";
+    let held = acquire(&a.api(), id, 60, 0.0, 3).await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    // The grant's row, which carries the delay, is written behind the grant.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.child.kill().await.expect("kill -9");
+
+    // Until the dead authority's claim lapses, the id is unreachable; then
+    // the lease ends as the survivor takes the claim, and its delay starts.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(15);
+    let refused = loop {
+        let reply = acquire(&b.api(), id, 30, 0.0, 0).await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            break reply;
+        }
+        assert!(tokio::time::Instant::now() < give_up, "{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
+    granted_after(&b.api(), id, &time(&refused.json(), "free_at")).await;
 }

@@ -400,8 +400,8 @@ async fn a_gateway_that_shuts_down_hands_its_claims_back() {
 }
 
 /// A lease table made by the version before token blocks and forwarding
-/// (no token kind, no URL column) is upgraded in place at start, keeping
-/// its fencing tokens.
+/// (no token kind, no URL column, no lock-delay columns) is upgraded in
+/// place at start, keeping its fencing tokens.
 #[tokio::test]
 async fn a_lease_table_from_the_previous_version_is_upgraded_and_keeps_its_tokens() {
     let schema = unique_schema();
@@ -422,6 +422,12 @@ async fn a_lease_table_from_the_previous_version_is_upgraded_and_keeps_its_token
     let app = spawn_configured(test_config(&schema)).await;
     let (_, token) = app.lease("old", "after", 30, 0.0).await;
     assert!(token > 41, "token {token} continues above the old ones");
+    let columns = raw_sql(&format!(
+        "SELECT name FROM system.columns WHERE database = '{schema}' AND table = 'state_lease'
+           AND name IN ('advertise_url', 'lock_delay_ms', 'ended_at') ORDER BY name"
+    ))
+    .await;
+    assert_eq!(columns, "advertise_url\nended_at\nlock_delay_ms\n");
 }
 
 /// How many ClickHouse round trips of `operation` the gateway has made.

@@ -173,7 +173,7 @@ impl Coordinator {
                             claim.valid_until = self.timing.valid_until(renewing);
                         }
                     }
-                    let adopted = self.adopt(locks?.lease);
+                    let inherited = self.inherit(locks?.lease);
                     making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,
@@ -181,7 +181,7 @@ impl Coordinator {
                             next: base + 1,
                             last: base + TOKENS_PER_BLOCK,
                         },
-                        adopted,
+                        inherited,
                     })));
                 }
                 // Another gateway wrote the key between the read and the

@@ -175,7 +175,7 @@ impl Coordinator {
                 handover: others_waiting,
             },
             tokens,
-            adopted: self.adopt(latest),
+            inherited: self.inherit(latest),
         })
     }
 

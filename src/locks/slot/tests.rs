@@ -440,3 +440,33 @@ fn a_force_unlock_starts_the_delay_and_a_release_does_not() {
         Step::Granted(..)
     ));
 }
+
+#[test]
+fn an_inherited_delay_holds_the_first_grant_and_the_later_of_two_ends_wins() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[0]);
+    let end = |secs| Delay {
+        until: now + Duration::from_secs(secs),
+        free_at_ms: 1_000 + 1_000 * i64::try_from(secs).unwrap(),
+    };
+    st.inherit_delay(end(3));
+    st.inherit_delay(end(2));
+    assert_eq!(st.delayed, Some(end(3)));
+    assert_eq!(
+        decide(&mut st, &waiter(0, now), now).step,
+        Step::Delayed(4_000)
+    );
+    st.inherit_delay(end(5));
+    assert_eq!(st.delayed, Some(end(5)));
+    // Renewed in the background meanwhile.
+    st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(60);
+    assert!(matches!(
+        decide(
+            &mut st,
+            &waiter(0, now + Duration::from_secs(6)),
+            now + Duration::from_secs(5)
+        )
+        .step,
+        Step::Granted(..)
+    ));
+}

@@ -4,7 +4,8 @@
 //! crashes (the lease row carries the delay); a release ends it with no
 //! delay. (`scripts/test` runs these in keeper mode too.)
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -13,6 +14,8 @@ use crate::helpers::{
     Api, TestApp, clickhouse_url, peer_config, spawn_app_with, spawn_configured,
     spawn_peer_process, unique_schema,
 };
+use crate::lock_concurrency::{Held, Log, check, final_counter};
+use crate::lock_faults::millis;
 
 /// Two gateways on one database that forward to each other.
 async fn two_peers() -> (TestApp, TestApp) {
@@ -212,4 +215,95 @@ async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
     assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
     assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
     granted_after(&b.api(), id, &time(&refused.json(), "free_at")).await;
+}
+
+/// A grant as the checker sees it: its server times, and whether its
+/// holder left it to expire rather than release it.
+#[derive(Clone, Copy, Debug)]
+struct Grant {
+    token: u64,
+    acquired_ms: i64,
+    expires_ms: i64,
+    left_to_expire: bool,
+}
+
+/// One worker's cycles on `id` through `api`: lock with a 1 s delay and a
+/// 1 s TTL, read the counter, write it + 1 under the lease, then release,
+/// or (every third cycle, staggered by worker) leave the lease to expire.
+async fn delayed_worker(
+    api: Api,
+    id: &'static str,
+    worker: usize,
+    log: Log,
+    grants: Arc<Mutex<Vec<Grant>>>,
+) {
+    for cycle in 0..3 {
+        let reply = acquire(&api, id, 1, 30.0, 1).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        let start = Instant::now();
+        let body = reply.json();
+        let lease = body["lease_id"].as_str().unwrap().to_owned();
+        let token = body["fencing_token"].as_u64().unwrap();
+        let read = api.get_state(id).await;
+        let counter = match read.status {
+            StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
+            StatusCode::NOT_FOUND => 0,
+            other => panic!("read failed: {other} {}", read.text),
+        };
+        let write = api
+            .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), &lease)
+            .await;
+        assert!(write.status.is_success(), "worker {worker}: {}", write.text);
+        let end = Instant::now();
+        let left_to_expire = (worker + cycle) % 3 == 0;
+        if !left_to_expire {
+            let released = api.release(id, &lease).await;
+            assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+        }
+        log.lock().unwrap().push(Held { start, end, token });
+        grants.lock().unwrap().push(Grant {
+            token,
+            acquired_ms: millis(&time(&body, "acquired_at")),
+            expires_ms: millis(&time(&body, "expires_at")),
+            left_to_expire,
+        });
+    }
+}
+
+/// The lock-delay under contention, through two gateways: four workers
+/// take turns on one counter, some leaving their lease to expire. The
+/// checker: the counter equals the cycles, no two leases overlap, and no
+/// grant after an expired lease comes before its expiry + the delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_contention_no_grant_falls_inside_a_delay_and_no_two_leases_overlap() {
+    let (a, b) = two_peers().await;
+    let id = "delayed-counter";
+    let (log, grants): (Log, Arc<Mutex<Vec<Grant>>>) = Default::default();
+    let workers: Vec<_> = (0..4)
+        .map(|worker| {
+            let api = if worker % 2 == 0 {
+                a.api.clone()
+            } else {
+                b.api.clone()
+            };
+            tokio::spawn(delayed_worker(api, id, worker, log.clone(), grants.clone()))
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(final_counter(&a.api, id).await, 12);
+    check(&log, 12);
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort_by_key(|g| g.token);
+    assert!(grants.iter().any(|g| g.left_to_expire));
+    for pair in grants.windows(2) {
+        let (before, after) = (pair[0], pair[1]);
+        if before.left_to_expire {
+            assert!(
+                after.acquired_ms >= before.expires_ms + 1_000,
+                "granted inside the lock-delay of an expired lease: {before:?} then {after:?}"
+            );
+        }
+    }
 }

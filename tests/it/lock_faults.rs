@@ -391,7 +391,7 @@ async fn a_forwarded_grant_lives_the_ttl_its_client_asked_for() {
     );
 }
 
-fn millis(rfc3339: &str) -> i64 {
+pub fn millis(rfc3339: &str) -> i64 {
     epoch_millis(rfc3339).expect("an RFC 3339 time")
 }
 

@@ -255,7 +255,7 @@ async fn delayed_worker(
             .await;
         assert!(write.status.is_success(), "worker {worker}: {}", write.text);
         let end = Instant::now();
-        let left_to_expire = (worker + cycle) % 3 == 0;
+        let left_to_expire = (worker + cycle).is_multiple_of(3);
         if !left_to_expire {
             let released = api.release(id, &lease).await;
             assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
@@ -281,7 +281,7 @@ async fn under_contention_no_grant_falls_inside_a_delay_and_no_two_leases_overla
     let (log, grants): (Log, Arc<Mutex<Vec<Grant>>>) = Default::default();
     let workers: Vec<_> = (0..4)
         .map(|worker| {
-            let api = if worker % 2 == 0 {
+            let api = if worker.is_multiple_of(2) {
                 a.api.clone()
             } else {
                 b.api.clone()

@@ -279,7 +279,7 @@ async fn under_contention_no_grant_falls_inside_a_delay_and_no_two_leases_overla
     let (a, b) = two_peers().await;
     let id = "delayed-counter";
     let (log, grants): (Log, Arc<Mutex<Vec<Grant>>>) = Default::default();
-    let workers: Vec<_> = (0..4)
+    let workers: Vec<_> = (0..4_usize)
         .map(|worker| {
             let api = if worker.is_multiple_of(2) {
                 a.api.clone()

@@ -19,6 +19,12 @@ impl Scope {
         Self(Some(globs))
     }
 
+    /// The globs the scope is made of; None for every id.
+    pub fn globs(&self) -> Option<Vec<String>> {
+        let globs = self.0.as_ref()?;
+        Some(globs.iter().map(ToString::to_string).collect())
+    }
+
     pub fn is_everything(&self) -> bool {
         self.0.is_none()
     }

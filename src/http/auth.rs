@@ -84,6 +84,8 @@ pub async fn guard(
     if tokens.is_empty() {
         parts.extensions.insert(Actor::anonymous());
         parts.extensions.insert(Scope::everything());
+        // Without tokens, everyone may do everything.
+        parts.extensions.insert(Role::Admin);
         return next.run(Request::from_parts(parts, body)).await;
     }
     let state_id = path_state_id(&mut parts).await;
@@ -128,6 +130,7 @@ pub async fn guard(
     }
     parts.extensions.insert(grant.actor);
     parts.extensions.insert(grant.scope);
+    parts.extensions.insert(grant.role);
     next.run(Request::from_parts(parts, body)).await
 }
 

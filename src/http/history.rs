@@ -5,13 +5,14 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, OptionalJson, StatePath, page_limit};
 use super::states::written_response;
-use crate::domain::{JsonObject, Provenance, StateId, Version, VersionCursor};
+use crate::domain::{self, JsonObject, Provenance, StateDocument, StateId, Version, VersionCursor};
 use crate::states::WriteConditions;
 use crate::store::VersionMeta;
 
@@ -20,6 +21,8 @@ use crate::store::VersionMeta;
 pub struct HistoryParams {
     limit: Option<String>,
     cursor: Option<String>,
+    /// `true`: each version shows its streams' bookmark values.
+    bookmarks: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -36,6 +39,11 @@ struct VersionView<'a> {
     fencing_token: Option<u64>,
     request_id: &'a str,
     user_agent: &'a str,
+    /// With `bookmarks=true`: each stream's `replication_key_value` in the
+    /// version's effective state (null when it has none; `{}` for a
+    /// tombstone), for charts and diffs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bookmarks: Option<IndexMap<&'a str, Option<&'a domain::Json>>>,
 }
 
 impl<'a> VersionView<'a> {
@@ -52,7 +60,35 @@ impl<'a> VersionView<'a> {
             fencing_token: meta.fencing_token,
             request_id: &meta.request_id,
             user_agent: &meta.user_agent,
+            bookmarks: None,
         }
+    }
+}
+
+/// Each stream's `replication_key_value` of `bookmarks` (a version's
+/// effective `singer_state.bookmarks`), null where it has none.
+fn bookmark_values(bookmarks: Option<&JsonObject>) -> IndexMap<&str, Option<&domain::Json>> {
+    bookmarks
+        .iter()
+        .flat_map(|streams| streams.iter())
+        .map(|(stream, bookmark)| {
+            let value = match bookmark {
+                domain::Json::Object(fields) => fields.get("replication_key_value"),
+                _ => None,
+            };
+            (stream.as_str(), value)
+        })
+        .collect()
+}
+
+/// `true` or `false`; anything else is a 400.
+fn parse_flag(name: &str, raw: Option<&str>) -> Result<bool, ApiError> {
+    match raw {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(ApiError::InvalidQuery(format!(
+            "{name} is true or false, not {other:?}"
+        ))),
     }
 }
 
@@ -85,18 +121,31 @@ pub async fn list(
             VersionCursor::decode(&raw, &id).map_err(|e| ApiError::InvalidQuery(e.to_string()))
         })
         .transpose()?;
-    let page = ctx.states.history_page(&id, cursor, limit).await?;
+    let with_bookmarks = parse_flag("bookmarks", params.bookmarks.as_deref())?;
+    let page = ctx
+        .states
+        .history_page(&id, cursor, limit, with_bookmarks)
+        .await?;
     let next_cursor = page
         .has_more
         .then(|| page.versions.last())
         .flatten()
         .map(|last| VersionCursor(last.meta.version).encode(&id));
+    let bookmarks: Vec<Option<JsonObject>> = page
+        .versions
+        .iter()
+        .map(|v| v.doc.as_ref().and_then(StateDocument::bookmarks))
+        .collect();
     let listing = HistoryListing {
         state_id: id.as_str(),
         versions: page
             .versions
             .iter()
-            .map(|v| VersionView::of(&v.meta, v.current))
+            .zip(&bookmarks)
+            .map(|(v, streams)| VersionView {
+                bookmarks: with_bookmarks.then(|| bookmark_values(streams.as_ref())),
+                ..VersionView::of(&v.meta, v.current)
+            })
             .collect(),
         next_cursor,
     };

@@ -12,9 +12,11 @@ mod health;
 mod history;
 mod lock_view;
 mod locks;
+mod regressions;
 mod server;
 mod states;
 mod tickets;
+mod whoami;
 mod wire;
 
 use std::borrow::Cow;
@@ -100,6 +102,8 @@ fn operations() -> Vec<Operation> {
         op!(POST "/v1/states/{state_id}/rollback" => history::rollback, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/states/{state_id}/bookmarks/{stream}" => states::reset_stream, Needs(Write), Request, ByAuthority),
         op!(GET "/v1/bookmarks" => bookmarks::list, Needs(Read), Request, Anywhere),
+        op!(GET "/v1/regressions" => regressions::list, Needs(Read), Request, Anywhere),
+        op!(GET "/v1/whoami" => whoami::whoami, Needs(Read), Request, Anywhere),
         op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),
         op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request, ByAuthority),

@@ -36,8 +36,8 @@ use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    ChangeContext, HistoryStore, LastChange, Operation, Selection, StateStore, StateSummary,
-    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    ChangeContext, HistoryStore, LastChange, Operation, RegressedVersion, Selection, StateStore,
+    StateSummary, StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
 
 /// What a batch write did.
@@ -89,6 +89,9 @@ pub struct ListedVersion {
     pub meta: VersionMeta,
     /// The version the state is at now: never one a failed change left.
     pub current: bool,
+    /// Its document, when the page was asked with documents (None for a
+    /// tombstone).
+    pub doc: Option<StateDocument>,
 }
 
 impl States {
@@ -442,24 +445,41 @@ impl States {
         self.history.as_ref().ok_or(StateError::HistoryOff)
     }
 
-    /// Versions of `id`, newest first, each marked whether it is current.
+    /// Versions of `id`, newest first, each marked whether it is current,
+    /// with its document when `documents`.
     pub async fn history_page(
         &self,
         id: &StateId,
         cursor: Option<VersionCursor>,
         limit: PageLimit,
+        documents: bool,
     ) -> Result<HistoryPage, StateError> {
         let history = self.history()?;
-        let (metas, has_more) = history.list(id, cursor.map(|c| c.0), limit.get()).await?;
+        let (stored, has_more) = history
+            .list(id, cursor.map(|c| c.0), limit.get(), documents)
+            .await?;
         let current = self.current_version(history, id).await?;
-        let versions = metas
+        let versions = stored
             .into_iter()
-            .map(|meta| ListedVersion {
-                current: current == Some((meta.version, meta.deleted)),
-                meta,
+            .map(|version| ListedVersion {
+                current: current == Some((version.meta.version, version.meta.deleted)),
+                meta: version.meta,
+                doc: version.doc,
             })
             .collect();
         Ok(HistoryPage { versions, has_more })
+    }
+
+    /// The newest versions that moved a stream's bookmark backwards, of the
+    /// ids `pattern` matches within `scope`.
+    pub async fn regressed_versions(
+        &self,
+        pattern: StatePattern,
+        scope: Scope,
+        limit: PageLimit,
+    ) -> Result<Vec<RegressedVersion>, StateError> {
+        let selection = Selection::Matching(pattern, scope);
+        Ok(self.history()?.regressed(&selection, limit.get()).await?)
     }
 
     /// Whether each stream's newest change regressed it, for the states

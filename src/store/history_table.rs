@@ -102,6 +102,18 @@ pub struct LastChange {
     pub regressed: bool,
 }
 
+/// A version that moved bookmarks backwards, as the regressions view lists it.
+#[derive(clickhouse::Row, Deserialize, Debug)]
+pub struct RegressedVersion {
+    pub state_id: String,
+    pub version_ms: i64,
+    pub regressed_streams: Vec<String>,
+    pub actor: String,
+    pub operation: String,
+    /// Empty for a change made without a lease.
+    pub lease_owner: String,
+}
+
 /// One version with its document (None for a tombstone).
 #[derive(Clone, Debug)]
 pub struct StoredVersion {
@@ -415,16 +427,23 @@ impl HistoryStore {
     }
 
     /// Up to `limit` versions of `id` before `before` (all when None), newest
-    /// first; also answers whether more follow.
+    /// first, with their documents when `documents` (else none is read);
+    /// also answers whether more follow.
     pub async fn list(
         &self,
         id: &StateId,
         before: Option<Version>,
         limit: u32,
-    ) -> Result<(Vec<VersionMeta>, bool), StoreError> {
+        documents: bool,
+    ) -> Result<(Vec<StoredVersion>, bool), StoreError> {
+        let halves = if documents {
+            "completed_state, partial_state"
+        } else {
+            "CAST(NULL, 'Nullable(String)') AS completed_state,
+             CAST(NULL, 'Nullable(String)') AS partial_state"
+        };
         let sql = format!(
-            "SELECT {META_COLUMNS}, CAST(NULL, 'Nullable(String)') AS completed_state,
-                CAST(NULL, 'Nullable(String)') AS partial_state FROM {}
+            "SELECT {META_COLUMNS}, {halves} FROM {}
              WHERE state_id = {{id:String}} AND version < fromUnixTimestamp64Milli({{before:Int64}})
              ORDER BY version DESC LIMIT {{limit:UInt32}}",
             self.table
@@ -441,12 +460,41 @@ impl HistoryStore {
             .timed("history_list", query.fetch_all::<VersionRowIn>())
             .await?;
         let has_more = rows.len() > limit as usize;
-        let metas = rows
+        let versions = rows
             .into_iter()
             .take(limit as usize)
-            .map(|row| row.into_version(id).map(|v| v.meta))
-            .collect::<Result<_, _>>()?;
-        Ok((metas, has_more))
+            .map(|row| {
+                let mut version = row.into_version(id)?;
+                if !documents {
+                    version.doc = None;
+                }
+                Ok(version)
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok((versions, has_more))
+    }
+
+    /// Up to `limit` versions that moved a stream's bookmark backwards, of
+    /// the ids `selection` holds, newest first.
+    pub async fn regressed(
+        &self,
+        selection: &Selection,
+        limit: u32,
+    ) -> Result<Vec<RegressedVersion>, StoreError> {
+        let sql = format!(
+            "SELECT state_id, toUnixTimestamp64Milli(version) AS version_ms, regressed_streams,
+                actor, operation, lease_owner
+             FROM {} WHERE notEmpty(regressed_streams) AND {}
+             ORDER BY version DESC, state_id LIMIT {{limit:UInt32}}",
+            self.table,
+            selection.sql()
+        );
+        let query = selection
+            .bind(self.ch.client.query(&sql))
+            .param("limit", limit);
+        self.ch
+            .timed("history_list", query.fetch_all::<RegressedVersion>())
+            .await
     }
 
     /// One version of `id` with its document. Two rows of one version (a

@@ -11,6 +11,7 @@ mod cli;
 mod clickhouse_faults;
 mod contract;
 mod coordination_start;
+mod dashboard_api;
 mod dashboards;
 mod docs;
 mod first_start;

@@ -81,6 +81,8 @@ enum Try {
     IdsInBody(fn(&str) -> String),
     /// A ticket is settled by its own id: nothing to scope.
     Settle,
+    /// What the caller's token may do: it names the token's own scope.
+    Caller,
     /// Health, metrics and the page: no token involved.
     Open,
 }
@@ -95,6 +97,7 @@ fn row(method: &Method, template: &str) -> Try {
     match (method.as_str(), template) {
         ("GET", "/v1/states") => Try::Listing("states"),
         ("GET", "/v1/bookmarks") => Try::Listing("bookmarks"),
+        ("GET", "/v1/regressions") => Try::Listing("regressions"),
         ("GET", "/v1/locks") => Try::Listing("locks"),
         ("DELETE", "/v1/states") => Try::Listing("deleted"),
         ("POST", "/v1/states") => {
@@ -104,6 +107,7 @@ fn row(method: &Method, template: &str) -> Try {
             Try::IdsInBody(|id| json!({"writes": [{"state_id": id}]}).to_string())
         }
         ("DELETE", "/v1/internal/tickets/{ticket}") => Try::Settle,
+        ("GET", "/v1/whoami") => Try::Caller,
         ("GET", "/" | "/healthz" | "/readyz" | "/metrics") => Try::Open,
         _ => panic!(
             "{method} {template} has no row in tests/it/scope_auth.rs: say how a scoped token may use it"
@@ -257,6 +261,11 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                         StatusCode::NO_CONTENT
                     };
                     assert_eq!(reply.status, expected, "{what}: {}", reply.text);
+                }
+                Try::Caller => {
+                    let reply = call(&app, method.clone(), template, None, token).await;
+                    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.text);
+                    assert_eq!(reply.json()["scope"], json!([SCOPE]), "{what}");
                 }
                 Try::Open => {
                     let reply = app.request(method.clone(), template, None, &[]).await;

@@ -113,6 +113,7 @@ fn operations() -> Vec<Operation> {
         op!(POST "/v1/internal/tickets" => tickets::issue, Needs(Write), Request, Anywhere),
         op!(DELETE "/v1/internal/tickets/{ticket}" => tickets::settle, Needs(Write), Request, Anywhere),
         op!(GET "/" => dashboard::page, Open, Request, Anywhere),
+        op!(GET "/assets/{file}" => dashboard::asset, Open, Request, Anywhere),
         op!(GET "/healthz" => health::healthz, Open, Nothing, Anywhere),
         op!(GET "/readyz" => health::readyz, Open, Nothing, Anywhere),
         op!(GET "/metrics" => health::metrics, Metrics, Nothing, Anywhere),

@@ -6,8 +6,23 @@ use serde_json::Value;
 
 use crate::helpers::spawn_app;
 
+/// The `src="..."` and `href="..."` values of `html`.
+fn references(html: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for attribute in ["src=\"", "href=\""] {
+        let mut rest = html;
+        while let Some(at) = rest.find(attribute) {
+            let value = &rest[at + attribute.len()..];
+            let end = value.find('"').unwrap();
+            found.push(value[..end].to_owned());
+            rest = &value[end..];
+        }
+    }
+    found
+}
+
 #[tokio::test]
-async fn the_page_is_served_from_the_binary_and_fetches_nothing_from_elsewhere() {
+async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy() {
     let app = spawn_app().await;
     let page = app.get("/").await;
     assert_eq!(page.status, StatusCode::OK);
@@ -16,19 +31,69 @@ async fn the_page_is_served_from_the_binary_and_fetches_nothing_from_elsewhere()
         Some("text/html; charset=utf-8")
     );
     let policy = page.header("content-security-policy").unwrap();
-    assert!(policy.contains("default-src 'none'") && policy.contains("connect-src 'self'"));
-    for outside in ["http://", "https://", "//cdn", "<link", " src="] {
-        assert!(!page.text.contains(outside), "the page refers to {outside}");
+    assert!(policy.contains("default-src 'none'") && policy.contains("script-src 'self'"));
+    for directive in policy.split(';') {
+        let sources = directive.split_whitespace().skip(1);
+        for source in sources {
+            assert!(
+                source.starts_with('\'') && !source.contains("unsafe"),
+                "{directive}: only keywords, none unsafe: {source}"
+            );
+        }
+    }
+    // No inline script or style of any kind: every script is a file.
+    assert!(!page.text.contains("<style"), "{}", page.text);
+    assert!(!page.text.contains("style="), "{}", page.text);
+    for script in page.text.split("<script").skip(1) {
+        let tag = &script[..script.find('>').unwrap()];
+        assert!(
+            tag.contains(" src=\"/assets/"),
+            "an inline script: <script{tag}>"
+        );
+        assert!(script[script.find('>').unwrap() + 1..].starts_with("</script>"));
+    }
+
+    let mut code = String::new();
+    for reference in references(&page.text) {
+        if reference.starts_with('#') {
+            continue;
+        }
+        assert!(
+            reference.starts_with("/assets/"),
+            "from this origin: {reference}"
+        );
+        let file = app.get(&reference).await;
+        assert_eq!(file.status, StatusCode::OK, "{reference}");
+        let kind = file.header("content-type").unwrap();
+        assert!(
+            kind.starts_with("text/javascript") || kind.starts_with("text/css"),
+            "{reference}: {kind}"
+        );
+        assert_eq!(file.header("x-content-type-options"), Some("nosniff"));
+        code.push_str(&file.text);
+    }
+    // The modules the entry imports are files beside it.
+    for module in ["common.js", "state.js", "chart.js", "regressions.js"] {
+        let file = app.get(&format!("/assets/{module}")).await;
+        assert_eq!(file.status, StatusCode::OK, "{module}");
+        assert!(!file.text.contains("http://") && !file.text.contains("https://"));
+        code.push_str(&file.text);
     }
     for path in [
         "/v1/states",
         "/v1/bookmarks",
         "/v1/locks",
+        "/v1/regressions",
+        "/v1/whoami",
         "/history",
         "/rollback",
+        "/bookmarks/",
     ] {
-        assert!(page.text.contains(path), "the page uses {path}");
+        assert!(code.contains(path), "the page uses {path}");
     }
+    let missing = app.get("/assets/nothing.js").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.problem_type(), "not-found");
 }
 
 /// Every `statehouse_...` name in the dashboard's queries.

@@ -1,0 +1,107 @@
+// The dashboard's entry: the token prompt, the router, and the list views
+// (states, locks). The state page and the Regressions view are modules of
+// their own.
+
+import { TOKEN_KEY, api, el, problemText, say, table, token, view } from "./common.js";
+import { renderRegressions } from "./regressions.js";
+import { renderState } from "./state.js";
+
+const tokenForm = document.getElementById("token-form");
+
+function showAuth() {
+  const has = Boolean(token());
+  document.getElementById("auth-status").textContent = has ? "token set" : "";
+  document.getElementById("forget-token").hidden = !has;
+}
+
+function age(seconds) {
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  if (seconds < 172800) return Math.round(seconds / 3600) + " h";
+  return Math.round(seconds / 86400) + " d";
+}
+
+async function locksById() {
+  const reply = await api("/v1/locks");
+  const map = new Map();
+  if (reply.status === 200) for (const l of reply.body.locks) map.set(l.state_id, l);
+  return map;
+}
+
+let listing = { pattern: "*", cursors: [null] };
+
+async function renderStates() {
+  const staleHours = Number(sessionStorage.getItem("statehouse-stale-hours") || "24");
+  const page = listing.cursors[listing.cursors.length - 1];
+  const query = new URLSearchParams({ pattern: listing.pattern, limit: "50" });
+  if (page) query.set("cursor", page);
+  const [reply, locks] = [await api("/v1/states?" + query), await locksById()];
+  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  say("");
+  const now = Date.now();
+  const rows = reply.body.states.map((s) => {
+    const seconds = (now - Date.parse(s.updated_at)) / 1000;
+    const stale = seconds > staleHours * 3600;
+    const lock = locks.get(s.state_id);
+    return el("tr", { "data-testid": "state-row", "data-state-id": s.state_id },
+      el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(s.state_id), text: s.state_id })),
+      el("td", { class: "wide", text: s.updated_at }),
+      el("td", { class: stale ? "stale" : "fresh", "data-testid": "age", text: age(seconds) + (stale ? " (stale)" : "") }),
+      el("td", { "data-testid": "lock", text: lock ? lock.owner + " until " + lock.expires_at : "" }));
+  });
+  const filter = el("form", { class: "row", "data-testid": "filter", onsubmit: (e) => {
+      e.preventDefault();
+      listing = { pattern: e.target.pattern.value || "*", cursors: [null] };
+      sessionStorage.setItem("statehouse-stale-hours", e.target.stale.value || "24");
+      renderStates();
+    } },
+    el("label", {}, "Glob", el("input", { name: "pattern", value: listing.pattern, "data-testid": "pattern" })),
+    el("label", {}, "Stale after (hours)", el("input", { name: "stale", type: "number", min: "0", step: "any", value: String(staleHours), "data-testid": "stale-hours" })),
+    el("button", { type: "submit", text: "Filter" }));
+  const next = reply.body.next_cursor;
+  const paging = el("div", { class: "row" },
+    el("button", { type: "button", disabled: listing.cursors.length === 1, text: "First page",
+      onclick: () => { listing.cursors = [null]; renderStates(); } }),
+    el("button", { type: "button", disabled: !next, "data-testid": "next-page", text: "Next page",
+      onclick: () => { listing.cursors.push(next); renderStates(); } }));
+  view.replaceChildren(el("section", {}, el("h2", { text: "States" }), filter,
+    table([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
+}
+
+async function renderLocks() {
+  const reply = await api("/v1/locks");
+  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  say("");
+  const rows = reply.body.locks.map((l) => el("tr", { "data-testid": "lock-row" },
+    el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(l.state_id), text: l.state_id })),
+    el("td", { text: l.owner }), el("td", { text: String(l.fencing_token) }),
+    el("td", { text: l.expires_at }), el("td", { class: "wide", text: l.gateway_id })));
+  view.replaceChildren(el("section", {}, el("h2", { text: "Locks" }),
+    table([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway", "wide"]], rows, "locks")));
+}
+
+function route() {
+  const hash = location.hash || "#/";
+  let current = "states";
+  if (hash.startsWith("#/state/")) { current = "state"; renderState(decodeURIComponent(hash.slice(8))); }
+  else if (hash === "#/locks") { current = "locks"; renderLocks(); }
+  else if (hash === "#/regressions") { current = "regressions"; renderRegressions(); }
+  else renderStates();
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.view === current) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+}
+
+tokenForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, document.getElementById("token-input").value.trim());
+  document.getElementById("token-input").value = "";
+  tokenForm.hidden = true;
+  showAuth();
+  route();
+});
+document.getElementById("token-button").addEventListener("click", () => { tokenForm.hidden = !tokenForm.hidden; });
+document.getElementById("forget-token").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); showAuth(); route(); });
+window.addEventListener("hashchange", route);
+showAuth();
+route();

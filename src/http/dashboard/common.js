@@ -1,0 +1,79 @@
+// What every view shares: the bearer token (kept in this tab only), calls to
+// the public API, what the caller may do, and small DOM builders. The page
+// builds its DOM with these and never parses HTML from data.
+
+export const TOKEN_KEY = "statehouse-token";
+export const view = document.getElementById("view");
+const notice = document.getElementById("notice");
+const tokenForm = document.getElementById("token-form");
+
+export function token() { return sessionStorage.getItem(TOKEN_KEY); }
+export function say(text) { notice.textContent = text || ""; }
+
+/** Calls the public API; answers {status, body}. A 401 asks for a token. */
+export async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {});
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  const text = await response.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch (_) { body = text; }
+  if (response.status === 401) {
+    tokenForm.hidden = false;
+    document.getElementById("token-input").focus();
+  }
+  return { status: response.status, body };
+}
+
+/** A refusal as the user reads it: the status, the problem's title and detail. */
+export function problemText(reply) {
+  const b = reply.body;
+  const what = (b && b.detail) ? b.title + ": " + b.detail : "";
+  return ("HTTP " + reply.status + " " + what).trim();
+}
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) node.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) node.append(c);
+  return node;
+}
+
+export function table(headers, rows, testid) {
+  return el("table", { "data-testid": testid },
+    el("thead", {}, el("tr", {}, ...headers.map(([h, cls]) => el("th", { class: cls, text: h })))),
+    el("tbody", {}, ...rows));
+}
+
+export function statePath(id) { return "/v1/states/" + encodeURIComponent(id); }
+
+/** A value as stored: JSON text, never locale-formatted. */
+export function stored(value) { return value === undefined ? "(none)" : JSON.stringify(value); }
+
+/**
+ * Why the caller may not change state, or null when it may: the gateway's
+ * answer to /v1/whoami. Without tokens everyone may.
+ */
+export async function whyReadOnly() {
+  const me = await api("/v1/whoami");
+  if (me.status !== 200) return "needs a write token";
+  if (me.body.role === "read") return "needs a write token; yours is a read token";
+  return null;
+}
+
+/**
+ * A button that changes state: enabled for a caller that may write, else
+ * disabled with the reason beside it (a screen reader hears it too).
+ */
+export function writeButton(readOnly, attrs, label) {
+  const button = el("button", Object.assign({ type: "button", disabled: Boolean(readOnly), title: readOnly || undefined }, attrs), label);
+  if (!readOnly) return button;
+  const reasonId = "why-" + Math.random().toString(36).slice(2);
+  button.setAttribute("aria-describedby", reasonId);
+  return el("span", {}, button, el("span", { id: reasonId, class: "why", "data-testid": "why-disabled", text: readOnly }));
+}

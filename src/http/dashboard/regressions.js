@@ -1,0 +1,40 @@
+// The Regressions view: the newest versions, across states, that moved a
+// stream's bookmark backwards, each with the values before and after (from
+// the state's history) and who made the change.
+
+import { api, el, problemText, say, statePath, stored, table, view } from "./common.js";
+
+/** How many states' histories the view reads for the values before and after. */
+const STATES_READ = 20;
+
+export async function renderRegressions() {
+  const reply = await api("/v1/regressions?limit=100");
+  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  say("");
+  const found = reply.body.regressions;
+  const ids = [...new Set(found.map((r) => r.state_id))].slice(0, STATES_READ);
+  const histories = new Map(await Promise.all(ids.map(async (id) => {
+    const history = await api(statePath(id) + "/history?limit=200&bookmarks=true");
+    return [id, history.status === 200 ? history.body.versions : []];
+  })));
+  const rows = [];
+  for (const r of found) {
+    const versions = histories.get(r.state_id) || [];
+    const at = versions.findIndex((v) => v.version === r.version);
+    const now = at >= 0 ? versions[at].bookmarks : undefined;
+    const before = at >= 0 && at + 1 < versions.length ? versions[at + 1].bookmarks : undefined;
+    for (const stream of r.regressed_streams) {
+      rows.push(el("tr", { "data-testid": "regression-row", "data-state-id": r.state_id },
+        el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(r.state_id), text: r.state_id })),
+        el("td", { text: stream }),
+        el("td", {}, el("code", { class: "old", text: before ? stored(before[stream]) : "(older than the history read)" })),
+        el("td", {}, el("code", { class: "new", text: now ? stored(now[stream]) : "" })),
+        el("td", { "data-testid": "actor", text: r.actor }),
+        el("td", { class: "wide", text: r.version })));
+    }
+  }
+  const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards." }) : null;
+  view.replaceChildren(el("section", {}, el("h2", { text: "Regressions" }),
+    el("p", { text: "Versions that moved a stream's bookmark backwards, newest first." }),
+    empty ?? table([["State"], ["Stream"], ["Before"], ["After"], ["Actor"], ["Version", "wide"]], rows, "regressions")));
+}

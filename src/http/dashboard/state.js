@@ -1,0 +1,98 @@
+// The state page: its lock, its bookmarks (each with a reset), the charts of
+// its bookmarks over time, its document, and its versions, each with what
+// it changed and a way back to it.
+
+import { api, el, problemText, say, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
+import { bookmarkCharts } from "./chart.js";
+
+/** A glob that matches `id` itself (and maybe a few more, filtered out after). */
+function globFor(id) { return id.replace(/[*?]/g, "?"); }
+
+/** Asks, then sends a change; shows a refusal (401, 403, 409...) as such. */
+async function change(question, path, options, id) {
+  if (!confirm(question)) return;
+  const reply = await api(path, options);
+  if (reply.status >= 300) { say(problemText(reply)); return; }
+  renderState(id);
+}
+
+function lockSection(id, lock, readOnly) {
+  const section = el("section", {}, el("h2", { text: id, "data-testid": "state-title" }));
+  if (lock.status !== 200) return section;
+  section.append(
+    el("p", { "data-testid": "lock-holder", text: "Locked by " + lock.body.owner + " until " + lock.body.expires_at + " (fencing token " + lock.body.fencing_token + ")" }),
+    writeButton(readOnly, { class: "danger", "data-testid": "force-unlock", onclick: () =>
+      change("Force-unlock " + id + "? Its holder loses the lease.", "/v1/locks/" + encodeURIComponent(id), { method: "DELETE" }, id) }, "Force-unlock"));
+  return section;
+}
+
+function bookmarksSection(id, marks, regressed, readOnly) {
+  const rows = marks.body.bookmarks.filter((b) => b.state_id === id && b.stream !== null).map((b) =>
+    el("tr", { "data-testid": "bookmark-row", "data-stream": b.stream },
+      el("td", {}, b.stream, regressed.has(b.stream) || b.last_change_regressed
+        ? el("span", { class: "regressed", "data-testid": "regressed", text: " regressed" }) : null),
+      el("td", { text: b.replication_key === null ? "" : stored(b.replication_key) }),
+      el("td", { text: b.replication_key_value === null ? "" : stored(b.replication_key_value) }),
+      el("td", { class: "wide" }, el("pre", { text: JSON.stringify(b.bookmark) })),
+      el("td", {}, writeButton(readOnly, { "data-testid": "reset-stream", onclick: () =>
+        change("Reset stream " + b.stream + " of state " + id + "? Its next run starts that stream from the beginning.",
+          statePath(id) + "/bookmarks/" + encodeURIComponent(b.stream), { method: "DELETE" }, id) }, "Reset"))));
+  return el("section", {}, el("h2", { text: "Bookmarks" }),
+    table([["Stream"], ["Replication key"], ["Value"], ["Bookmark", "wide"], [""]], rows, "bookmarks"));
+}
+
+/** What `version` changed, stream by stream: the value before and after, as stored. */
+function diffOf(version, before) {
+  const items = version.changed_streams.map((stream) => {
+    const old = before ? (before.bookmarks || {})[stream] : undefined;
+    const now = (version.bookmarks || {})[stream];
+    return el("li", { "data-testid": "diff-stream" },
+      el("span", { text: stream + ": " }),
+      el("code", { class: "old", "data-testid": "old", text: stored(old) }),
+      el("span", { "aria-hidden": "true", text: " → " }),
+      el("code", { class: "new", "data-testid": "new", text: stored(now) }),
+      version.regressed_streams.includes(stream) ? el("span", { class: "regressed", text: " regressed" }) : null);
+  });
+  return el("ul", { class: "diff", "data-testid": "diff" }, ...items);
+}
+
+function historySection(id, versions, readOnly) {
+  const rows = versions.map((v, i) => el("tr", { "data-testid": "version-row", "data-version": v.version },
+    el("td", { text: v.version }),
+    el("td", { text: v.operation + (v.deleted ? " (deleted)" : "") }),
+    el("td", { "data-testid": "changed", text: v.changed_streams.join(", ") }),
+    el("td", {}, diffOf(v, versions[i + 1])),
+    el("td", { "data-testid": "actor", text: v.actor }),
+    el("td", {}, v.current ? el("span", { class: "current", text: "current" }) :
+      writeButton(readOnly, { "data-testid": "rollback", onclick: () =>
+        change("Roll " + id + " back to " + v.version + "?", statePath(id) + "/rollback",
+          { method: "POST", body: JSON.stringify({ version: v.version }) }, id) }, "Roll back"))));
+  return el("section", {}, el("h2", { text: "History" }),
+    table([["Version"], ["Operation"], ["Changed streams"], ["Before → after"], ["Actor"], [""]], rows, "history"));
+}
+
+export async function renderState(id) {
+  const [state, history, marks, lock, readOnly] = await Promise.all([
+    api(statePath(id)),
+    api(statePath(id) + "/history?limit=100&bookmarks=true"),
+    api("/v1/bookmarks?" + new URLSearchParams({ pattern: globFor(id), limit: "1000" })),
+    api("/v1/locks/" + encodeURIComponent(id)),
+    whyReadOnly(),
+  ]);
+  say(state.status === 200 || state.status === 404 ? "" : problemText(state));
+  const out = [lockSection(id, lock, readOnly)];
+  if (state.status === 404) out[0].append(el("p", { text: "No such state now; its history may still be below." }));
+  const versions = history.status === 200 ? history.body.versions : [];
+  const width = Math.max(280, Math.min(view.clientWidth - 40, 1200));
+  const charts = bookmarkCharts(versions, width);
+  const regressed = new Set(charts.regressions.filter((r) => versions[0] && r.version === versions[0].version).map((r) => r.stream));
+  if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, readOnly));
+  if (versions.length > 0) out.push(charts.section);
+  if (state.status === 200) {
+    out.push(el("section", {}, el("h2", { text: "Document" }),
+      el("pre", { "data-testid": "document", text: JSON.stringify({ completed: state.body.completed, partial: state.body.partial }, null, 2) })));
+  }
+  if (history.status === 200) out.push(historySection(id, versions, readOnly));
+  else if (history.body && history.body.detail) out.push(el("section", {}, el("h2", { text: "History" }), el("p", { text: history.body.detail })));
+  view.replaceChildren(...out);
+}

@@ -2,7 +2,7 @@
 // (states, locks). The state page and the Regressions view are modules of
 // their own.
 
-import { TOKEN_KEY, api, el, problemText, say, table, token, view } from "./common.js";
+import { TOKEN_KEY, api, el, problemText, say, show, table, token } from "./common.js";
 import { renderRegressions } from "./regressions.js";
 import { renderState } from "./state.js";
 
@@ -31,12 +31,13 @@ async function locksById() {
 let listing = { pattern: "*", cursors: [null] };
 
 async function renderStates() {
+  const route = location.hash;
   const staleHours = Number(sessionStorage.getItem("statehouse-stale-hours") || "24");
   const page = listing.cursors[listing.cursors.length - 1];
   const query = new URLSearchParams({ pattern: listing.pattern, limit: "50" });
   if (page) query.set("cursor", page);
   const [reply, locks] = [await api("/v1/states?" + query), await locksById()];
-  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  if (reply.status !== 200) { say(problemText(reply)); show(route); return; }
   say("");
   const now = Date.now();
   const rows = reply.body.states.map((s) => {
@@ -64,19 +65,20 @@ async function renderStates() {
       onclick: () => { listing.cursors = [null]; renderStates(); } }),
     el("button", { type: "button", disabled: !next, "data-testid": "next-page", text: "Next page",
       onclick: () => { listing.cursors.push(next); renderStates(); } }));
-  view.replaceChildren(el("section", {}, el("h2", { text: "States" }), filter,
+  show(route, el("section", {}, el("h2", { text: "States" }), filter,
     table([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
 }
 
 async function renderLocks() {
+  const route = location.hash;
   const reply = await api("/v1/locks");
-  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  if (reply.status !== 200) { say(problemText(reply)); show(route); return; }
   say("");
   const rows = reply.body.locks.map((l) => el("tr", { "data-testid": "lock-row" },
     el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(l.state_id), text: l.state_id })),
     el("td", { text: l.owner }), el("td", { text: String(l.fencing_token) }),
     el("td", { text: l.expires_at }), el("td", { class: "wide", text: l.gateway_id })));
-  view.replaceChildren(el("section", {}, el("h2", { text: "Locks" }),
+  show(route, el("section", {}, el("h2", { text: "Locks" }),
     table([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway", "wide"]], rows, "locks")));
 }
 

@@ -46,6 +46,11 @@ function axisLabel(kind) {
     : (_u, values) => values.map((v) => String(v));
 }
 
+/** A point's value in the legend, as an instant or a number. */
+function legendValue(kind) {
+  return (_u, v) => v === null ? "" : (kind === "time" ? new Date(v * 1000).toISOString() : String(v));
+}
+
 /** One chart of `streams`, all of `kind`, over the versions oldest first. */
 function chartOf(kind, streams, versions, width) {
   const times = versions.map((v) => Date.parse(v.version) / 1000);
@@ -75,15 +80,15 @@ function chartOf(kind, streams, versions, width) {
   const opts = {
     width, height: 240,
     scales: { x: { time: true } },
-    axes: [{}, { values: axisLabel(kind), size: kind === "time" ? 110 : 60 }],
+    axes: [{}, { values: axisLabel(kind), size: kind === "time" ? 130 : 60 }],
     series: [
       { label: "version" },
       ...streams.map((stream, i) => ({
         label: stream, stroke: COLOURS[i % COLOURS.length], width: 3,
         points: { show: true, size: 8, fill: COLOURS[i % COLOURS.length] },
-        value: (_u, v) => v === null ? "" : (kind === "time" ? new Date(v * 1000).toISOString() : String(v)),
+        value: legendValue(kind),
       })),
-      { label: "regressed", stroke: REGRESSION, width: 0, paths: () => null,
+      { label: "regressed", stroke: REGRESSION, width: 0, paths: () => null, value: legendValue(kind),
         points: { show: true, size: 16, width: 3, stroke: REGRESSION, fill: REGRESSION } },
     ],
     hooks: { setCursor: [(u) => {

@@ -7,6 +7,15 @@ export const view = document.getElementById("view");
 const notice = document.getElementById("notice");
 const tokenForm = document.getElementById("token-form");
 
+/**
+ * Shows a view's nodes, unless the user has moved on to another view since
+ * it began loading (`route`, the location's hash then): a slow answer
+ * never replaces a newer view.
+ */
+export function show(route, ...nodes) {
+  if (location.hash === route) view.replaceChildren(...nodes);
+}
+
 export function token() { return sessionStorage.getItem(TOKEN_KEY); }
 export function say(text) { notice.textContent = text || ""; }
 

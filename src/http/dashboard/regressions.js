@@ -2,14 +2,15 @@
 // stream's bookmark backwards, each with the values before and after (from
 // the state's history) and who made the change.
 
-import { api, el, problemText, say, statePath, stored, table, view } from "./common.js";
+import { api, el, problemText, say, show, statePath, stored, table } from "./common.js";
 
 /** How many states' histories the view reads for the values before and after. */
 const STATES_READ = 20;
 
 export async function renderRegressions() {
+  const route = location.hash;
   const reply = await api("/v1/regressions?limit=100");
-  if (reply.status !== 200) { say(problemText(reply)); view.replaceChildren(); return; }
+  if (reply.status !== 200) { say(problemText(reply)); show(route); return; }
   say("");
   const found = reply.body.regressions;
   const ids = [...new Set(found.map((r) => r.state_id))].slice(0, STATES_READ);
@@ -34,7 +35,7 @@ export async function renderRegressions() {
     }
   }
   const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards." }) : null;
-  view.replaceChildren(el("section", {}, el("h2", { text: "Regressions" }),
+  show(route, el("section", {}, el("h2", { text: "Regressions" }),
     el("p", { text: "Versions that moved a stream's bookmark backwards, newest first." }),
     empty ?? table([["State"], ["Stream"], ["Before"], ["After"], ["Actor"], ["Version", "wide"]], rows, "regressions")));
 }

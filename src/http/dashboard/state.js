@@ -2,7 +2,7 @@
 // its bookmarks over time, its document, and its versions, each with what
 // it changed and a way back to it.
 
-import { api, el, problemText, say, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
+import { api, el, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
 
 /** A glob that matches `id` itself (and maybe a few more, filtered out after). */
@@ -31,14 +31,14 @@ function bookmarksSection(id, marks, regressed, readOnly) {
     el("tr", { "data-testid": "bookmark-row", "data-stream": b.stream },
       el("td", {}, b.stream, regressed.has(b.stream) || b.last_change_regressed
         ? el("span", { class: "regressed", "data-testid": "regressed", text: " regressed" }) : null),
-      el("td", { text: b.replication_key === null ? "" : stored(b.replication_key) }),
+      el("td", { class: "wide", text: b.replication_key === null ? "" : stored(b.replication_key) }),
       el("td", { text: b.replication_key_value === null ? "" : stored(b.replication_key_value) }),
       el("td", { class: "wide" }, el("pre", { text: JSON.stringify(b.bookmark) })),
       el("td", {}, writeButton(readOnly, { "data-testid": "reset-stream", onclick: () =>
         change("Reset stream " + b.stream + " of state " + id + "? Its next run starts that stream from the beginning.",
           statePath(id) + "/bookmarks/" + encodeURIComponent(b.stream), { method: "DELETE" }, id) }, "Reset"))));
   return el("section", {}, el("h2", { text: "Bookmarks" }),
-    table([["Stream"], ["Replication key"], ["Value"], ["Bookmark", "wide"], [""]], rows, "bookmarks"));
+    table([["Stream"], ["Replication key", "wide"], ["Value"], ["Bookmark", "wide"], [""]], rows, "bookmarks"));
 }
 
 /** What `version` changed, stream by stream: the value before and after, as stored. */
@@ -60,7 +60,7 @@ function historySection(id, versions, readOnly) {
   const rows = versions.map((v, i) => el("tr", { "data-testid": "version-row", "data-version": v.version },
     el("td", { text: v.version }),
     el("td", { text: v.operation + (v.deleted ? " (deleted)" : "") }),
-    el("td", { "data-testid": "changed", text: v.changed_streams.join(", ") }),
+    el("td", { class: "wide", "data-testid": "changed", text: v.changed_streams.join(", ") }),
     el("td", {}, diffOf(v, versions[i + 1])),
     el("td", { "data-testid": "actor", text: v.actor }),
     el("td", {}, v.current ? el("span", { class: "current", text: "current" }) :
@@ -68,10 +68,11 @@ function historySection(id, versions, readOnly) {
         change("Roll " + id + " back to " + v.version + "?", statePath(id) + "/rollback",
           { method: "POST", body: JSON.stringify({ version: v.version }) }, id) }, "Roll back"))));
   return el("section", {}, el("h2", { text: "History" }),
-    table([["Version"], ["Operation"], ["Changed streams"], ["Before → after"], ["Actor"], [""]], rows, "history"));
+    table([["Version"], ["Operation"], ["Changed streams", "wide"], ["Before → after"], ["Actor"], [""]], rows, "history"));
 }
 
 export async function renderState(id) {
+  const route = location.hash;
   const [state, history, marks, lock, readOnly] = await Promise.all([
     api(statePath(id)),
     api(statePath(id) + "/history?limit=100&bookmarks=true"),
@@ -94,5 +95,5 @@ export async function renderState(id) {
   }
   if (history.status === 200) out.push(historySection(id, versions, readOnly));
   else if (history.body && history.body.detail) out.push(el("section", {}, el("h2", { text: "History" }), el("p", { text: history.body.detail })));
-  view.replaceChildren(...out);
+  show(route, ...out);
 }

@@ -78,6 +78,26 @@ def stop(gateway: Gateway) -> None:
     gateway.process.wait(timeout=30)
 
 
+READ_TOKEN = "dashboard-read-token-0123"
+WRITE_TOKEN = "dashboard-write-token-0123"
+
+
+@pytest.fixture
+def token_gateway():
+    """A gateway that asks for tokens; the fixture's own calls use the write one."""
+    gw = start_gateway(tokens=f"read {READ_TOKEN},write {WRITE_TOKEN}")
+    gw.token = WRITE_TOKEN
+    yield gw
+    stop(gw)
+
+
+def use_token(page, gateway: Gateway, token: str) -> None:
+    """Gives the page `token` through its prompt, as a user would."""
+    page.goto(gateway.base + "/")
+    page.locator("#token-input").fill(token)
+    page.get_by_role("button", name="Use token").click()
+
+
 @pytest.fixture
 def gateway():
     gw = start_gateway()

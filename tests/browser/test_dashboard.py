@@ -3,12 +3,11 @@ desktop-sized viewport; every outcome is checked over REST."""
 
 from __future__ import annotations
 
-import re
 from urllib.parse import quote
 
 from playwright.sync_api import expect
 
-from conftest import Gateway, start_gateway, stop
+from conftest import READ_TOKEN, Gateway, use_token
 
 BOOKMARKED = {
     "completed": {"singer_state": {"bookmarks": {
@@ -76,30 +75,21 @@ def test_force_unlock_from_the_page_frees_the_lock(page, gateway: Gateway):
     assert gateway.call("PUT", f"/v1/locks/locked/{lease['lease_id']}").status_code == 409
 
 
-READ = "dashboard-read-token-0123"
-WRITE = "dashboard-write-token-0123"
-
-
-def test_the_token_prompt_works_and_a_read_token_cannot_roll_back(page):
-    gateway = start_gateway(tokens=f"read {READ},write {WRITE}")
-    try:
-        gateway.token = WRITE
-        first = gateway.put("guarded", {"completed": {"v": 1}})
-        gateway.put("guarded", {"completed": {"v": 2}})
-        page.goto(gateway.base + "/")
-        expect(page.locator("#token-form")).to_be_visible()
-        page.locator("#token-input").fill(READ)
-        page.get_by_role("button", name="Use token").click()
-        expect(page.get_by_test_id("state-row")).to_have_count(1)
-        stored = page.evaluate("() => sessionStorage.getItem('statehouse-token')")
-        assert stored == READ
-        assert READ not in page.url
-        assert page.context.cookies() == []
-        page.goto(gateway.base + "/#/state/guarded")
-        old = page.locator(f'[data-testid="version-row"][data-version="{first["updated_at"]}"]')
-        # A read token cannot roll back: the button is off and says why.
-        expect(old.get_by_test_id("rollback")).to_be_disabled()
-        expect(old.get_by_test_id("why-disabled")).to_contain_text("needs a write token")
-        assert gateway.call("GET", "/v1/states/guarded").json()["completed"] == {"v": 2}
-    finally:
-        stop(gateway)
+def test_the_token_prompt_works_and_a_read_token_cannot_roll_back(page, token_gateway: Gateway):
+    gateway = token_gateway
+    first = gateway.put("guarded", {"completed": {"v": 1}})
+    gateway.put("guarded", {"completed": {"v": 2}})
+    page.goto(gateway.base + "/")
+    expect(page.locator("#token-form")).to_be_visible()
+    use_token(page, gateway, READ_TOKEN)
+    expect(page.get_by_test_id("state-row")).to_have_count(1)
+    stored = page.evaluate("() => sessionStorage.getItem('statehouse-token')")
+    assert stored == READ_TOKEN
+    assert READ_TOKEN not in page.url
+    assert page.context.cookies() == []
+    page.goto(gateway.base + "/#/state/guarded")
+    old = page.locator(f'[data-testid="version-row"][data-version="{first["updated_at"]}"]')
+    # A read token cannot roll back: the button is off and says why.
+    expect(old.get_by_test_id("rollback")).to_be_disabled()
+    expect(old.get_by_test_id("why-disabled")).to_contain_text("needs a write token")
+    assert gateway.call("GET", "/v1/states/guarded").json()["completed"] == {"v": 2}

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlparse
 from PIL import Image
 from playwright.sync_api import expect
 
-from conftest import ROOT, Gateway, start_gateway, stop
+from conftest import READ_TOKEN, ROOT, WRITE_TOKEN, Gateway, use_token
 
 ARTIFACTS = ROOT / "target" / "browser-artifacts"
 
@@ -153,33 +153,23 @@ def test_reset_resets_one_stream_after_the_confirmation_and_a_lock_is_shown(page
     assert "customers" in state["completed"]["singer_state"]["bookmarks"]
 
 
-READ = "pictures-read-token-0123"
-WRITE = "pictures-write-token-0123"
-
-
-def test_without_a_write_token_reset_is_disabled_and_says_why(page):
-    gateway = start_gateway(tokens=f"read {READ},write {WRITE}")
-    try:
-        gateway.token = WRITE
-        regressed_state(gateway, "guarded")
-        page.goto(gateway.base + "/")
-        page.locator("#token-input").fill(READ)
-        page.get_by_role("button", name="Use token").click()
-        page.goto(gateway.base + "/#/state/guarded")
-        row = page.locator('[data-testid="bookmark-row"][data-stream="orders"]')
-        expect(row.get_by_test_id("reset-stream")).to_be_disabled()
-        expect(row.get_by_test_id("why-disabled")).to_contain_text("needs a write token")
-        # With a write token the same button works, the token in a header.
-        page.evaluate(f"() => sessionStorage.setItem('statehouse-token', '{WRITE}')")
-        page.reload()
-        requests = []
-        page.on("request", lambda r: requests.append((r.url, r.headers.get("authorization"))))
-        page.locator('[data-testid="bookmark-row"][data-stream="orders"]').get_by_test_id("reset-stream").click()
-        expect(page.locator('[data-testid="bookmark-row"][data-stream="orders"]')).to_have_count(0)
-        resets = [(url, auth) for url, auth in requests if "/bookmarks/orders" in url]
-        assert resets and all(WRITE not in url and auth == f"Bearer {WRITE}" for url, auth in resets)
-    finally:
-        stop(gateway)
+def test_without_a_write_token_reset_is_disabled_and_says_why(page, token_gateway: Gateway):
+    gateway = token_gateway
+    regressed_state(gateway, "guarded")
+    use_token(page, gateway, READ_TOKEN)
+    page.goto(gateway.base + "/#/state/guarded")
+    row = page.locator('[data-testid="bookmark-row"][data-stream="orders"]')
+    expect(row.get_by_test_id("reset-stream")).to_be_disabled()
+    expect(row.get_by_test_id("why-disabled")).to_contain_text("needs a write token")
+    # With a write token the same button works, the token in a header.
+    page.evaluate(f"() => sessionStorage.setItem('statehouse-token', '{WRITE_TOKEN}')")
+    page.reload()
+    requests = []
+    page.on("request", lambda r: requests.append((r.url, r.headers.get("authorization"))))
+    page.locator('[data-testid="bookmark-row"][data-stream="orders"]').get_by_test_id("reset-stream").click()
+    expect(page.locator('[data-testid="bookmark-row"][data-stream="orders"]')).to_have_count(0)
+    resets = [(url, auth) for url, auth in requests if "/bookmarks/orders" in url]
+    assert resets and all(WRITE_TOKEN not in url and auth == f"Bearer {WRITE_TOKEN}" for url, auth in resets)
 
 
 def saturated_pixels(png: bytes) -> int:

@@ -28,16 +28,7 @@ pub async fn worker(api: Api, id: &'static str, name: String, cycles: usize, log
     for _ in 0..cycles {
         let (lease, token) = api.lease(id, &name, 30, 240.0).await;
         let start = Instant::now();
-        let read = api.get_state(id).await;
-        let counter = match read.status {
-            StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
-            StatusCode::NOT_FOUND => 0,
-            other => panic!("read failed: {other} {}", read.text),
-        };
-        let write = api
-            .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), &lease)
-            .await;
-        assert!(write.status.is_success(), "{name}: {}", write.text);
+        increment(&api, id, &lease, &name).await;
         let renewed = api.renew(id, &lease, 30).await;
         assert_eq!(renewed.status, StatusCode::OK, "{name}: {}", renewed.text);
         let end = Instant::now();
@@ -50,6 +41,20 @@ pub async fn worker(api: Api, id: &'static str, name: String, cycles: usize, log
         );
         log.lock().unwrap().push(Held { start, end, token });
     }
+}
+
+/// Reads the counter and writes it + 1 under `lease`, which must hold.
+pub async fn increment(api: &Api, id: &str, lease: &str, who: &str) {
+    let read = api.get_state(id).await;
+    let counter = match read.status {
+        StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
+        StatusCode::NOT_FOUND => 0,
+        other => panic!("{who}: read failed: {other} {}", read.text),
+    };
+    let write = api
+        .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), lease)
+        .await;
+    assert!(write.status.is_success(), "{who}: {}", write.text);
 }
 
 /// The checker: intervals never overlap and tokens grow in lease order.

@@ -14,7 +14,7 @@ use crate::helpers::{
     Api, TestApp, clickhouse_url, peer_config, spawn_app_with, spawn_configured,
     spawn_peer_process, unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check, final_counter};
+use crate::lock_concurrency::{Held, Log, check, final_counter, increment};
 use crate::lock_faults::millis;
 
 /// Two gateways on one database that forward to each other.
@@ -244,16 +244,7 @@ async fn delayed_worker(
         let body = reply.json();
         let lease = body["lease_id"].as_str().unwrap().to_owned();
         let token = body["fencing_token"].as_u64().unwrap();
-        let read = api.get_state(id).await;
-        let counter = match read.status {
-            StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
-            StatusCode::NOT_FOUND => 0,
-            other => panic!("read failed: {other} {}", read.text),
-        };
-        let write = api
-            .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), &lease)
-            .await;
-        assert!(write.status.is_success(), "worker {worker}: {}", write.text);
+        increment(&api, id, &lease, &format!("worker {worker}")).await;
         let end = Instant::now();
         let left_to_expire = (worker + cycle).is_multiple_of(3);
         if !left_to_expire {

@@ -106,14 +106,15 @@ function chartOf(kind, streams, versions, width) {
 function pointsTable(byKind, versions) {
   const rows = [];
   for (const stream of [...byKind.time, ...byKind.number]) {
-    for (const v of versions) {
+    versions.forEach((v, i) => {
       const value = (v.bookmarks || {})[stream];
-      if (value === undefined || value === null) continue;
+      if (value === undefined || value === null) return;
       const regressed = v.regressed_streams.includes(stream);
+      const before = i + 1 < versions.length ? (versions[i + 1].bookmarks || {})[stream] : undefined;
       rows.push(el("tr", { "data-testid": "point-row", tabindex: regressed ? "0" : undefined },
         el("td", { text: stream }), el("td", { text: v.version }), el("td", { text: stored(value) }),
-        el("td", { class: regressed ? "regressed" : "", text: regressed ? "regressed" : "" })));
-    }
+        el("td", { class: regressed ? "regressed" : "", text: regressed ? "regressed from " + stored(before) : "" })));
+    });
   }
   return el("details", { class: "points" }, el("summary", { text: "The charted points as a table" }),
     table([["Stream"], ["Version"], ["Value"], [""]], rows, "chart-points"));

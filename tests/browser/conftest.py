@@ -119,7 +119,7 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture(params=[(1280, 800), (390, 844)], ids=["desktop", "phone"])
+@pytest.fixture(params=[(1280, 900), (390, 844)], ids=["desktop", "phone"])
 def page(browser, request):
     width, height = request.param
     context = browser.new_context(viewport={"width": width, "height": height})

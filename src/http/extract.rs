@@ -92,6 +92,19 @@ fn refuse_invalid_utf8(query: &str) -> Result<(), ApiError> {
 /// request bodies can take bounded by the request limit.
 pub const LOCK_BODY_LIMIT: usize = 64 * 1024;
 
+/// Reads a whole request body under the gateway's body limit, keeping the
+/// request's parts (a batch's refusals are logged with them).
+pub async fn read_request(request: Request, ctx: &AppContext) -> Result<(Parts, Bytes), ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = read_body(
+        Request::from_parts(parts.clone(), body),
+        ctx,
+        ctx.body_limit,
+    )
+    .await?;
+    Ok((parts, bytes))
+}
+
 /// Reads a whole body of at most `limit` bytes. The body read timeout is a
 /// deadline for all of it, not per chunk, so a client trickling a byte at a
 /// time cannot hold a request (and its place under the request limit) open.

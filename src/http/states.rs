@@ -12,7 +12,9 @@ use serde_json::Value;
 use super::auth::{Denial, DenialReason};
 use super::context::AppContext;
 use super::error::ApiError;
-use super::extract::{ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_body};
+use super::extract::{
+    ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_request,
+};
 use super::wire::rfc3339_millis;
 use crate::domain::{
     DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument, StateId,
@@ -161,13 +163,7 @@ pub async fn import(
     provenance: Provenance,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (parts, body) = request.into_parts();
-    let bytes = read_body(
-        Request::from_parts(parts.clone(), body),
-        &ctx,
-        ctx.body_limit,
-    )
-    .await?;
+    let (parts, bytes) = read_request(request, &ctx).await?;
     let entries = StateDocument::batch_from_request(&bytes).map_err(|err| match &err.error {
         DocumentError::InvalidJson(_) => ApiError::InvalidJson(err.to_string()),
         DocumentError::NotAState(_) => ApiError::InvalidDocument(err.to_string()),
@@ -181,10 +177,7 @@ pub async fn import(
         };
         let id = StateId::parse(entry.state_id.clone()).map_err(|e| in_batch(e.into()))?;
         // One entry out of scope refuses them all, before anything is written.
-        if !scope.allows(&id) {
-            refuse_out_of_scope(&ctx, &parts, &provenance.actor, &id);
-            return Err(in_batch(ApiError::OutOfScope(scope.to_string())));
-        }
+        keep_in_scope(&ctx, &parts, &scope, &provenance.actor, &id).map_err(in_batch)?;
         let lease = entry
             .lease_id
             .as_deref()
@@ -210,14 +203,25 @@ pub async fn import(
     Ok(Json(body).into_response())
 }
 
-/// Counts and logs an entry of a batch refused for the token's scope.
-pub(super) fn refuse_out_of_scope(ctx: &AppContext, parts: &Parts, actor: &str, id: &StateId) {
+/// An id a batch names, held to the token's scope: one outside is counted
+/// and logged as a denial, and refuses the batch.
+pub(super) fn keep_in_scope(
+    ctx: &AppContext,
+    parts: &Parts,
+    scope: &Scope,
+    actor: &str,
+    id: &StateId,
+) -> Result<(), ApiError> {
+    if scope.allows(id) {
+        return Ok(());
+    }
     let denial = Denial {
         ctx,
         parts,
         state_id: Some(id.as_str()),
     };
     denial.record(DenialReason::Scope, actor);
+    Err(ApiError::OutOfScope(scope.to_string()))
 }
 
 /// `DELETE /v1/states/{state_id}/bookmarks/{stream}`: that stream starts over.

@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::context::AppContext;
 use super::error::ApiError;
-use super::extract::{ApiQuery, read_body};
-use super::states::refuse_out_of_scope;
+use super::extract::{ApiQuery, read_request};
+use super::states::keep_in_scope;
 use crate::domain::{Provenance, Scope, StateId};
 use crate::locks::TicketRequest;
 
@@ -24,13 +24,7 @@ pub async fn issue(
     provenance: Provenance,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let (parts, body) = request.into_parts();
-    let bytes = read_body(
-        Request::from_parts(parts.clone(), body),
-        &ctx,
-        ctx.body_limit,
-    )
-    .await?;
+    let (parts, bytes) = read_request(request, &ctx).await?;
     let asked: TicketRequest = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::InvalidBody(format!("not a ticket request: {e}")))?;
     let mut writes = Vec::with_capacity(asked.writes.len());
@@ -44,10 +38,7 @@ pub async fn issue(
         let id = StateId::parse(write.state_id).map_err(|e| in_batch(e.into()))?;
         // The same token's scope as at the gateway the import reached: a
         // request to this route directly gets no further than through it.
-        if !scope.allows(&id) {
-            refuse_out_of_scope(&ctx, &parts, &provenance.actor, &id);
-            return Err(in_batch(ApiError::OutOfScope(scope.to_string())));
-        }
+        keep_in_scope(&ctx, &parts, &scope, &provenance.actor, &id).map_err(in_batch)?;
         writes.push((id, write.lease_id));
     }
     let grant = ctx.states.issue_ticket(&writes)?;

@@ -78,9 +78,8 @@ impl Acquirer<'_> {
 
             let mut attempt = None;
             let decision = {
-                let mut st = slot.lock();
                 let now = Instant::now();
-                st.expire(id, now, self.slots.metrics());
+                let mut st = slot.current(id, now, self.slots.metrics());
                 let decision = st.next_step(id, &waiter, &rules, now, now_ms());
                 if decision.step == Step::Claim {
                     attempt = Some(ClaimAttempt::begin(&mut st, slot));

@@ -45,8 +45,7 @@ impl Maintenance {
         let mut held: Vec<(StateId, Uuid)> = Vec::new();
         let mut leases: Vec<Lease> = Vec::new();
         for (id, slot) in self.slots.snapshot() {
-            let mut st = slot.lock();
-            st.expire(&id, now, self.slots.metrics());
+            let mut st = slot.current(&id, now, self.slots.metrics());
             let idle_for = st
                 .last_used
                 .map_or(Duration::MAX, |t| now.duration_since(t));
@@ -215,8 +214,7 @@ impl Maintenance {
                 .snapshot()
                 .into_iter()
                 .filter_map(|(id, slot)| {
-                    let mut st = slot.lock();
-                    st.expire(&id, now, self.slots.metrics());
+                    let st = slot.current(&id, now, self.slots.metrics());
                     st.landing_until()
                 })
                 .max();

@@ -146,8 +146,7 @@ impl LockManager {
     ) -> Result<Lease, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let renewed = {
-                let mut st = slot.lock();
-                st.expire(id, Instant::now(), &self.metrics);
+                let mut st = slot.current(id, Instant::now(), &self.metrics);
                 let renewed = st
                     .claim
                     .is_some()
@@ -177,8 +176,7 @@ impl LockManager {
     pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let released = {
-                let mut st = slot.lock();
-                st.expire(id, Instant::now(), &self.metrics);
+                let mut st = slot.current(id, Instant::now(), &self.metrics);
                 if st.claim.is_some()
                     && st
                         .lease
@@ -236,8 +234,7 @@ impl LockManager {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
             let ended = {
-                let mut st = slot.lock();
-                st.expire(id, Instant::now(), &self.metrics);
+                let mut st = slot.current(id, Instant::now(), &self.metrics);
                 if st.claim.is_some() {
                     Some(st.end_by_force(Instant::now(), at_ms))
                 } else {
@@ -279,8 +276,7 @@ impl LockManager {
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let mut st = slot.lock();
-            st.expire(id, Instant::now(), &self.metrics);
+            let st = slot.current(id, Instant::now(), &self.metrics);
             if st.claim.is_some() {
                 return Ok(st.lease.as_ref().map(|l| l.lease.clone()));
             }
@@ -300,8 +296,7 @@ impl LockManager {
             .collect();
         let now = Instant::now();
         for (id, slot) in self.slots.snapshot() {
-            let mut st = slot.lock();
-            st.expire(&id, now, &self.metrics);
+            let st = slot.current(&id, now, &self.metrics);
             if st.claim.is_none() {
                 continue;
             }

@@ -30,6 +30,20 @@ impl Slot {
     pub fn lock(&self) -> MutexGuard<'_, SlotState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The state as of `now`: what has run out by then (a lapsed claim, an
+    /// expired lease, an ended lock-delay, writes that have surely landed)
+    /// is dropped first, so that no decision is taken on it.
+    pub fn current(
+        &self,
+        id: &StateId,
+        now: Instant,
+        metrics: &Metrics,
+    ) -> MutexGuard<'_, SlotState> {
+        let mut st = self.lock();
+        st.expire(id, now, metrics);
+        st
+    }
 }
 
 #[derive(Default)]

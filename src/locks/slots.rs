@@ -64,8 +64,7 @@ impl Slots {
     /// long as it holds that claim, every write to the id comes through it.
     pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
         let slot = self.existing(id)?;
-        let mut st = slot.lock();
-        st.expire(id, Instant::now(), &self.metrics);
+        let st = slot.current(id, Instant::now(), &self.metrics);
         st.claim.as_ref().map(|c| c.candidate.claim_id)
     }
 

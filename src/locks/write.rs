@@ -312,8 +312,7 @@ pub(super) fn admit_here(
     query_timeout: Duration,
 ) -> Option<Result<Admitted, LockError>> {
     let slot = slots.existing(id)?;
-    let mut st = slot.lock();
-    st.expire(id, Instant::now(), slots.metrics());
+    let st = slot.current(id, Instant::now(), slots.metrics());
     let claim_id = st.claim.as_ref()?.candidate.claim_id;
     let current = st.lease.as_ref().map(|l| l.lease.clone());
     drop(st);

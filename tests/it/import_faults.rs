@@ -84,8 +84,11 @@ async fn import_in_flight_at_the_lease_end(end: End) {
     );
     match import.status {
         StatusCode::OK => {
+            // The importer settles its ticket once its INSERT has returned,
+            // then answers: on a loaded machine that answer may trail the
+            // next grant by its own trip, never by the INSERT's 1.5 s hold.
             assert!(
-                acknowledged <= granted + Duration::from_millis(50),
+                acknowledged <= granted + Duration::from_millis(500),
                 "{end:?}: the import was acknowledged {:?} after worker 2's grant",
                 acknowledged - granted
             );

@@ -201,3 +201,22 @@ def test_a_charted_state_shows_many_more_saturated_pixels_than_one_of_plain_stri
         assert counts["charted"] - counts["strings"] >= 800, counts
     finally:
         context.close()
+
+
+def test_keyboard_focus_reaches_every_button(page, gateway: Gateway):
+    regressed_state(gateway, "dev:keys")
+    page.goto(gateway.base + "/#/state/" + quote("dev:keys", safe=""))
+    expect(page.get_by_test_id("version-row")).to_have_count(3)
+    buttons = page.locator("button:visible:enabled")
+    wanted = buttons.count()
+    assert wanted >= 5, wanted  # Token, a Reset per stream, a Roll back per old version
+    reached = set()
+    for _ in range(200):
+        page.keyboard.press("Tab")
+        reached.add(page.evaluate(
+            "() => { const e = document.activeElement;"
+            " return e && e.tagName === 'BUTTON' ? [...document.querySelectorAll('button')].indexOf(e) : -1 }"))
+    every = set(page.evaluate(
+        "() => [...document.querySelectorAll('button')].map((b, i) => [b, i])"
+        ".filter(([b]) => !b.disabled && b.offsetParent !== null).map(([, i]) => i)"))
+    assert every <= reached, (every, reached)

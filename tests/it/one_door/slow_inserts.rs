@@ -144,6 +144,12 @@ async fn every_write_of_32_leased_writers_succeeds_when_each_insert_takes_most_o
 /// waiting through the same gateway (the authority), is granted. Whatever
 /// worker 2 reads at its grant is what ClickHouse holds once everything has
 /// settled: never an older state that a late INSERT replaces under it.
+///
+/// Only the body is held, so a real ClickHouse has the query (and its
+/// query_id) from the start. The local ClickHouse reads a whole body before
+/// it runs anything, so there the INSERT starts only when its rows arrive,
+/// after the gateway gave up: a `max_execution_time` counted from the send
+/// does not bound when it lands, which is the case this test is about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_insert_that_times_out_at_the_gateway_and_lands_later_is_read_by_the_next_holder() {
     let (app, proxy) = spawn_app_behind_proxy(|config| config.query_timeout = QUERY_TIMEOUT).await;

@@ -52,6 +52,9 @@ async fn main() {
     }
     let import_secs = started.elapsed().as_secs_f64();
     let after_import_rss = gateway.rss_kib();
+    // The export's own peak, apart from the import's.
+    let import_peak = gateway.peak_rss_kib();
+    gateway.reset_peak();
 
     let started = Instant::now();
     let mut exported = 0;
@@ -113,9 +116,10 @@ async fn main() {
         1.0
     );
     println!(
-        "gateway RSS: {:.1} MiB at start, {:.1} MiB after the import, {:.1} MiB after the export, peak {:.1} MiB",
+        "gateway RSS: {:.1} MiB at start, {:.1} MiB after the import (peak {:.1} MiB), {:.1} MiB after the export (peak {:.1} MiB)",
         mib(start_rss),
         mib(after_import_rss),
+        mib(import_peak),
         mib(gateway.rss_kib()),
         mib(gateway.peak_rss_kib())
     );

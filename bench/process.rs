@@ -59,6 +59,13 @@ impl GatewayProcess {
         self.status_kib("VmRSS:")
     }
 
+    /// Starts the peak (`VmHWM`) over from the memory resident now
+    /// (Linux 4.0 and later), so that the next peak is of what follows.
+    pub fn reset_peak(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.child.id()), "5")
+            .expect("the gateway's peak RSS can be reset");
+    }
+
     /// The most resident memory the process has had so far, in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
         self.status_kib("VmHWM:")

@@ -136,6 +136,8 @@ async fn main() {
     let gateway = process::GatewayProcess::start(&url, &[]).await;
     let base = gateway.base.clone();
     let http = reqwest::Client::new();
+    // The high-water mark of the soak alone, from the memory resident once ready.
+    gateway.reset_peak();
 
     let started = Instant::now();
     let until = started + Duration::from_secs(seconds);

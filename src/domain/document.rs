@@ -52,8 +52,8 @@ impl BatchEntry {
                 DocumentError::NotAState(format!("expected an object, got {}", item.kind())),
             ));
         };
-        let (doc, others) =
-            StateDocument::from_fields(fields, &["state_id", "lease_id"]).map_err(|e| (None, e))?;
+        let (doc, others) = StateDocument::from_fields(*fields, &["state_id", "lease_id"])
+            .map_err(|e| (None, e))?;
         let text = |name: &str| {
             others
                 .iter()
@@ -86,14 +86,23 @@ impl BatchEntry {
 }
 
 fn parse_body(body: &[u8]) -> Result<Json, DocumentError> {
-    Json::parse(body).map_err(|err| match err {
+    Json::parse(body).map_err(document_error)
+}
+
+/// A body that should be an array: its items, or None for another kind.
+fn parse_items(body: &[u8]) -> Result<Option<Vec<Json>>, DocumentError> {
+    Json::parse_items(body).map_err(document_error)
+}
+
+fn document_error(err: JsonError) -> DocumentError {
+    match err {
         // Valid JSON, but not a document whose meaning is clear.
         JsonError::DuplicateKey { .. } => DocumentError::NotAState(err.to_string()),
         JsonError::Syntax(_)
         | JsonError::NotUtf8(_)
         | JsonError::TooDeep
         | JsonError::LoneSurrogate { .. } => DocumentError::InvalidJson(err),
-    })
+    }
 }
 
 /// Removes `stream` from `half`'s `singer_state.bookmarks`; answers whether it was there.
@@ -128,7 +137,7 @@ impl StateDocument {
                 value.kind()
             )));
         };
-        Self::from_fields(fields, &[]).map(|(doc, _)| doc)
+        Self::from_fields(*fields, &[]).map(|(doc, _)| doc)
     }
 
     /// A document from an object's `completed` and `partial`, besides which
@@ -153,10 +162,10 @@ impl StateDocument {
                     )));
                 }
             };
-            *half = match value {
-                Json::Object(object) => object,
-                null if null.is_null() => JsonObject::default(),
-                other => {
+            *half = match value.opened() {
+                Ok(object) => object,
+                Err(null) if null.is_null() => JsonObject::default(),
+                Err(other) => {
                     return Err(DocumentError::NotAState(format!(
                         "\"{key}\" must be a JSON object or null, got {}",
                         other.kind()
@@ -175,7 +184,7 @@ impl StateDocument {
             state_id: None,
             error,
         };
-        let Json::Array(items) = parse_body(body).map_err(whole)? else {
+        let Some(items) = parse_items(body).map_err(whole)? else {
             return Err(whole(DocumentError::NotAState(
                 "expected a JSON array of {\"state_id\", \"completed\", \"partial\"} objects"
                     .into(),
@@ -235,24 +244,33 @@ impl StateDocument {
         }
     }
 
-    /// The state as Meltano sees it: the partial state deep-merged over the
-    /// completed one, as `MeltanoState.merge_partial` does.
-    pub fn effective(&self) -> JsonObject {
-        let mut merged = self.completed.clone();
-        deep_merge(self.partial.clone(), &mut merged);
-        merged
+    /// The object at `path` in the state as Meltano sees it (the partial
+    /// state deep-merged over the completed one, as
+    /// `MeltanoState.merge_partial` does), built from the two halves'
+    /// objects at `path` alone: None when it is not an object there.
+    fn effective_at(&self, path: &[&str]) -> Option<JsonObject> {
+        let (mut completed, mut partial) = (Some(&self.completed), Some(&self.partial));
+        for key in path {
+            (completed, partial) = match partial.and_then(|p| p.get(key)) {
+                // A partial object merges into a completed one, or replaces
+                // anything else there.
+                Some(Json::Object(object)) => (object_at(completed, key), Some(object.as_ref())),
+                // Anything else in the partial state replaces the completed one's.
+                Some(_) => return None,
+                None => (Some(object_at(completed, key)?), None),
+            };
+        }
+        let mut merged = completed.cloned().unwrap_or_default();
+        if let Some(partial) = partial {
+            deep_merge(partial.clone(), &mut merged);
+        }
+        Some(merged)
     }
 
     /// The Singer bookmarks of the effective state, by stream: None when it
     /// has no `singer_state.bookmarks` object.
     pub fn bookmarks(&self) -> Option<JsonObject> {
-        let Some(Json::Object(singer)) = self.effective().get("singer_state").cloned() else {
-            return None;
-        };
-        match singer.get("bookmarks") {
-            Some(Json::Object(bookmarks)) => Some(bookmarks.clone()),
-            _ => None,
-        }
+        self.effective_at(&["singer_state", "bookmarks"])
     }
 
     /// The streams whose bookmark differs between two versions of a state
@@ -283,24 +301,28 @@ impl StateDocument {
     }
 }
 
+/// The object under `key` in `half`, if there is one.
+fn object_at<'a>(half: Option<&'a JsonObject>, key: &str) -> Option<&'a JsonObject> {
+    match half?.get(key)? {
+        Json::Object(object) => Some(object),
+        _ => None,
+    }
+}
+
 /// `meltano.core.utils.merge(src, dest)`: nested objects merge key by key,
 /// anything else in `src` (lists included) replaces what `dest` had. Where
 /// `dest` holds a non-object under a key that `src` has an object for, Meltano
 /// would crash; the incoming object replaces it instead.
 fn deep_merge(src: JsonObject, dest: &mut JsonObject) {
     for (key, value) in src {
-        match (value, dest.get_mut(&key)) {
-            (Json::Object(src_child), Some(Json::Object(dest_child))) => {
-                deep_merge(src_child, dest_child);
-            }
-            (Json::Object(src_child), _) => {
-                let mut fresh = JsonObject::default();
-                deep_merge(src_child, &mut fresh);
-                dest.insert(key, Json::Object(fresh));
-            }
-            (value, _) => {
-                dest.insert(key, value);
-            }
+        // Objects kept as text (see `Json`) are opened where both sides
+        // have one, and only there.
+        match value.opened() {
+            Ok(src_child) => match dest.get_mut(&key).and_then(Json::opened_mut) {
+                Some(dest_child) => deep_merge(src_child, dest_child),
+                None => dest.insert(key, Json::Object(Box::new(src_child))),
+            },
+            Err(value) => dest.insert(key, value),
         }
     }
 }
@@ -311,8 +333,8 @@ fn stored_object(column: &'static str, text: Option<&str>) -> Result<JsonObject,
         Some(t) if t.trim().is_empty() => return Ok(JsonObject::default()),
         Some(t) => t,
     };
-    match Json::parse(text.as_bytes()) {
-        Ok(Json::Object(object)) => Ok(object),
+    match Json::parse_within(text.as_bytes(), 1) {
+        Ok(Json::Object(object)) => Ok(*object),
         Ok(null) if null.is_null() => Ok(JsonObject::default()),
         Ok(other) => Err(CorruptState {
             column,

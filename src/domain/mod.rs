@@ -4,6 +4,7 @@ mod coordination;
 mod document;
 mod etag;
 mod json;
+mod json_parse;
 mod lease;
 mod page;
 mod pattern;

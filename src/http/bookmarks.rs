@@ -94,10 +94,7 @@ fn rows_of(
     now_ms: i64,
 ) -> Vec<BookmarkRow> {
     let row = |stream: Option<&String>, bookmark: Option<&domain::Json>| {
-        let field = |name: &str| match bookmark {
-            Some(domain::Json::Object(fields)) => fields.get(name).cloned(),
-            _ => None,
-        };
+        let field = |name: &str| bookmark.and_then(|b| b.member(name)).cloned();
         BookmarkRow {
             state_id: state.id.as_str().to_owned(),
             stream: stream.cloned(),

@@ -71,13 +71,7 @@ fn bookmark_values(bookmarks: Option<&JsonObject>) -> IndexMap<&str, Option<&dom
     bookmarks
         .iter()
         .flat_map(|streams| streams.iter())
-        .map(|(stream, bookmark)| {
-            let value = match bookmark {
-                domain::Json::Object(fields) => fields.get("replication_key_value"),
-                _ => None,
-            };
-            (stream.as_str(), value)
-        })
+        .map(|(stream, bookmark)| (stream.as_str(), bookmark.member("replication_key_value")))
         .collect()
 }
 

@@ -368,14 +368,10 @@ impl Coordinator {
                 delay: None,
             };
         }
-        let now_ms = now_ms();
+        let (now, now_ms) = (Instant::now(), now_ms());
         Inherited {
             lease: None,
-            delay: delay_end(&stored, now_ms).map(|free_at_ms| Delay {
-                until: Instant::now()
-                    + Duration::from_millis(u64::try_from(free_at_ms - now_ms).unwrap_or(0)),
-                free_at_ms,
-            }),
+            delay: delay_end(&stored, now_ms).map(|free_at| Delay::ending(free_at, now, now_ms)),
         }
     }
 }

@@ -82,6 +82,18 @@ pub(super) struct Delay {
     pub free_at_ms: i64,
 }
 
+impl Delay {
+    /// A delay that ends at `free_at_ms`, placed on the monotonic clock by
+    /// `now` and `now_ms`, the same moment on both clocks.
+    pub fn ending(free_at_ms: i64, now: Instant, now_ms: i64) -> Self {
+        let left = u64::try_from(free_at_ms.saturating_sub(now_ms)).unwrap_or(0);
+        Self {
+            until: now + Duration::from_millis(left),
+            free_at_ms,
+        }
+    }
+}
+
 pub(super) struct HeldClaim {
     pub candidate: Candidate,
     /// Past this instant the claim may have lapsed in ClickHouse: nothing
@@ -189,12 +201,8 @@ impl SlotState {
 
     /// Starts `ended`'s lock-delay, if it has one, from `at` (`at_ms`).
     fn delay_after(&mut self, ended: &LocalLease, at: Instant, at_ms: i64) {
-        let delay = ended.lease.lock_delay;
-        if !delay.is_zero() {
-            self.delayed = Some(Delay {
-                until: at + delay,
-                free_at_ms: ended.lease.free_at_ms(at_ms),
-            });
+        if !ended.lease.lock_delay.is_zero() {
+            self.delayed = Some(Delay::ending(ended.lease.free_at_ms(at_ms), at, at_ms));
         }
     }
 

@@ -36,7 +36,7 @@ use crate::auth::TokenSources;
 use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
 use crate::hangup::Hangups;
-use crate::http::Admission;
+use crate::http::{Admission, OwnHosts, Readiness};
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
@@ -183,6 +183,7 @@ impl App {
                     config.bookmark_regression,
                 )),
                 locks,
+                readiness: Arc::new(Readiness::new(clickhouse.clone())),
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,
@@ -190,6 +191,15 @@ impl App {
                 admission: Arc::new(Admission::new(config.concurrency)),
                 tokens: Arc::new(LiveTokens::new(config.tokens.clone())),
                 protect_metrics: config.protect_metrics,
+                own_hosts: Arc::new(OwnHosts {
+                    advertised: config.locks.advertise_url.as_deref().and_then(|url| {
+                        url::Url::parse(url)
+                            .ok()?
+                            .host_str()
+                            .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+                    }),
+                    loopback_only: listen.ip().is_loopback(),
+                }),
                 client_certificates_required: config
                     .tls
                     .as_ref()

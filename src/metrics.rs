@@ -1,5 +1,6 @@
 //! Prometheus metrics: HTTP traffic by route and status, ClickHouse latency and errors.
 
+use axum::http::Method;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -8,14 +9,14 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    method: String,
+    method: &'static str,
     route: String,
     status: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
-    method: String,
+    method: &'static str,
     route: String,
 }
 
@@ -103,6 +104,27 @@ impl LockEvent {
             Self::ForcedRelease => "forced_release",
         }
     }
+}
+
+/// The method as a label: the standard ones by name, any other as `other`,
+/// since a client may send any token as a method and each new label value
+/// is a new series held for the life of the process.
+pub fn method_label(method: &Method) -> &'static str {
+    static STANDARD: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    STANDARD
+        .iter()
+        .find(|standard| *standard == method)
+        .map_or("other", Method::as_str)
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -193,7 +215,7 @@ impl Default for Metrics {
         );
         registry.register(
             "requests_shed",
-            "Requests refused with 503 because a concurrency limit was reached, by limit (requests, lock_waiters)",
+            "Requests refused because a concurrency limit was reached, by limit (requests, lock_waiters: 503 for everyone; share: 429, a token at its --max-share of either)",
             shed.clone(),
         );
         registry.register(
@@ -208,7 +230,7 @@ impl Default for Metrics {
                 event: event.label(),
             });
         }
-        for limit in ["requests", "lock_waiters"] {
+        for limit in ["requests", "lock_waiters", "share"] {
             let _ = shed.get_or_create(&ShedLabels { limit });
         }
         for read in ["state", "locks"] {
@@ -238,9 +260,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+    /// One answered request. `route` is a route template or `unmatched`,
+    /// never a raw path, and the method is one of [`method_label`]'s: no
+    /// label takes a value that a client chooses.
+    pub fn observe_request(&self, method: &Method, route: &str, status: u16, seconds: f64) {
         let route_labels = RouteLabels {
-            method: method.to_owned(),
+            method: method_label(method),
             route: route.to_owned(),
         };
         self.request_seconds
@@ -312,5 +337,29 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_made_up_method_is_counted_as_other_and_adds_no_series() {
+        let metrics = Metrics::default();
+        metrics.observe_request(&Method::GET, "/v1/states", 200, 0.001);
+        let before = metrics.render();
+        for n in 0..50 {
+            let made_up = Method::from_bytes(format!("M{n:0>2000}").as_bytes()).unwrap();
+            metrics.observe_request(&made_up, "unmatched", 405, 0.001);
+        }
+        let after = metrics.render();
+        assert!(after.contains(r#"method="other""#), "{after}");
+        assert!(!after.contains("M00"), "a client's method became a label");
+        assert!(
+            after.len() < before.len() + 4096,
+            "grew by {}",
+            after.len() - before.len()
+        );
     }
 }

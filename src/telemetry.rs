@@ -1,7 +1,7 @@
 //! Logging: human-readable text by default, one JSON object per line on request.
 
 use std::fmt;
-use std::io::IsTerminal;
+use std::io::{self, IsTerminal};
 
 use tracing_subscriber::EnvFilter;
 
@@ -22,7 +22,7 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(|| OneLinePerEvent(std::io::stderr()));
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder
@@ -33,6 +33,41 @@ pub fn init(format: LogFormat) {
     };
     // Already initialized (tests build several apps in one process): keep the first.
     drop(result);
+}
+
+/// Writes each log event as one line whatever its fields hold. Every text
+/// a client chose is logged through [`ClientText`]; this is the net under
+/// that rule: a line break that reached a field some other way is written
+/// as `\n`, so no client's text can start a line of its own. The fmt layer
+/// hands over each event, newline included, in one `write_all`.
+struct OneLinePerEvent<W>(W);
+
+impl<W: io::Write> io::Write for OneLinePerEvent<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let (event, end) = match buf.strip_suffix(b"\n") {
+            Some(event) => (event, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        if !event.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut line = Vec::with_capacity(buf.len() + 16);
+        for &byte in event {
+            match byte {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                b'\r' => line.extend_from_slice(b"\\r"),
+                other => line.push(other),
+            }
+        }
+        line.extend_from_slice(end);
+        self.0.write_all(&line)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// Text a client chose (a state_id, an owner, a header, a glob), fit for a log
@@ -66,6 +101,20 @@ fn is_plain(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_is_one_line_whatever_its_fields_hold() {
+        use std::io::Write;
+        let mut out = OneLinePerEvent(Vec::new());
+        out.write_all(b"2026-01-01T00:00:00Z WARN x streams=orders\n2026 INFO forged\r\n")
+            .unwrap();
+        out.write_all(b"2026-01-01T00:00:01Z INFO plain\n").unwrap();
+        let written = String::from_utf8(out.0).unwrap();
+        assert_eq!(
+            written,
+            "2026-01-01T00:00:00Z WARN x streams=orders\\n2026 INFO forged\\r\n2026-01-01T00:00:01Z INFO plain\n"
+        );
+    }
 
     fn logged(text: &str) -> String {
         ClientText(text).to_string()

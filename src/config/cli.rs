@@ -157,6 +157,13 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_MAX_LOCK_WAITERS", default_value_t = 1024)]
     pub max_lock_waiters: u32,
 
+    /// The part of --max-concurrent-requests and of --max-lock-waiters that
+    /// one token name may hold at once (at least one request); past it that
+    /// token gets 429 and Retry-After while the others are served. Without
+    /// tokens only the limits apply.
+    #[arg(long, env = "STATEHOUSE_MAX_SHARE", default_value_t = 0.5, value_parser = parse_share)]
+    pub max_share: f64,
+
     /// How long a client may take to send a request's headers, from its
     /// first byte; a slower client's connection is closed.
     #[arg(long, env = "STATEHOUSE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -293,4 +300,14 @@ pub struct ServeArgs {
 pub(super) struct ServeOnly {
     #[command(flatten)]
     pub(super) args: ServeArgs,
+}
+
+/// A share of a limit: a number above 0 and at most 1.
+fn parse_share(raw: &str) -> Result<f64, String> {
+    match raw.parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!(
+            "{raw:?} is not a share: give a number above 0 and at most 1, such as 0.5"
+        )),
+    }
 }

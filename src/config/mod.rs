@@ -53,6 +53,8 @@ pub struct LockSettings {
 pub struct Concurrency {
     pub requests: u32,
     pub lock_waiters: u32,
+    /// The part of each limit one token name may hold, in (0, 1].
+    pub max_share: f64,
 }
 
 /// How long a client may take over each part of its request.
@@ -185,6 +187,7 @@ impl TryFrom<ServeArgs> for Config {
             concurrency: Concurrency {
                 requests: args.max_concurrent_requests,
                 lock_waiters: args.max_lock_waiters,
+                max_share: args.max_share,
             },
             client_timeouts: ClientTimeouts {
                 header_read: args.header_read_timeout,

@@ -1,14 +1,19 @@
 //! How many requests the gateway works on at once. Past a limit a request is
 //! refused at once with 503 `overloaded` and `Retry-After`, instead of
-//! queueing without bound.
+//! queueing without bound. With tokens, one token name may hold at most its
+//! share of each limit (`--max-share`): past it, 429 `too-many-requests`,
+//! while the rest stays free for the others. A request holds its place
+//! from admission to its answer, its body's arrival included, so a token's
+//! slow uploads use up that token's share and no one else's.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::error::{ProblemType, problem};
 use crate::config::Concurrency;
@@ -26,19 +31,120 @@ pub enum Counts {
     Nothing,
 }
 
+/// Whose share a request counts against; the token guard, which runs
+/// first, leaves it in the request's extensions.
+#[derive(Clone, Debug)]
+pub enum Sharer {
+    /// No tokens: every client is one, and only the limits apply.
+    Everyone,
+    /// A token's name, or `anonymous` for what needs none (the dashboard).
+    Token(Arc<str>),
+}
+
 /// The permits behind [`Counts`].
 pub struct Admission {
-    requests: Semaphore,
-    lock_waiters: Semaphore,
-    concurrency: Concurrency,
+    requests: Limit,
+    lock_waiters: Limit,
+}
+
+/// One limit: its permits, and who holds how many of them.
+struct Limit {
+    permits: Semaphore,
+    size: u32,
+    /// The most one token name may hold at once: at least one.
+    share: u32,
+    /// Permits held, by token name; a name leaves the map with its last one.
+    held: Mutex<HashMap<Arc<str>, u32>>,
+    flag: &'static str,
+    label: &'static str,
 }
 
 impl Admission {
     pub fn new(concurrency: Concurrency) -> Self {
         Self {
-            requests: Semaphore::new(concurrency.requests as usize),
-            lock_waiters: Semaphore::new(concurrency.lock_waiters as usize),
-            concurrency,
+            requests: Limit::new(
+                concurrency.requests,
+                concurrency.max_share,
+                "--max-concurrent-requests",
+                "requests",
+            ),
+            lock_waiters: Limit::new(
+                concurrency.lock_waiters,
+                concurrency.max_share,
+                "--max-lock-waiters",
+                "lock_waiters",
+            ),
+        }
+    }
+}
+
+impl Limit {
+    fn new(size: u32, max_share: f64, flag: &'static str, label: &'static str) -> Self {
+        // Truncated: a share never rounds up past what was asked.
+        let share = ((f64::from(size) * max_share) as u32).max(1);
+        Self {
+            permits: Semaphore::new(size as usize),
+            size,
+            share,
+            held: Mutex::new(HashMap::new()),
+            flag,
+            label,
+        }
+    }
+
+    /// A place for one request of `sharer`'s, or why there is none.
+    fn enter(&self, sharer: &Sharer) -> Result<Place<'_>, Refusal> {
+        let name = match sharer {
+            Sharer::Everyone => None,
+            Sharer::Token(name) => Some(name.clone()),
+        };
+        // The share is taken before the permit and given back if no permit
+        // is free: a token at its share never holds one of the others'.
+        if let Some(name) = &name {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let count = held.entry(name.clone()).or_insert(0);
+            if *count >= self.share {
+                return Err(Refusal::Share);
+            }
+            *count += 1;
+        }
+        let share = name.map(|name| Share { limit: self, name });
+        let permit = self.permits.try_acquire().map_err(|_| Refusal::Limit)?;
+        Ok(Place {
+            _permit: permit,
+            _share: share,
+        })
+    }
+}
+
+enum Refusal {
+    /// The token holds its share.
+    Share,
+    /// Every permit is taken.
+    Limit,
+}
+
+/// A request's place: its permit, and its token's count of them.
+struct Place<'a> {
+    _permit: SemaphorePermit<'a>,
+    _share: Option<Share<'a>>,
+}
+
+/// One permit counted for a token name, until dropped (answered, or its
+/// future dropped mid-request).
+struct Share<'a> {
+    limit: &'a Limit,
+    name: Arc<str>,
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let mut held = self.limit.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.name);
+            }
         }
     }
 }
@@ -47,7 +153,7 @@ impl Admission {
 /// one in progress is answered.
 const RETRY_AFTER_SECONDS: HeaderValue = HeaderValue::from_static("1");
 
-/// Lets the request through while it holds a permit of what it counts
+/// Lets the request through while it holds a place in what it counts
 /// against. It is handed the permits and the metrics, not the whole
 /// `AppContext`: the context holds the [`Admission`], so this module stays
 /// below it.
@@ -56,33 +162,93 @@ pub async fn admit(
     request: Request,
     next: Next,
 ) -> Response {
-    let (permits, limit, flag, label) = match counts {
+    let limit = match counts {
         Counts::Nothing => return next.run(request).await,
-        Counts::Request => (
-            &admission.requests,
-            admission.concurrency.requests,
-            "--max-concurrent-requests",
-            "requests",
-        ),
-        Counts::LockWaiter => (
-            &admission.lock_waiters,
-            admission.concurrency.lock_waiters,
-            "--max-lock-waiters",
-            "lock_waiters",
-        ),
+        Counts::Request => &admission.requests,
+        Counts::LockWaiter => &admission.lock_waiters,
     };
-    let Ok(_permit) = permits.try_acquire() else {
-        metrics.request_shed(label);
-        let mut response = problem(
-            ProblemType::Overloaded,
-            &format!(
-                "the gateway is at its limit of {limit} at once ({flag}); retry after a second"
+    let sharer = request
+        .extensions()
+        .get::<Sharer>()
+        .cloned()
+        .unwrap_or(Sharer::Everyone);
+    let (kind, detail, shed) = match limit.enter(&sharer) {
+        Ok(_place) => return next.run(request).await,
+        Err(Refusal::Share) => (
+            ProblemType::TooManyRequests,
+            format!(
+                "this token already has {} requests of this kind in progress, its share of the gateway's {} ({} × --max-share); retry after a second",
+                limit.share, limit.size, limit.flag
             ),
-        );
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS);
-        return response;
+            "share",
+        ),
+        Err(Refusal::Limit) => (
+            ProblemType::Overloaded,
+            format!(
+                "the gateway is at its limit of {} at once ({}); retry after a second",
+                limit.size, limit.flag
+            ),
+            limit.label,
+        ),
     };
-    next.run(request).await
+    metrics.request_shed(shed);
+    let mut response = problem(kind, &detail);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(name: &str) -> Sharer {
+        Sharer::Token(Arc::from(name))
+    }
+
+    #[test]
+    fn a_token_past_its_share_is_refused_while_others_are_let_in() {
+        let limit = Limit::new(8, 0.5, "--max-concurrent-requests", "requests");
+        let a: Vec<_> = (0..4)
+            .map(|_| limit.enter(&token("a")).ok().unwrap())
+            .collect();
+        assert!(matches!(limit.enter(&token("a")), Err(Refusal::Share)));
+        let b: Vec<_> = (0..4)
+            .map(|_| limit.enter(&token("b")).ok().unwrap())
+            .collect();
+        assert!(matches!(limit.enter(&token("c")), Err(Refusal::Limit)));
+        drop(a);
+        assert!(limit.enter(&token("a")).is_ok());
+        drop(b);
+        assert!(
+            limit.held.lock().unwrap().is_empty(),
+            "names leave with their last permit"
+        );
+    }
+
+    #[test]
+    fn a_refusal_for_the_limit_gives_the_share_back() {
+        let limit = Limit::new(2, 0.5, "--max-lock-waiters", "lock_waiters");
+        let _everyone: Vec<_> = (0..2)
+            .map(|_| limit.enter(&Sharer::Everyone).ok().unwrap())
+            .collect();
+        assert!(matches!(limit.enter(&token("a")), Err(Refusal::Limit)));
+        assert!(limit.held.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn without_tokens_only_the_limit_applies_and_a_share_is_at_least_one() {
+        let limit = Limit::new(3, 0.5, "--max-concurrent-requests", "requests");
+        let _all: Vec<_> = (0..3)
+            .map(|_| limit.enter(&Sharer::Everyone).ok().unwrap())
+            .collect();
+        assert!(matches!(
+            limit.enter(&Sharer::Everyone),
+            Err(Refusal::Limit)
+        ));
+        let tiny = Limit::new(1, 0.1, "--max-lock-waiters", "lock_waiters");
+        assert_eq!(tiny.share, 1);
+        assert!(tiny.enter(&token("a")).is_ok());
+    }
 }

@@ -1,6 +1,7 @@
 //! The bearer-token guard in front of every operation.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
@@ -9,6 +10,7 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::admission::Sharer;
 use super::context::AppContext;
 use super::error::{ApiError, ProblemType, problem};
 use super::server::TlsSession;
@@ -61,15 +63,23 @@ pub async fn guard(
             "this gateway requires a client certificate (mTLS) for everything but /healthz, /readyz and the dashboard page: present one signed by its --tls-client-ca-file CA",
         );
     }
+    let tokens = ctx.tokens.current();
+    let (mut parts, body) = request.into_parts();
+    // Whose share of the limits the request takes, if admitted (see
+    // `admission`): a token's own, once it is known to be valid.
+    parts.extensions.insert(if tokens.is_empty() {
+        Sharer::Everyone
+    } else {
+        Sharer::Token(Arc::from("anonymous"))
+    });
     let needed = match access {
         Access::Open => None,
         Access::Metrics => ctx.protect_metrics.then_some(Role::Read),
         Access::Needs(role) => Some(role),
     };
     let Some(needed) = needed else {
-        return next.run(request).await;
+        return next.run(Request::from_parts(parts, body)).await;
     };
-    let (mut parts, body) = request.into_parts();
     let mut values = parts.headers.get_all(header::AUTHORIZATION).iter();
     let (first, second) = (values.next(), values.next());
     let presented = first.and_then(bearer_token).map(str::to_owned);
@@ -80,7 +90,6 @@ pub async fn guard(
             "send one Authorization header, not several",
         );
     }
-    let tokens = ctx.tokens.current();
     if tokens.is_empty() {
         parts.extensions.insert(Actor::anonymous());
         parts.extensions.insert(Scope::everything());
@@ -128,6 +137,9 @@ pub async fn guard(
         denial.record(DenialReason::Scope, &grant.actor.0);
         return ApiError::OutOfScope(grant.scope.to_string()).into_response();
     }
+    parts
+        .extensions
+        .insert(Sharer::Token(Arc::from(grant.actor.0.as_str())));
     parts.extensions.insert(grant.actor);
     parts.extensions.insert(grant.scope);
     parts.extensions.insert(grant.role);

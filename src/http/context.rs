@@ -3,7 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::FromRef;
+
 use super::admission::Admission;
+use super::browser::OwnHosts;
+use super::health::Readiness;
 use crate::auth::live::LiveTokens;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
@@ -16,6 +20,8 @@ pub struct AppContext {
     pub states: Arc<States>,
     pub locks: Arc<LockManager>,
     pub clickhouse: ClickHouse,
+    /// The newest readiness check, which every `/readyz` probe shares.
+    pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
     pub body_limit: usize,
     pub body_read_timeout: Duration,
@@ -23,7 +29,21 @@ pub struct AppContext {
     /// Replaced whole by a reload (SIGHUP, a change of the tokens file).
     pub tokens: Arc<LiveTokens>,
     pub protect_metrics: bool,
+    /// The hosts a gateway without tokens answers to (see `browser`).
+    pub own_hosts: Arc<OwnHosts>,
     /// mTLS: a request on a connection without a client certificate gets
     /// only the health checks and the dashboard page.
     pub client_certificates_required: bool,
+}
+
+impl FromRef<AppContext> for Arc<Readiness> {
+    fn from_ref(ctx: &AppContext) -> Self {
+        ctx.readiness.clone()
+    }
+}
+
+impl FromRef<AppContext> for Arc<Metrics> {
+    fn from_ref(ctx: &AppContext) -> Self {
+        ctx.metrics.clone()
+    }
 }

@@ -102,6 +102,7 @@ problem_types! {
     Unauthorized => UNAUTHORIZED, "unauthorized", "Unauthorized";
     Forbidden => FORBIDDEN, "forbidden", "Forbidden";
     OutOfScope => FORBIDDEN, "out-of-scope", "Outside the token's scope";
+    CrossOrigin => FORBIDDEN, "cross-origin", "Cross-origin change refused";
     NotFound => NOT_FOUND, "not-found", "Not found";
     StateNotFound => NOT_FOUND, "state-not-found", "State not found";
     LockNotFound => NOT_FOUND, "lock-not-found", "No lock held";
@@ -116,9 +117,11 @@ problem_types! {
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
     BookmarkRegression => CONFLICT, "bookmark-regression", "Bookmark goes backwards";
+    TooManyRequests => TOO_MANY_REQUESTS, "too-many-requests", "Over the token's share";
     PreconditionFailed => PRECONDITION_FAILED, "precondition-failed", "Precondition failed";
     PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large";
     Misdirected => MISDIRECTED_REQUEST, "misdirected", "Another gateway is the authority";
+    UnknownHost => MISDIRECTED_REQUEST, "unknown-host", "Host not served";
     Internal => INTERNAL_SERVER_ERROR, "internal", "Internal error";
     // The data came from another writer; the gateway relays it faithfully or not at all.
     CorruptState => BAD_GATEWAY, "corrupt-state", "Stored state is unreadable";
@@ -140,6 +143,11 @@ impl ProblemType {
 
     fn title(self) -> &'static str {
         self.spec().2
+    }
+
+    /// The problem's `type` member.
+    pub fn uri(self) -> String {
+        format!("urn:statehouse:problem:{}", self.slug())
     }
 
     /// The problem type for a bare status some layer produced without one.
@@ -203,7 +211,7 @@ fn problem_with(
     extras: Extras<'_>,
 ) -> Response {
     let body = ProblemBody {
-        kind: format!("urn:statehouse:problem:{}", kind.slug()),
+        kind: kind.uri(),
         title: kind.title(),
         status: status.as_u16(),
         detail,

@@ -1,6 +1,10 @@
-//! Liveness, readiness (per component) and Prometheus metrics.
+//! Liveness, readiness (per component) and Prometheus metrics. Handed the
+//! readiness check and the metrics, not the whole `AppContext` (see its
+//! `FromRef`s): the context holds the [`Readiness`], so this module stays
+//! below it.
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
@@ -8,7 +12,13 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::context::AppContext;
+use super::error::ProblemType;
+use crate::metrics::Metrics;
+use crate::store::ClickHouse;
+use crate::telemetry::ClientText;
+
+/// How old a readiness check may be and still answer a probe.
+const FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// The process is up and serving; says nothing about ClickHouse on purpose,
 /// so an orchestrator does not restart the gateway for an outage it cannot fix.
@@ -16,15 +26,16 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Ready while ClickHouse answers: checked live on every call.
-pub async fn readyz(State(ctx): State<AppContext>) -> Response {
-    let started = Instant::now();
-    let clickhouse = match ctx.clickhouse.ping().await {
-        Ok(()) => json!({
-            "status": "ok",
-            "latency_ms": started.elapsed().as_secs_f64() * 1000.0,
+/// Ready while ClickHouse answers, from a check at most [`FRESH_FOR`] old.
+pub async fn readyz(State(readiness): State<Arc<Readiness>>) -> Response {
+    let clickhouse = match readiness.check().await {
+        Outcome::Ready { latency_ms } => json!({ "status": "ok", "latency_ms": latency_ms }),
+        // Anyone may probe: ClickHouse's own text (hosts, users, what a
+        // query quoted) goes to the log, the answer names only the problem.
+        Outcome::Unavailable => json!({
+            "status": "unavailable",
+            "problem": ProblemType::ClickHouseUnavailable.uri(),
         }),
-        Err(err) => json!({ "status": "unavailable", "error": err.to_string() }),
     };
     let ready = clickhouse["status"] == "ok";
     let status = if ready {
@@ -39,11 +50,60 @@ pub async fn readyz(State(ctx): State<AppContext>) -> Response {
     (status, Json(body)).into_response()
 }
 
-pub async fn metrics(State(ctx): State<AppContext>) -> Response {
-    let mut response = ctx.metrics.render().into_response();
+pub async fn metrics(State(metrics): State<Arc<Metrics>>) -> Response {
+    let mut response = metrics.render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     response
+}
+
+/// What one readiness check found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome {
+    Ready { latency_ms: f64 },
+    Unavailable,
+}
+
+/// The newest readiness check, shared by every probe: probes cost
+/// ClickHouse at most one ping a second however many arrive.
+pub struct Readiness {
+    clickhouse: ClickHouse,
+    /// The newest check and when it ended. An async lock, held across the
+    /// ping on purpose: probes that arrive during a check wait for its
+    /// outcome instead of sending pings of their own. A probe dropped
+    /// mid-ping frees the lock, and the next one checks anew.
+    newest: tokio::sync::Mutex<Option<(Instant, Outcome)>>,
+}
+
+impl Readiness {
+    pub fn new(clickhouse: ClickHouse) -> Self {
+        Self {
+            clickhouse,
+            newest: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub async fn check(&self) -> Outcome {
+        let mut newest = self.newest.lock().await;
+        if let Some((at, outcome)) = *newest
+            && at.elapsed() < FRESH_FOR
+        {
+            return outcome;
+        }
+        let started = Instant::now();
+        let outcome = match self.clickhouse.ping().await {
+            Ok(()) => Outcome::Ready {
+                latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+            },
+            Err(err) => {
+                let error = err.to_string();
+                tracing::warn!(error = %ClientText(&error), "not ready: ClickHouse does not answer");
+                Outcome::Unavailable
+            }
+        };
+        *newest = Some((Instant::now(), outcome));
+        outcome
+    }
 }

@@ -3,6 +3,7 @@
 mod admission;
 mod auth;
 mod bookmarks;
+mod browser;
 mod context;
 mod dashboard;
 mod error;
@@ -40,7 +41,9 @@ use error::{PROBLEM_JSON, ProblemType, bare_problem, problem};
 pub use self::admission::Admission;
 use self::admission::Counts;
 use self::auth::Access;
+pub use self::browser::OwnHosts;
 pub use self::context::AppContext;
+pub use self::health::Readiness;
 use self::server::TlsSession;
 pub use self::server::{bind, serve};
 use self::wire::REQUEST_ID;
@@ -137,14 +140,15 @@ pub fn router(ctx: AppContext) -> Router {
                 forward::to_authority,
             ));
         }
-        // A request is authorized before it is forwarded, and admitted
-        // before anything: one refused for overload costs nothing more.
+        // A request is authorized, then admitted against its token's share
+        // (so the guard comes first: it names the token), then forwarded
+        // or served; one refused for either costs no ClickHouse query.
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
         let admit = middleware::from_fn_with_state(
             (ctx.admission.clone(), ctx.metrics.clone(), op.counts),
             admission::admit,
         );
-        router.route(op.path, handler.route_layer(guard).route_layer(admit))
+        router.route(op.path, handler.route_layer(admit).route_layer(guard))
     });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.
@@ -156,6 +160,10 @@ pub fn router(ctx: AppContext) -> Router {
                 .delete(states::empty_id),
         )
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            (ctx.tokens.clone(), ctx.own_hosts.clone()),
+            browser::guard,
+        ))
         .layer(middleware::from_fn_with_state(ctx.clone(), record_metrics))
         .with_state(ctx)
         .layer(
@@ -214,7 +222,7 @@ async fn not_found(request: Request) -> Response {
 /// template (never the raw path, which would explode label cardinality).
 async fn record_metrics(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().to_string();
+    let method = request.method().clone();
     let route = request
         .extensions()
         .get::<MatchedPath>()

@@ -1,7 +1,7 @@
 //! `/v1/states`: Meltano state documents over REST.
 
 use axum::Json;
-use axum::body::Bytes;
+
 use axum::extract::{Extension, Path, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
@@ -20,7 +20,6 @@ use crate::domain::{
     DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument, StateId,
     StateIdError, StatePattern,
 };
-use crate::locks::FORWARDED_BY;
 use crate::states::{Change, WriteConditions, Written};
 use crate::store::StoredState;
 use uuid::Uuid;
@@ -244,7 +243,7 @@ pub async fn delete_many(
     Extension(scope): Extension<Scope>,
     ApiQuery(params): ApiQuery<DeleteManyParams>,
     provenance: Provenance,
-    request: Request,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
     // Clearing everything must be asked for (pattern=*), never the result of a missing parameter.
     let Some(raw) = params.pattern else {
@@ -253,18 +252,30 @@ pub async fn delete_many(
         ));
     };
     let pattern = parse_pattern(Some(raw))?;
-    let deleted = ctx
+    // Gateways that are the authority for some matches admit those by
+    // ticket, asked with this request's credentials.
+    let cleared = ctx
         .states
-        .delete_matching(&pattern, &scope, &provenance)
+        .delete_matching(
+            &pattern,
+            &scope,
+            &provenance,
+            headers.get(header::AUTHORIZATION),
+        )
         .await?;
-    // Gateways that are authorities for some matches keep their state in
-    // memory: each deletes and forgets them too before this answers.
-    let (parts, _) = request.into_parts();
-    if !parts.headers.contains_key(FORWARDED_BY) {
-        ctx.locks.tell_peers(&parts, &Bytes::new()).await?;
-    }
-    tracing::warn!(%pattern, %scope, deleted, "deleted states by pattern");
-    Ok(Json(serde_json::json!({ "deleted": deleted })))
+    tracing::warn!(
+        %pattern,
+        %scope,
+        deleted = cleared.deleted,
+        skipped_locked = cleared.skipped_locked,
+        "deleted states by pattern"
+    );
+    let locked: Vec<&str> = cleared.locked.iter().map(StateId::as_str).collect();
+    Ok(Json(serde_json::json!({
+        "deleted": cleared.deleted,
+        "skipped_locked": cleared.skipped_locked,
+        "locked": locked,
+    })))
 }
 
 pub async fn get(

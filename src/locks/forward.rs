@@ -10,8 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::request::Parts;
+use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Request, Response, Uri, header};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -25,7 +24,6 @@ use super::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::StateId;
-use crate::store::now_ms;
 
 /// Authorities looked up lately, so that a non-authority forwards without a
 /// ClickHouse read per request. An entry is kept for a third of the claim
@@ -84,9 +82,6 @@ fn with_causes(err: &dyn std::error::Error) -> String {
     }
     text
 }
-
-/// How long a peer may take to act on what it is told.
-const TELL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A peer that does not take the connection within this is taken for gone.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -161,34 +156,6 @@ impl Router {
         self.authorities
             .remember(id, &peer, coordinator.timing().renew_interval());
         Ok(Route::Peer(peer))
-    }
-
-    /// Sends a request to every other gateway that is the authority for some
-    /// id (a delete by pattern, which they must see before it is answered),
-    /// one after another: there are a handful. One that cannot be reached is
-    /// logged; its claims lapse without it.
-    pub async fn tell_peers(
-        &self,
-        parts: &Parts,
-        body: &Bytes,
-        coordinator: &Coordinator,
-    ) -> Result<(), LockError> {
-        for (gateway_id, url) in coordinator.claim_holders().await? {
-            let peer = Peer {
-                gateway_id,
-                url: url.trim_end_matches('/').to_owned(),
-                lapses_at_ms: now_ms(),
-            };
-            let copy = Request::from_parts(parts.clone(), Body::from(body.clone()));
-            match self.forward(&peer, copy, TELL_DEADLINE).await {
-                Ok(response) if response.status().is_success() => {}
-                Ok(response) => {
-                    tracing::warn!(gateway_id = %gateway_id, status = %response.status(), "a peer refused what it was told");
-                }
-                Err(err) => tracing::warn!(error = %err, "could not tell a peer"),
-            }
-        }
-        Ok(())
     }
 
     /// The peer looked up for `id` turned out not to be its authority.

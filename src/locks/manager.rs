@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::http::request::Parts;
+use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response};
 use uuid::Uuid;
 
@@ -340,6 +339,40 @@ impl LockManager {
         writes: &[(&StateId, Option<Uuid>)],
         authorization: Option<&HeaderValue>,
     ) -> Result<Vec<Admitted>, (usize, LockError)> {
+        let admitted = self.admit_batch(writes, authorization, false).await?;
+        Ok(admitted
+            .into_iter()
+            .map(|write| write.expect("every write admitted or refused"))
+            .collect())
+    }
+
+    /// [`LockManager::check_writes`] for writes that carry no lease and give
+    /// way to one (a delete by pattern): an id whose lease another holds is
+    /// left out (None) instead of refusing the batch.
+    pub async fn check_writes_around_leases(
+        &self,
+        ids: &[&StateId],
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Vec<Option<Admitted>>, (usize, LockError)> {
+        let writes: Vec<(&StateId, Option<Uuid>)> = ids.iter().map(|id| (*id, None)).collect();
+        self.admit_batch(&writes, authorization, true).await
+    }
+
+    /// Admits each of `writes`, leaving out (None) those a lease keeps
+    /// locked when `around_leases`, else refusing the batch at the first.
+    async fn admit_batch(
+        &self,
+        writes: &[(&StateId, Option<Uuid>)],
+        authorization: Option<&HeaderValue>,
+        around_leases: bool,
+    ) -> Result<Vec<Option<Admitted>>, (usize, LockError)> {
+        let locked = |err: &LockError| {
+            around_leases
+                && matches!(
+                    err,
+                    LockError::Locked { .. } | LockError::LockedElsewhere(_)
+                )
+        };
         let recorded: HashMap<String, Lease> = self
             .coordinator
             .recorded_leases()
@@ -359,7 +392,11 @@ impl LockManager {
         let mut by_authority: HashMap<Uuid, (Peer, Vec<usize>)> = HashMap::new();
         for (index, (id, lease_id)) in writes.iter().enumerate() {
             if let Some(here) = admit_here(&self.slots, id, *lease_id, self.query_timeout) {
-                admitted[index] = Some(here.map_err(|err| (index, err))?);
+                match here {
+                    Ok(write) => admitted[index] = Some(write),
+                    Err(err) if locked(&err) => {}
+                    Err(err) => return Err((index, err)),
+                }
                 continue;
             }
             if peers_hold_claims
@@ -372,29 +409,41 @@ impl LockManager {
                     .push(index);
                 continue;
             }
-            let lease =
-                lease_rule(id, recorded.get(id.as_str()), *lease_id).map_err(|err| (index, err))?;
-            admitted[index] = Some(Admitted::recorded((*id).clone(), lease, self.query_timeout));
-        }
-        for (peer, indexes) in by_authority.into_values() {
-            let theirs: Vec<(&StateId, Option<Uuid>)> =
-                indexes.iter().map(|&i| writes[i]).collect();
-            let (ticket, leases) = request_ticket(&self.router, &peer, &theirs, authorization)
-                .await
-                .map_err(|(n, err)| (indexes[n], err))?;
-            for (&index, lease) in indexes.iter().zip(leases) {
-                admitted[index] = Some(Admitted::remote(
-                    writes[index].0.clone(),
-                    lease,
-                    ticket.clone(),
-                    self.query_timeout,
-                ));
+            match lease_rule(id, recorded.get(id.as_str()), *lease_id) {
+                Ok(lease) => {
+                    admitted[index] =
+                        Some(Admitted::recorded((*id).clone(), lease, self.query_timeout));
+                }
+                Err(err) if locked(&err) => {}
+                Err(err) => return Err((index, err)),
             }
         }
-        Ok(admitted
-            .into_iter()
-            .map(|write| write.expect("every write admitted or refused"))
-            .collect())
+        for (peer, mut indexes) in by_authority.into_values() {
+            // The authority refuses a ticket whole, naming the first write
+            // it refused: one left out is asked for again without it.
+            while !indexes.is_empty() {
+                let theirs: Vec<(&StateId, Option<Uuid>)> =
+                    indexes.iter().map(|&i| writes[i]).collect();
+                match request_ticket(&self.router, &peer, &theirs, authorization).await {
+                    Ok((ticket, leases)) => {
+                        for (&index, lease) in indexes.iter().zip(leases) {
+                            admitted[index] = Some(Admitted::remote(
+                                writes[index].0.clone(),
+                                lease,
+                                ticket.clone(),
+                                self.query_timeout,
+                            ));
+                        }
+                        break;
+                    }
+                    Err((n, err)) if locked(&err) => {
+                        indexes.remove(n);
+                    }
+                    Err((n, err)) => return Err((indexes[n], err)),
+                }
+            }
+        }
+        Ok(admitted)
     }
 
     /// As the authority of every id of `writes`: admits them by the lock
@@ -434,12 +483,6 @@ impl LockManager {
         self.router
             .route(id, remembered, &self.slots, &self.coordinator)
             .await
-    }
-
-    /// Tells every other gateway holding claims what `parts` and `body` say
-    /// (a delete by pattern, which they must see before it is answered).
-    pub async fn tell_peers(&self, parts: &Parts, body: &Bytes) -> Result<(), LockError> {
-        self.router.tell_peers(parts, body, &self.coordinator).await
     }
 
     /// The peer looked up for `id` turned out not to be its authority.

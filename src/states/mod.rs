@@ -11,6 +11,7 @@
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod clear;
 mod error;
 mod group_commit;
 mod memory;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 use uuid::Uuid;
 
+pub use self::clear::{Cleared, NAMED_LOCKED};
 pub use self::error::StateError;
 use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
@@ -36,9 +38,10 @@ use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    ChangeContext, HistoryStore, LastChange, Operation, RegressedVersion, Selection, StateStore,
-    StateSummary, StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary, StoreError,
+    StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
+use crate::telemetry::ClientText;
 
 /// What a batch write did.
 pub struct Imported {
@@ -284,7 +287,7 @@ impl States {
                     .bookmark_regressions(prepared.regressions_found);
                 tracing::warn!(
                     state_id = %id,
-                    streams = %prepared.regressed_streams.join(", "),
+                    streams = %ClientText(&prepared.regressed_streams.join(", ")),
                     "bookmark went backwards"
                 );
             }
@@ -408,37 +411,6 @@ impl States {
         self.locks.settle_ticket(ticket, known, |ids| {
             self.memory.forget(|id| ids.contains(id));
         })
-    }
-
-    /// Deletes every match within `scope`, tombstones first; what this
-    /// gateway knew of them goes too (peers that are authorities for some
-    /// of them are told by the caller). It carries no lease: an admin's
-    /// clean-up.
-    pub async fn delete_matching(
-        &self,
-        pattern: &StatePattern,
-        scope: &Scope,
-        provenance: &Provenance,
-    ) -> Result<u64, StoreError> {
-        self.memory
-            .forget(|id| pattern.matches(id) && scope.allows(id));
-        if let Some(history) = &self.history {
-            let context = ChangeContext {
-                provenance: provenance.clone(),
-                lease: None,
-            };
-            let selection = Selection::Matching(pattern.clone(), scope.clone());
-            history
-                .record_deletions(
-                    self.store.table(),
-                    &selection,
-                    Operation::DeleteByPattern,
-                    now_ms(),
-                    &context,
-                )
-                .await?;
-        }
-        self.store.delete_matching(pattern, scope).await
     }
 
     fn history(&self) -> Result<&HistoryStore, StateError> {

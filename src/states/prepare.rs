@@ -23,6 +23,9 @@ pub enum Change {
     ResetStream(String),
     /// Delete the state; deleting what does not exist changes nothing.
     Delete,
+    /// Delete it as one match of a delete by pattern: as `Delete`, but so
+    /// recorded in its history.
+    DeleteByPattern,
     /// Roll back to a version: its document, or None for a tombstone.
     Restore(Option<StateDocument>),
     /// One entry of a bulk import: replaces the state, as a PUT does.
@@ -36,6 +39,7 @@ impl Change {
             Self::Update(_) => Operation::Patch,
             Self::ResetStream(_) => Operation::ResetStream,
             Self::Delete => Operation::Delete,
+            Self::DeleteByPattern => Operation::DeleteByPattern,
             Self::Restore(_) => Operation::Rollback,
             Self::Import(_) => Operation::Import,
         }
@@ -111,10 +115,10 @@ pub fn prepare(
                     .ok_or(StateError::NoBookmark(stream))?,
             )
         }
-        Change::Delete | Change::Restore(None) if current.is_none() => {
+        Change::Delete | Change::DeleteByPattern | Change::Restore(None) if current.is_none() => {
             return Ok(None);
         }
-        Change::Delete | Change::Restore(None) => None,
+        Change::Delete | Change::DeleteByPattern | Change::Restore(None) => None,
     };
     let found = match (&after, &before) {
         (Some(after), Some(before)) if policy.regression != RegressionMode::Off => {
@@ -166,7 +170,7 @@ fn before(
         {
             None
         }
-        Change::Delete | Change::Restore(None) if !policy.history => None,
+        Change::Delete | Change::DeleteByPattern | Change::Restore(None) if !policy.history => None,
         _ => lenient(),
     })
 }

@@ -52,14 +52,6 @@ impl Operation {
     }
 }
 
-/// Who made a change and under which lease: every version carries it.
-#[derive(Clone, Debug)]
-pub struct ChangeContext {
-    pub provenance: Provenance,
-    /// The lease the write carried, when it carried the current one.
-    pub lease: Option<Lease>,
-}
-
 /// A version about to be made.
 pub struct NewVersion<'a> {
     pub id: &'a StateId,
@@ -157,12 +149,6 @@ struct VersionRowIn {
 
 const META_COLUMNS: &str = "toUnixTimestamp64Milli(version) AS version_ms, operation, deleted, \
     changed_streams, regressed_streams, actor, lease_owner, fencing_token, request_id, user_agent";
-
-/// Effective bookmarks' streams of a stored row, computed by ClickHouse: what
-/// a deletion changes.
-const STREAMS_OF_ROW: &str = "arraySort(arrayDistinct(arrayConcat(\
-    JSONExtractKeys(ifNull(completed_state, ''), 'singer_state', 'bookmarks'), \
-    JSONExtractKeys(ifNull(partial_state, ''), 'singer_state', 'bookmarks'))))";
 
 impl VersionRowIn {
     /// The version of `id`, with its document unless it is a tombstone.
@@ -382,48 +368,6 @@ impl HistoryStore {
                 insert.end().await
             })
             .await
-    }
-
-    /// Writes a tombstone for every state of `state_table` that `selection`
-    /// is about to delete, in one round trip: ClickHouse reads the rows and
-    /// stamps each tombstone after both `now_ms` and the version it ends.
-    pub async fn record_deletions(
-        &self,
-        state_table: &str,
-        selection: &Selection,
-        operation: Operation,
-        now_ms: i64,
-        context: &ChangeContext,
-    ) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO {history} (state_id, version, operation, deleted, completed_state,
-                partial_state, changed_streams, actor, lease_owner, fencing_token, request_id, user_agent)
-             SELECT state_id,
-                greatest(fromUnixTimestamp64Milli({{now:Int64}}), updated_at + toIntervalMillisecond(1)),
-                {{operation:String}}, 1, NULL, NULL, {STREAMS_OF_ROW},
-                {{actor:String}}, {{lease_owner:String}}, {{fencing_token:UInt64}},
-                {{request_id:String}}, {{user_agent:String}}
-             FROM {state_table} FINAL WHERE {filter}",
-            history = self.table,
-            filter = selection.sql(),
-        );
-        let provenance = &context.provenance;
-        let query = selection
-            .bind(self.ch.client.query(&sql))
-            .param("now", now_ms)
-            .param("operation", operation.as_str())
-            .param("actor", &provenance.actor)
-            .param(
-                "lease_owner",
-                context.lease.as_ref().map_or("", |l| l.owner.as_str()),
-            )
-            .param(
-                "fencing_token",
-                context.lease.as_ref().map_or(0, |l| l.fencing_token),
-            )
-            .param("request_id", &provenance.request_id)
-            .param("user_agent", &provenance.user_agent);
-        self.ch.timed("history_record", query.execute()).await
     }
 
     /// Up to `limit` versions of `id` before `before` (all when None), newest

@@ -25,8 +25,8 @@ pub use diagnosis::Blocker;
 pub use error::StoreError;
 pub use gateways_table::GatewayStore;
 pub use history_table::{
-    ChangeContext, History, HistoryStore, LastChange, NewVersion, Operation, RegressedVersion,
-    StoredVersion, VersionMeta,
+    History, HistoryStore, LastChange, NewVersion, Operation, RegressedVersion, StoredVersion,
+    VersionMeta,
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, StoredLease};

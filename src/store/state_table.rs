@@ -270,47 +270,12 @@ impl StateStore {
 
     /// Deletes the rows of `ids`, in one statement.
     pub async fn delete_many(&self, ids: &[StateId]) -> Result<(), StoreError> {
-        self.delete_selected(&Selection::Ids(ids.to_vec())).await
-    }
-
-    /// Deletes every state whose id matches within `scope`; answers how
-    /// many there were.
-    pub async fn delete_matching(
-        &self,
-        pattern: &StatePattern,
-        scope: &Scope,
-    ) -> Result<u64, StoreError> {
-        let selection = Selection::Matching(pattern.clone(), scope.clone());
-        let count_sql = format!(
-            "SELECT count() FROM {} FINAL WHERE {}",
-            self.table,
-            selection.sql()
-        );
-        let count = self
-            .ch
-            .timed(
-                "delete_matching",
-                selection
-                    .bind(self.ch.client.query(&count_sql))
-                    .fetch_one::<u64>(),
-            )
-            .await?;
-        if count > 0 {
-            self.delete_selected(&selection).await?;
-        }
-        Ok(count)
-    }
-
-    async fn delete_selected(&self, selection: &Selection) -> Result<(), StoreError> {
+        let selection = Selection::Ids(ids.to_vec());
         let sql = format!("DELETE FROM {} WHERE {}", self.table, selection.sql());
         let query = selection
             .bind(self.ch.client.query(&sql))
             .with_setting("lightweight_deletes_sync", "2");
-        let operation = match selection {
-            Selection::Ids(_) => "delete",
-            Selection::Matching(..) => "delete_matching",
-        };
-        self.ch.timed(operation, query.execute()).await
+        self.ch.timed("delete", query.execute()).await
     }
 
     /// Up to `limit` ids matching `pattern` within `scope`, in byte order,

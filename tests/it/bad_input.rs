@@ -428,7 +428,7 @@ async fn body_limit_is_exact_with_and_without_content_length() {
     for (len, expected) in [(limit, 201), (limit + 1, 413)] {
         let body = document_of_len(len);
         let head = format!(
-            "PUT /v1/states/sized-{len} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
+            "PUT /v1/states/sized-{len} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n"
         );
         let (status, text) = raw_http(&app, &head, &body).await;
         assert_eq!(status, expected, "content-length {len}: {text}");
@@ -441,7 +441,7 @@ async fn body_limit_is_exact_with_and_without_content_length() {
         }
         chunked.extend_from_slice(b"0\r\n\r\n");
         let head = format!(
-            "PUT /v1/states/chunked-{len} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            "PUT /v1/states/chunked-{len} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         );
         let (status, text) = raw_http(&app, &head, &chunked).await;
         assert_eq!(status, expected, "chunked {len}: {text}");

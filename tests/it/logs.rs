@@ -25,7 +25,8 @@ async fn raw_request(base: &str, head: &[u8]) -> u16 {
 }
 
 fn get_with_header(name: &str, value: &[u8]) -> Vec<u8> {
-    let mut head = b"GET /v1/states?limit=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".to_vec();
+    let mut head =
+        b"GET /v1/states?limit=1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".to_vec();
     head.extend_from_slice(name.as_bytes());
     head.extend_from_slice(b": ");
     head.extend_from_slice(value);
@@ -69,6 +70,43 @@ async fn client_text_is_escaped_in_every_text_log_line() {
         .await;
     assert_eq!(written.status, StatusCode::CREATED);
 
+    // Stream names: a bookmark that goes backwards is logged with its
+    // stream's name, by a PUT, a PATCH and a bulk import alike.
+    let stream = format!("orders{FORGED}");
+    let bookmarks = |value: &str| {
+        json!({"singer_state": {"bookmarks": {&stream: {
+            "replication_key": "updated_at", "replication_key_value": value}}}})
+    };
+    let bookmark = |value: &str| json!({"completed": bookmarks(value)});
+    let regressing = format!("r{FORGED}");
+    for (method, value) in [
+        (Method::PUT, "2026-01-03"),
+        (Method::PUT, "2026-01-02"),
+        (Method::PATCH, "2026-01-01"),
+    ] {
+        let reply = api
+            .request(
+                method,
+                &format!("/v1/states/{}", encode_id(&regressing)),
+                Some(&bookmark(value).to_string()),
+                &[],
+            )
+            .await;
+        assert!(reply.status.is_success(), "{}", reply.text);
+    }
+    let imported = api
+        .request(
+            Method::POST,
+            "/v1/states",
+            Some(
+                &json!([{"state_id": &regressing, "completed": bookmarks("2025-12-31")}])
+                    .to_string(),
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+
     // pattern: deleting by pattern logs it.
     let deleted = api
         .request(
@@ -78,7 +116,10 @@ async fn client_text_is_escaped_in_every_text_log_line() {
             &[],
         )
         .await;
-    assert_eq!(deleted.json(), json!({"deleted": 1}));
+    assert_eq!(
+        deleted.json(),
+        json!({"deleted": 1, "skipped_locked": 0, "locked": []})
+    );
 
     // User-Agent and X-Request-Id, in the request span. HTTP refuses control
     // bytes in a header (hyper answers 400 before any log line), but bytes
@@ -143,6 +184,7 @@ async fn client_text_is_escaped_in_every_text_log_line() {
     for needle in [
         format!(r#"state_id="a{escaped}b""#),
         format!(r#"pattern="a{escaped}*""#),
+        format!(r#"streams="orders{escaped}""#),
         r#"user_agent="ua\u{85}FORGED-LINE\u{2028}FORGED-LINE\u{202e}\t\"k=v\"""#.to_owned(),
         r#"request_id="rid\t\"k=v\" x""#.to_owned(),
     ] {

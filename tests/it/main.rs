@@ -41,6 +41,7 @@ mod run_lease_tls;
 mod run_lease_tree;
 mod scope_auth;
 mod seed_compat;
+mod shared_gateway;
 mod slow_clients;
 mod soak_mixed;
 mod states_api;

@@ -56,12 +56,12 @@ async fn trickle(
 }
 
 fn slow_head(n: usize) -> String {
-    format!("GET /v1/states/slow-head-{n} HTTP/1.1\r\nHost: statehouse\r\nX-Slow: ")
+    format!("GET /v1/states/slow-head-{n} HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
 }
 
 fn slow_body(n: usize) -> String {
     format!(
-        "PUT /v1/states/slow-body-{n} HTTP/1.1\r\nHost: statehouse\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"completed\": {{\"pad\": \""
+        "PUT /v1/states/slow-body-{n} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"completed\": {{\"pad\": \""
     )
 }
 
@@ -229,7 +229,7 @@ async fn idle_kept_alive_connections_are_closed_after_the_idle_timeout() {
     let addr = address(&app.base);
     let mut kept = TcpStream::connect(addr).await.unwrap();
     for _ in 0..2 {
-        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: statehouse\r\n\r\n")
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .await
             .unwrap();
         let response = read_response(&mut kept).await;

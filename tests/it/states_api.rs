@@ -389,16 +389,25 @@ async fn delete_many_deletes_matches_and_counts_them() {
         .request(Method::DELETE, "/v1/states?pattern=dev:*", None, &[])
         .await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.json(), json!({"deleted": 2}));
+    assert_eq!(
+        reply.json(),
+        json!({"deleted": 2, "skipped_locked": 0, "locked": []})
+    );
     assert_eq!(listed(&app, "*").await, ["prod:a"]);
     let none = app
         .request(Method::DELETE, "/v1/states?pattern=dev:*", None, &[])
         .await;
-    assert_eq!(none.json(), json!({"deleted": 0}));
+    assert_eq!(
+        none.json(),
+        json!({"deleted": 0, "skipped_locked": 0, "locked": []})
+    );
     let all = app
         .request(Method::DELETE, "/v1/states?pattern=*", None, &[])
         .await;
-    assert_eq!(all.json(), json!({"deleted": 1}));
+    assert_eq!(
+        all.json(),
+        json!({"deleted": 1, "skipped_locked": 0, "locked": []})
+    );
     assert!(listed(&app, "*").await.is_empty());
 }
 

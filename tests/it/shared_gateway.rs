@@ -1,0 +1,532 @@
+//! A shared gateway that no single client can exhaust (issue 35): each
+//! attack of the issue is sent, and another client is still served. The
+//! limits are the issue's: 16 lock waiters and 8 requests at once, half of
+//! each for one token.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+use statehouse::auth::Tokens;
+use statehouse::config::Config;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::{
+    Api, Reply, TestApp, metric, peer_config, spawn_app, spawn_configured, unique_schema,
+};
+
+const TEAM_A: &str = "team-a-write-token-0123456789";
+const TEAM_B: &str = "team-b-write-token-0123456789";
+const ADMIN: &str = "operators-admin-token-0123456789";
+
+/// Two teams, each kept to its own ids, and the operators.
+fn two_teams(config: &mut Config) {
+    let mut tokens = Tokens::default();
+    tokens
+        .add(
+            "test",
+            &format!(
+                "write {TEAM_A} team-a scope=a:*\nwrite {TEAM_B} team-b scope=b:*\nadmin {ADMIN} operators\n"
+            ),
+            '\n',
+        )
+        .unwrap();
+    config.tokens = tokens;
+    config.concurrency.lock_waiters = 16;
+    config.concurrency.requests = 8;
+}
+
+async fn call(api: &Api, method: Method, path: &str, body: Option<&str>, token: &str) -> Reply {
+    let bearer = format!("Bearer {token}");
+    api.request(method, path, body, &[("authorization", &bearer)])
+        .await
+}
+
+fn acquire_body(owner: &str, wait: f64) -> String {
+    json!({"owner": owner, "ttl_seconds": 60, "wait_seconds": wait}).to_string()
+}
+
+/// A lease on `id` for `token`.
+async fn lease(api: &Api, id: &str, token: &str) -> String {
+    let reply = call(
+        api,
+        Method::POST,
+        &format!("/v1/locks/{id}"),
+        Some(&acquire_body("holder", 0.0)),
+        token,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.json()["lease_id"].as_str().unwrap().to_owned()
+}
+
+/// Team B's acquire of a free id of its own, and its read, while team A
+/// does its worst: both answered, within 3 s.
+async fn team_b_is_served(api: &Api, round: usize) {
+    let started = Instant::now();
+    let id = format!("b:free-{round}");
+    let acquired = call(
+        api,
+        Method::POST,
+        &format!("/v1/locks/{id}"),
+        Some(&acquire_body("team-b", 0.0)),
+        TEAM_B,
+    )
+    .await;
+    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
+    let lease_id = acquired.json()["lease_id"].as_str().unwrap().to_owned();
+    let read = call(api, Method::GET, "/v1/states?pattern=b:*", None, TEAM_B).await;
+    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
+    let released = call(
+        api,
+        Method::DELETE,
+        &format!("/v1/locks/{id}/{lease_id}"),
+        None,
+        TEAM_B,
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "team B waited {:?}",
+        started.elapsed()
+    );
+}
+
+/// Team A's 16 waiters on its own held id, sent to `entry`; `authority`
+/// holds the id. Past team A's share they get 429 with Retry-After at
+/// once, the others wait their 4 s in line, and team B is served all the
+/// while, at both gateways.
+async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
+    let held = lease(authority, "a:held", TEAM_A).await;
+    let waiters: Vec<_> = (0..16)
+        .map(|n| {
+            let api = entry.api.clone();
+            tokio::spawn(async move {
+                call(
+                    &api,
+                    Method::POST,
+                    "/v1/locks/a:held",
+                    Some(&acquire_body(&format!("waiter-{n}"), 4.0)),
+                    TEAM_A,
+                )
+                .await
+            })
+        })
+        .collect();
+    // Long enough for every waiter to be in line or refused.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for round in 0..2 {
+        team_b_is_served(entry, round).await;
+        team_b_is_served(authority, round + 10).await;
+    }
+    let (mut refused, mut waited) = (0, 0);
+    for waiter in waiters {
+        let reply = waiter.await.unwrap();
+        match reply.status {
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(reply.problem_type(), "too-many-requests");
+                assert_eq!(reply.header("retry-after"), Some("1"));
+                refused += 1;
+            }
+            StatusCode::CONFLICT => {
+                assert_eq!(reply.problem_type(), "lock-held");
+                waited += 1;
+            }
+            other => panic!("{other}: {}", reply.text),
+        }
+    }
+    assert_eq!(refused, 8, "team A holds at most half the 16 waiters");
+    assert_eq!(waited, 8);
+    let release = call(
+        authority,
+        Method::DELETE,
+        &format!("/v1/locks/a:held/{held}"),
+        None,
+        TEAM_A,
+    )
+    .await;
+    assert_eq!(release.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_teams_waiters_leave_another_teams_acquire_and_read_answered() {
+    let app = spawn_app_with_teams(&unique_schema(), false).await;
+    team_a_floods_waiters(&app, &app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_teams_waiters_through_a_second_gateway_leave_another_team_answered() {
+    let schema = unique_schema();
+    let authority = spawn_app_with_teams(&schema, true).await;
+    let entry = spawn_app_with_teams(&schema, true).await;
+    team_a_floods_waiters(&entry, &authority).await;
+}
+
+async fn spawn_app_with_teams(schema: &str, peer: bool) -> TestApp {
+    let mut config = peer_config(schema);
+    if !peer {
+        config.locks.advertise_url = None;
+    }
+    two_teams(&mut config);
+    spawn_configured(config).await
+}
+
+/// Opens a PUT of `id` whose body never finishes arriving, and answers the
+/// connection with what came back so far once the head is in.
+async fn slow_upload(base: &str, id: &str) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "PUT /v1/states/{id} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {TEAM_A}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"completed\": {{\"pad\": \""
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// The status line's code of what `stream` answered within `wait`, if any.
+async fn answered(stream: &mut TcpStream, wait: Duration) -> Option<u16> {
+    let mut buf = [0u8; 512];
+    let read = tokio::time::timeout(wait, stream.read(&mut buf))
+        .await
+        .ok()?;
+    let n = read.ok()?;
+    String::from_utf8_lossy(&buf[..n])
+        .get(9..12)
+        .and_then(|code| code.parse().ok())
+}
+
+/// Team A's 8 uploads that trickle in, sent to `entry` for ids `authority`
+/// is the authority of: 4 hold team A's share, 4 are refused with 429 at
+/// once, and team B is served.
+async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
+    for n in 0..8 {
+        // The authority holds each id's claim, so the uploads are forwarded.
+        let id = format!("a:slow-{n}");
+        let held = lease(authority, &id, TEAM_A).await;
+        let released = call(
+            authority,
+            Method::DELETE,
+            &format!("/v1/locks/{id}/{held}"),
+            None,
+            TEAM_A,
+        )
+        .await;
+        assert_eq!(released.status, StatusCode::NO_CONTENT);
+    }
+    let mut uploads = Vec::new();
+    for n in 0..8 {
+        uploads.push(slow_upload(&entry.base, &format!("a:slow-{n}")).await);
+    }
+    let mut refused = 0;
+    for upload in &mut uploads {
+        match answered(upload, Duration::from_millis(500)).await {
+            Some(429) => refused += 1,
+            Some(other) => panic!("a slow upload answered {other}"),
+            None => {}
+        }
+    }
+    assert_eq!(refused, 4, "team A holds at most half the 8 requests");
+    for round in 0..3 {
+        team_b_is_served(entry, 20 + round).await;
+        team_b_is_served(authority, 30 + round).await;
+    }
+    drop(uploads);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_teams_slow_uploads_leave_another_team_answered() {
+    let app = spawn_app_with_teams(&unique_schema(), false).await;
+    team_a_uploads_slowly(&app, &app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_teams_slow_uploads_through_a_second_gateway_leave_another_team_answered() {
+    let schema = unique_schema();
+    let authority = spawn_app_with_teams(&schema, true).await;
+    let entry = spawn_app_with_teams(&schema, true).await;
+    team_a_uploads_slowly(&entry, &authority).await;
+}
+
+#[tokio::test]
+async fn made_up_methods_add_nothing_to_metrics() {
+    let app = spawn_app().await;
+    let size = || async { app.get("/metrics").await.text.len() };
+    // Every series a first request of each kind adds exists before the attack.
+    let _ = app.get("/nowhere").await;
+    let before = size().await;
+    for n in 0..150u32 {
+        let name: String = (0..2048)
+            .map(|i| char::from(b'A' + ((n * 31 + i) % 26) as u8))
+            .collect();
+        let method = Method::from_bytes(name.as_bytes()).unwrap();
+        let reply = app
+            .client
+            .request(method, format!("{}/v1/states", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert!(reply.status().is_client_error(), "{}", reply.status());
+    }
+    let metrics = app.get("/metrics").await.text;
+    assert!(metrics.contains(r#"method="other""#), "{metrics}");
+    let grown = metrics.len() - before;
+    assert!(grown < 20 * 1024, "/metrics grew by {grown} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readiness_probes_share_one_check_a_second() {
+    let app = spawn_app().await;
+    let pings = |text: &str| {
+        metric(
+            text,
+            r#"statehouse_clickhouse_query_duration_seconds_count{operation="ping"}"#,
+        )
+        .unwrap_or(0.0)
+    };
+    let before = pings(&app.get("/metrics").await.text);
+    let started = Instant::now();
+    let probers: Vec<_> = (0..16)
+        .map(|_| {
+            let api = app.api.clone();
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let ready = api.get("/readyz").await;
+                    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text);
+                }
+            })
+        })
+        .collect();
+    for prober in probers {
+        prober.await.unwrap();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let sent = pings(&app.get("/metrics").await.text) - before;
+    // A check at most a second old answers: one a second, and the first.
+    assert!(
+        sent <= seconds.ceil() + 1.0,
+        "400 probes in {seconds:.1} s sent {sent} pings"
+    );
+}
+
+/// Sends `method path` with `headers` and a `text/plain` body, as a form or
+/// a no-cors fetch of another site's page would.
+async fn simple_request(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = app
+        .client
+        .request(method, format!("{}{path}", app.base))
+        .header("content-type", "text/plain")
+        .body(body.to_owned());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+async fn problem_of(response: reqwest::Response) -> (StatusCode, String) {
+    let status = response.status();
+    let body: serde_json::Value = response.json().await.unwrap();
+    (status, body["type"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn a_web_page_cannot_write_to_a_gateway_without_tokens() {
+    let app = spawn_app().await;
+    let document = json!({"completed": {"n": 1}}).to_string();
+    let evil = [("origin", "http://evil.example")];
+    let put = simple_request(&app, Method::PUT, "/v1/states/web", &document, &evil).await;
+    assert_eq!(
+        problem_of(put).await,
+        (
+            StatusCode::FORBIDDEN,
+            "urn:statehouse:problem:cross-origin".to_owned()
+        )
+    );
+    let batch = json!([{"state_id": "web-import", "completed": {"n": 1}}]).to_string();
+    let import = simple_request(&app, Method::POST, "/v1/states", &batch, &evil).await;
+    assert_eq!(import.status(), StatusCode::FORBIDDEN);
+    let opaque = [("origin", "null")];
+    let sandboxed = simple_request(&app, Method::PUT, "/v1/states/web", &document, &opaque).await;
+    assert_eq!(sandboxed.status(), StatusCode::FORBIDDEN);
+    assert_eq!(app.get_state("web").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get_state("web-import").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A cross-origin read is the browser's to keep from the page.
+    let read = simple_request(&app, Method::GET, "/v1/states", "", &evil).await;
+    assert_eq!(read.status(), StatusCode::OK);
+    // curl sends no Origin; the dashboard's own page sends its own.
+    let curl = simple_request(&app, Method::PUT, "/v1/states/web", &document, &[]).await;
+    assert_eq!(curl.status(), StatusCode::CREATED);
+    let own = [("origin", app.base.as_str())];
+    let page = simple_request(&app, Method::PUT, "/v1/states/web", &document, &own).await;
+    assert_eq!(page.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_rebound_host_is_not_answered_by_a_gateway_without_tokens() {
+    let app = spawn_app().await;
+    app.put_state("rebound", &json!({"completed": {"n": 1}}))
+        .await;
+    for host in [
+        "evil.example",
+        "evil.example:8080",
+        "localhost.evil.example",
+    ] {
+        let reply = simple_request(
+            &app,
+            Method::GET,
+            "/v1/states/rebound",
+            "",
+            &[("host", host)],
+        )
+        .await;
+        assert_eq!(
+            problem_of(reply).await,
+            (
+                StatusCode::MISDIRECTED_REQUEST,
+                "urn:statehouse:problem:unknown-host".to_owned()
+            ),
+            "{host}"
+        );
+    }
+    for host in ["localhost", "127.0.0.1", "[::1]:8080"] {
+        let reply = simple_request(
+            &app,
+            Method::GET,
+            "/v1/states/rebound",
+            "",
+            &[("host", host)],
+        )
+        .await;
+        assert_eq!(reply.status(), StatusCode::OK, "{host}");
+    }
+}
+
+#[tokio::test]
+async fn with_tokens_neither_origin_nor_host_is_asked() {
+    let app = spawn_app_with_teams(&unique_schema(), false).await;
+    let document = json!({"completed": {"n": 1}}).to_string();
+    let bearer = format!("Bearer {TEAM_A}");
+    let headers = [
+        ("origin", "http://evil.example"),
+        ("host", "statehouse.internal"),
+        ("authorization", bearer.as_str()),
+    ];
+    let put = simple_request(&app, Method::PUT, "/v1/states/a:web", &document, &headers).await;
+    assert_eq!(put.status(), StatusCode::CREATED);
+}
+
+/// A pattern delete of `a:*` sent to `entry` while a worker holds the lease
+/// on `a:running` at `authority`: that state stays, and the answer says so.
+async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, forged: bool) {
+    let lease_id = lease(authority, "a:running", TEAM_A).await;
+    let bearer = format!("Bearer {TEAM_A}");
+    let with_lease = authority
+        .request(
+            Method::PUT,
+            "/v1/states/a:running",
+            Some(&json!({"completed": {"bookmark": 7}}).to_string()),
+            &[("authorization", &bearer), ("lease-id", &lease_id)],
+        )
+        .await;
+    assert_eq!(
+        with_lease.status,
+        StatusCode::CREATED,
+        "{}",
+        with_lease.text
+    );
+    // A state the authority holds in memory: its claim is still held.
+    let done = lease(authority, "a:done", TEAM_A).await;
+    let put = authority
+        .request(
+            Method::PUT,
+            "/v1/states/a:done",
+            Some(&json!({"completed": {"bookmark": 1}}).to_string()),
+            &[("authorization", &bearer), ("lease-id", &done)],
+        )
+        .await;
+    assert_eq!(put.status, StatusCode::CREATED);
+    let released = call(
+        authority,
+        Method::DELETE,
+        &format!("/v1/locks/a:done/{done}"),
+        None,
+        TEAM_A,
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+
+    let admin = format!("Bearer {ADMIN}");
+    let mut headers = vec![("authorization", admin.as_str())];
+    if forged {
+        // What only gateways should send; a client's is not trusted.
+        headers.push((
+            "x-statehouse-forwarded-by",
+            "00000000-0000-0000-0000-000000000001",
+        ));
+    }
+    let cleared = entry
+        .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
+        .await;
+    assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+    assert_eq!(
+        cleared.json(),
+        json!({"deleted": 1, "skipped_locked": 1, "locked": ["a:running"]})
+    );
+    for gateway in [entry, authority] {
+        let kept = call(gateway, Method::GET, "/v1/states/a:running", None, TEAM_A).await;
+        assert_eq!(kept.status, StatusCode::OK, "{}", kept.text);
+        assert_eq!(kept.json()["completed"], json!({"bookmark": 7}));
+        let gone = call(gateway, Method::GET, "/v1/states/a:done", None, TEAM_A).await;
+        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+    }
+    // Once the run is done, the same delete takes it.
+    let released = call(
+        authority,
+        Method::DELETE,
+        &format!("/v1/locks/a:running/{lease_id}"),
+        None,
+        TEAM_A,
+    )
+    .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    let cleared = entry
+        .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
+        .await;
+    assert_eq!(
+        cleared.json(),
+        json!({"deleted": 1, "skipped_locked": 0, "locked": []})
+    );
+}
+
+#[tokio::test]
+async fn a_pattern_delete_leaves_a_state_whose_lease_another_holds() {
+    let app = spawn_app_with_teams(&unique_schema(), false).await;
+    pattern_delete_around_a_lease(&app, &app, false).await;
+}
+
+#[tokio::test]
+async fn a_pattern_delete_through_a_second_gateway_leaves_the_authoritys_leased_state() {
+    let schema = unique_schema();
+    let authority = spawn_app_with_teams(&schema, true).await;
+    let entry = spawn_app_with_teams(&schema, true).await;
+    pattern_delete_around_a_lease(&entry, &authority, false).await;
+}
+
+#[tokio::test]
+async fn a_forged_forwarding_header_does_not_keep_the_authority_from_hearing_of_a_delete() {
+    let schema = unique_schema();
+    let authority = spawn_app_with_teams(&schema, true).await;
+    let entry = spawn_app_with_teams(&schema, true).await;
+    pattern_delete_around_a_lease(&entry, &authority, true).await;
+}

@@ -39,7 +39,8 @@ impl Drop for Scratch {
     }
 }
 
-/// `statehouse lock --url BASE FLAGS... ID -- sh -c SCRIPT`, run in `dir`.
+/// `statehouse lock --url BASE FLAGS... ID -- sh -c SCRIPT`, run in `dir`,
+/// with the default action for the signals it passes on.
 pub fn lock(
     base: &str,
     flags: &[&str],
@@ -47,7 +48,22 @@ pub fn lock(
     dir: &Path,
     script: &str,
 ) -> tokio::process::Child {
-    tokio::process::Command::new(BIN)
+    let mut runner = tokio::process::Command::new(BIN);
+    // Tests started in the background (`nohup scripts/test &`) inherit SIGINT
+    // and SIGHUP ignored from the shell, and the runner rightly keeps an
+    // ignored signal ignored: the signals these tests send would not arrive.
+    // SAFETY: signal(2) is async-signal-safe, so fit to run between fork and exec.
+    unsafe {
+        runner.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    runner
         .args(["lock", "--url", base])
         .args(flags)
         .args([id, "--", "sh", "-c", script])

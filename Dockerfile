@@ -15,6 +15,9 @@ RUN cargo build --release --locked --bin statehouse
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/statehouse /usr/local/bin/statehouse
 USER nonroot
+# Reachable from outside the container, so `serve` needs tokens
+# (STATEHOUSE_TOKENS_FILE) or STATEHOUSE_ALLOW_UNAUTHENTICATED=true: without
+# either it exits 2 naming both.
 ENV STATEHOUSE_LISTEN=0.0.0.0:8080 \
     STATEHOUSE_LOG_FORMAT=json
 EXPOSE 8080

@@ -154,9 +154,9 @@ impl App {
                 "no --advertise-url: other gateways cannot forward to this one, so its locks are served only by it; give every gateway behind one load balancer its URL"
             ),
         }
-        let listen = guarded_listen_address(config);
-        let listener = http::bind(listen).map_err(|source| StartError::Listen {
-            addr: listen,
+        log_authentication(config);
+        let listener = http::bind(config.listen).map_err(|source| StartError::Listen {
+            addr: config.listen,
             source,
         })?;
         // Last, so that no record is left by a start that fails after it.
@@ -302,28 +302,17 @@ impl App {
     }
 }
 
-/// Without tokens anyone who reaches the port can write state, so unless told
-/// otherwise the gateway keeps to loopback, on the port it was given.
-fn guarded_listen_address(config: &Config) -> SocketAddr {
-    let wanted = config.listen;
-    if !config.tokens.is_empty() {
+/// Says whether requests are authenticated (an open address without tokens
+/// was refused by [`Config`]).
+fn log_authentication(config: &Config) {
+    if config.tokens.is_empty() {
+        tracing::warn!(listen = %config.listen, "no tokens configured: authentication is off");
+    } else {
         tracing::info!(
             tokens = config.tokens.len(),
             "bearer-token authentication on"
         );
-        return wanted;
     }
-    if wanted.ip().is_loopback() || config.allow_unauthenticated {
-        tracing::warn!(listen = %wanted, "no tokens configured: authentication is off");
-        return wanted;
-    }
-    let loopback = SocketAddr::from(([127, 0, 0, 1], wanted.port()));
-    tracing::warn!(
-        requested = %wanted,
-        listen = %loopback,
-        "no tokens configured: serving on loopback only (set STATEHOUSE_TOKENS_FILE, or --allow-unauthenticated to serve {wanted} without authentication)"
-    );
-    loopback
 }
 
 /// Waits for ClickHouse (bounded by the startup timeout) and creates the

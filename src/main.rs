@@ -28,7 +28,7 @@ fn main() -> ExitCode {
     };
     let config = match Config::try_from(*args) {
         Ok(config) => config,
-        Err(err) => return fail(&err),
+        Err(err) => return fail_with(&err, err.exit_status()),
     };
     telemetry::init(config.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
@@ -56,6 +56,10 @@ fn main() -> ExitCode {
 }
 
 fn fail(err: &dyn std::fmt::Display) -> ExitCode {
+    fail_with(err, 1)
+}
+
+fn fail_with(err: &dyn std::fmt::Display, status: u8) -> ExitCode {
     eprintln!("statehouse: error: {err}");
-    ExitCode::FAILURE
+    ExitCode::from(status)
 }

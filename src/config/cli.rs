@@ -262,8 +262,8 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_PROTECT_METRICS", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub protect_metrics: bool,
 
-    /// Without tokens the gateway serves on loopback only; this serves on
-    /// --listen as given, unauthenticated.
+    /// Serve a --listen address beyond loopback without tokens, to anyone
+    /// who reaches it; without this, such a start is refused (exit 2).
     #[arg(long, env = "STATEHOUSE_ALLOW_UNAUTHENTICATED", num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub allow_unauthenticated: bool,
 

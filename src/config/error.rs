@@ -30,7 +30,23 @@ pub enum ConfigError {
     #[error(transparent)]
     Tokens(#[from] LoadError),
     #[error(
+        "refusing to serve {0} without authentication, anyone who reaches it could read and write every state: give tokens with --tokens-file (STATEHOUSE_TOKENS_FILE), or pass --allow-unauthenticated (STATEHOUSE_ALLOW_UNAUTHENTICATED) to serve it as it is"
+    )]
+    Unauthenticated(std::net::SocketAddr),
+    #[error(
         "{0}; set --tls-cert-file and --tls-key-file (STATEHOUSE_TLS_CERT_FILE, STATEHOUSE_TLS_KEY_FILE) to a PEM chain and its key"
     )]
     Tls(#[from] TlsError),
+}
+
+impl ConfigError {
+    /// The status `serve` exits with: 2 for an open address without
+    /// authentication, as the Deployment contract fixes it, so that a
+    /// deployment can tell that refusal from a setting that is wrong (1).
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Self::Unauthenticated(_) => 2,
+            _ => 1,
+        }
+    }
 }

@@ -88,7 +88,6 @@ pub struct Config {
     /// What a reload (SIGHUP, a change of the file) reads the tokens from.
     pub token_sources: TokenSources,
     pub protect_metrics: bool,
-    pub allow_unauthenticated: bool,
     /// HTTPS, when a certificate and key are configured.
     pub tls: Option<ServerTls>,
 }
@@ -157,6 +156,13 @@ impl TryFrom<ServeArgs> for Config {
             inline: args.tokens.clone(),
         };
         let tokens = token_sources.load()?;
+        // Without tokens anyone who reaches the port can write state, so an
+        // address beyond loopback needs --allow-unauthenticated to say that
+        // is meant. Refused, not narrowed to loopback: that left a container
+        // healthy on loopback and closed to every client.
+        if tokens.is_empty() && !args.listen.ip().is_loopback() && !args.allow_unauthenticated {
+            return Err(ConfigError::Unauthenticated(args.listen));
+        }
         let tls = match (&args.tls_cert_file, &args.tls_key_file) {
             (Some(cert), Some(key)) => Some(ServerTls::new(
                 cert,
@@ -218,7 +224,6 @@ impl TryFrom<ServeArgs> for Config {
             tokens,
             token_sources,
             protect_metrics: args.protect_metrics,
-            allow_unauthenticated: args.allow_unauthenticated,
             tls,
         })
     }
@@ -326,6 +331,38 @@ mod tests {
             ("meltano", "state")
         );
         assert_eq!(cfg.body_limit, 16_777_216);
+    }
+
+    #[test]
+    fn an_address_beyond_loopback_needs_tokens_or_allow_unauthenticated() {
+        let url = "--clickhouse-url=clickhouse://h";
+        for open in [
+            "--listen=0.0.0.0:8080",
+            "--listen=[::]:8080",
+            "--listen=10.0.0.5:80",
+        ] {
+            let err = Config::try_from(args(&[url, open])).unwrap_err();
+            assert!(matches!(err, ConfigError::Unauthenticated(_)), "{open}");
+            assert_eq!(err.exit_status(), 2);
+            let line = err.to_string();
+            assert!(line.contains("--tokens-file") && line.contains("--allow-unauthenticated"));
+            let allowed = Config::try_from(args(&[url, open, "--allow-unauthenticated"])).unwrap();
+            assert_eq!(
+                allowed.listen.to_string(),
+                open.trim_start_matches("--listen=")
+            );
+            let with_tokens =
+                Config::try_from(args(&[url, open, "--tokens=write writer-token-0123456789"]))
+                    .unwrap();
+            assert!(!with_tokens.tokens.is_empty(), "{open}");
+        }
+        for loopback in ["--listen=127.0.0.1:8080", "--listen=[::1]:8080"] {
+            assert!(
+                Config::try_from(args(&[url, loopback])).is_ok(),
+                "{loopback}"
+            );
+        }
+        assert_eq!(ConfigError::MissingUrl.exit_status(), 1);
     }
 
     #[test]

@@ -212,9 +212,13 @@ async fn supervise(args: LockArgs) -> Ending {
     }
 }
 
-/// The gateway client the flags describe: its token (given, or read from
-/// --token-file) and its TLS files.
+/// The gateway client the flags and the environment describe: its URL, its
+/// token (read from --token-file, or as [`LockArgs::gateway_settings`] finds
+/// it) and its TLS files.
 fn gateway(args: &LockArgs) -> Result<Gateway, String> {
+    // An empty variable is no setting: a template that left it blank.
+    let (url, token) =
+        args.gateway_settings(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))?;
     let token = match &args.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -222,14 +226,14 @@ fn gateway(args: &LockArgs) -> Result<Gateway, String> {
                 .trim()
                 .to_owned(),
         ),
-        None => args.token.clone(),
+        None => token,
     };
     let tls = TlsFiles {
         ca_file: args.ca_file.clone(),
         client_cert_file: args.client_cert_file.clone(),
         client_key_file: args.client_key_file.clone(),
     };
-    Gateway::new(args.url.clone(), token, &tls)
+    Gateway::new(url, token, &tls)
 }
 
 /// Takes the lease, asking again while `wait` lasts (one acquire waits at

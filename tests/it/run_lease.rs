@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{Api, encode_id, metric, spawn_app};
+use crate::helpers::{Api, encode_id, metric, spawn_app, spawn_app_with};
 use crate::proxy::Proxy;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
@@ -39,7 +39,8 @@ impl Drop for Scratch {
     }
 }
 
-/// `statehouse lock --url BASE FLAGS... ID -- sh -c SCRIPT`, run in `dir`.
+/// `statehouse lock --url BASE FLAGS... ID -- sh -c SCRIPT`, run in `dir`,
+/// with the default action for the signals it passes on.
 pub fn lock(
     base: &str,
     flags: &[&str],
@@ -47,7 +48,22 @@ pub fn lock(
     dir: &Path,
     script: &str,
 ) -> tokio::process::Child {
-    tokio::process::Command::new(BIN)
+    let mut runner = tokio::process::Command::new(BIN);
+    // Tests started in the background (`nohup scripts/test &`) inherit SIGINT
+    // and SIGHUP ignored from the shell, and the runner rightly keeps an
+    // ignored signal ignored: the signals these tests send would not arrive.
+    // SAFETY: signal(2) is async-signal-safe, so fit to run between fork and exec.
+    unsafe {
+        runner.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    runner
         .args(["lock", "--url", base])
         .args(flags)
         .args([id, "--", "sh", "-c", script])
@@ -552,6 +568,64 @@ async fn bad_command_lines_and_unusable_gateways_exit_1_and_run_nothing() {
     assert_eq!(lock_status(&app, "job").await, StatusCode::NOT_FOUND);
 }
 
+#[tokio::test]
+async fn meltanos_own_settings_are_enough_to_find_the_gateway_and_its_token() {
+    const WRITE: &str = "write-token-0123456789";
+    let app = spawn_app_with(|config| {
+        let mut tokens = statehouse::auth::Tokens::default();
+        tokens.add("test", &format!("write {WRITE}"), ',').unwrap();
+        config.tokens = tokens;
+    })
+    .await;
+    let scratch = Scratch::new();
+    let uri = app.base.replacen("http://", "statehouse://", 1);
+    // Only what a Meltano project sets; nothing of the runner's own.
+    let run = |token: Option<&str>| {
+        let mut runner = tokio::process::Command::new(BIN);
+        runner
+            .args([
+                "lock",
+                "job",
+                "--",
+                "sh",
+                "-c",
+                "echo $STATEHOUSE_LEASE_ID > ran",
+            ])
+            .current_dir(&scratch.0)
+            .env_remove("STATEHOUSE_URL")
+            .env_remove("STATEHOUSE_TOKEN")
+            .env_remove("STATEHOUSE_TOKEN_FILE")
+            .env("MELTANO_STATE_BACKEND_URI", &uri)
+            .env_remove("MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(token) = token {
+            runner.env("MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN", token);
+        }
+        runner.spawn().unwrap()
+    };
+
+    let (status, stderr) = ended(run(None), Duration::from_secs(20)).await;
+    assert_eq!(status, Some(1), "the gateway wants a token: {stderr}");
+    assert!(!scratch.path("ran").exists(), "nothing was run");
+
+    let (status, stderr) = ended(run(Some(WRITE)), Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    let lease = scratch.read("ran").unwrap();
+    assert!(!lease.trim().is_empty(), "it ran under a lease");
+    let bearer = format!("Bearer {WRITE}");
+    let after = app
+        .request(
+            Method::GET,
+            "/v1/locks/job",
+            None,
+            &[("authorization", &bearer)],
+        )
+        .await;
+    assert_eq!(after.status, StatusCode::NOT_FOUND, "and released it");
+}
+
 #[test]
 fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
     let output = std::process::Command::new(BIN)
@@ -578,5 +652,12 @@ fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
     }
     for code in ["75", "76"] {
         assert!(help.contains(code), "exit code {code} missing from --help");
+    }
+    for meltano in [
+        "MELTANO_STATE_BACKEND_URI",
+        "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN",
+        "MELTANO_STATE_BACKEND_STATEHOUSES_TOKEN",
+    ] {
+        assert!(help.contains(meltano), "the fallback to {meltano} missing");
     }
 }

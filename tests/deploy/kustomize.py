@@ -1,7 +1,7 @@
 """Renders a kustomization: with `kubectl kustomize` when kubectl is on PATH,
 else with `build` below, a reader of exactly the kustomize features the
-manifests under deploy/kubernetes use (resources, replicas, JSON 6902
-patches with add and replace). Anything else in a kustomization is refused,
+manifests under deploy/kubernetes use (resources, replicas, inline JSON 6902
+patches that add). Anything else in a kustomization is refused,
 so a manifest that outgrows the reader fails here instead of rendering wrong.
 """
 
@@ -39,7 +39,9 @@ def build(directory: Path) -> list[dict]:
         else:
             objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     for replicas in kustomization.get("replicas", []):
-        matches = [o for o in objects if o["metadata"]["name"] == replicas["name"] and "replicas" in o.get("spec", {})]
+        matches = [
+            o for o in objects if o["metadata"]["name"] == replicas["name"] and "replicas" in o.get("spec", {})
+        ]
         if len(matches) != 1:
             raise ValueError(f"{directory}: replicas for {replicas['name']} match {len(matches)} objects")
         matches[0]["spec"]["replicas"] = replicas["count"]
@@ -63,23 +65,18 @@ def _field(obj: dict, key: str):
 
 
 def _apply(obj: dict, op: dict) -> None:
-    """One JSON patch (RFC 6902) operation: add or replace."""
+    """One JSON patch (RFC 6902) operation: `add`, to a list's end (`/-`) or a
+    mapping's key."""
+    if op["op"] != "add":
+        raise ValueError(f"the test's reader does not do the patch operation {op['op']}")
     *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]]
     node = obj
     for part in parents:
         node = node[int(part)] if isinstance(node, list) else node[part]
-    value = copy.deepcopy(op.get("value"))
-    if op["op"] == "add" and isinstance(node, list):
-        if last == "-":
-            node.append(value)
-        else:
-            node.insert(int(last), value)
-    elif op["op"] in ("add", "replace"):
-        if isinstance(node, list):
-            node[int(last)] = value
-        else:
-            if op["op"] == "replace" and last not in node:
-                raise ValueError(f"replace of a missing {op['path']}")
-            node[last] = value
+    value = copy.deepcopy(op["value"])
+    if isinstance(node, list):
+        if last != "-":
+            raise ValueError(f"the test's reader adds to a list's end only, not {op['path']}")
+        node.append(value)
     else:
-        raise ValueError(f"the test's reader does not do the patch operation {op['op']}")
+        node[last] = value

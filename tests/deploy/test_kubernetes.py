@@ -124,7 +124,9 @@ def test_the_gateway_deployment_keeps_the_contract(name):
     # SIGTERM comes after the preStop pause; the gateway then drains for its
     # shutdown timeout, all within the grace period.
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    shutdown = seconds(env["STATEHOUSE_SHUTDOWN_TIMEOUT"]["value"]) if "STATEHOUSE_SHUTDOWN_TIMEOUT" in env else DEFAULT_SHUTDOWN_SECONDS
+    shutdown = DEFAULT_SHUTDOWN_SECONDS
+    if "STATEHOUSE_SHUTDOWN_TIMEOUT" in env:
+        shutdown = seconds(env["STATEHOUSE_SHUTDOWN_TIMEOUT"]["value"])
     assert pause >= 10, "a preStop pause shorter than a balancer's drain"
     assert pod["terminationGracePeriodSeconds"] > pause + shutdown
 

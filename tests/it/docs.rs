@@ -257,11 +257,17 @@ fn known_settings() -> (BTreeSet<String>, BTreeSet<String>) {
                 .map(|(_, name)| name.to_owned()),
         );
     }
-    let mut compose = Vec::new();
-    files_ending(Path::new(ROOT), ".yml", &mut compose);
+    // The root's compose files and deploy/'s, not the whole tree: target/
+    // and the venvs hold files of their own.
+    let mut compose: Vec<PathBuf> = std::fs::read_dir(ROOT)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files_ending(&Path::new(ROOT).join("deploy"), ".yml", &mut compose);
     for path in compose.iter().filter(|path| {
         let name = path.file_name().unwrap().to_string_lossy();
-        name.starts_with("docker-compose") || name.starts_with("compose")
+        name.ends_with(".yml")
+            && (name.starts_with("docker-compose") || name.starts_with("compose"))
     }) {
         names.extend(
             variables(&read(path))

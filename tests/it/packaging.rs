@@ -62,8 +62,10 @@ fn compose_file_is_valid_and_wires_the_gateway_to_a_healthy_clickhouse() {
     let env = &gateway["environment"];
     assert_eq!(
         env["STATEHOUSE_CLICKHOUSE_URL"],
-        "clickhouse://statehouse:s3cret@clickhouse:8123/default"
+        "clickhouse://statehouse@clickhouse:8123/default"
     );
+    // Apart from the URL, where @ or / in it would break the URL.
+    assert_eq!(env["STATEHOUSE_CLICKHOUSE_PASSWORD"], "s3cret");
     assert_eq!(env["STATEHOUSE_LISTEN"], "0.0.0.0:8080");
     assert!(
         env["STATEHOUSE_TOKENS_FILE"].as_str().is_some(),
@@ -104,8 +106,9 @@ fn the_two_gateway_example_puts_gateways_that_advertise_themselves_behind_a_bala
         );
         assert_eq!(
             env["STATEHOUSE_CLICKHOUSE_URL"],
-            "clickhouse://statehouse:s3cret@clickhouse:8123/default"
+            "clickhouse://statehouse@clickhouse:8123/default"
         );
+        assert_eq!(env["STATEHOUSE_CLICKHOUSE_PASSWORD"], "s3cret");
         assert_eq!(env["STATEHOUSE_SCHEMA"], "meltano", "one schema for both");
         assert_eq!(env["STATEHOUSE_LISTEN"], "0.0.0.0:8080");
         assert!(env["STATEHOUSE_TOKENS_FILE"].as_str().is_some());
@@ -165,6 +168,8 @@ fn the_tls_variants_serve_https_check_their_own_health_over_it_and_peers_adverti
         env["STATEHOUSE_HEALTHCHECK_CA_FILE"],
         "/etc/statehouse/tls/ca.pem"
     );
+    // The health check probes loopback: the name must be one the certificate has.
+    assert_eq!(env["STATEHOUSE_HEALTHCHECK_SERVER_NAME"], "localhost");
     assert!(
         env["STATEHOUSE_TOKENS_FILE"].as_str().is_some(),
         "kept from the base file"
@@ -186,6 +191,7 @@ fn the_tls_variants_serve_https_check_their_own_health_over_it_and_peers_adverti
             format!("https://{name}:8080").as_str()
         );
         assert_eq!(env["STATEHOUSE_PEER_CA_FILE"], "/etc/statehouse/tls/ca.pem");
+        assert_eq!(env["STATEHOUSE_HEALTHCHECK_SERVER_NAME"], "localhost");
         assert_eq!(
             env["STATEHOUSE_TLS_CERT_FILE"],
             "/etc/statehouse/tls/gateway.pem"

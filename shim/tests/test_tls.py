@@ -82,3 +82,15 @@ def test_a_client_certificate_setting_works_against_a_gateway_that_requires_one(
     project.env["MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_KEY_FILE"] = certs.path("client.key")
     project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "3"})
     assert last_id(mtls_gateway) == 3
+
+
+def test_the_runners_tls_variables_serve_when_meltanos_settings_are_unset(
+    tmp_path, mtls_gateway: Gateway, certs: Certs
+):
+    """STATEHOUSE_CA_FILE and STATEHOUSE_CLIENT_{CERT,KEY}_FILE, as `statehouse lock` reads them."""
+    project = tls_project(tmp_path / "p", mtls_gateway, certs)
+    project.env["STATEHOUSE_CA_FILE"] = certs.path("ca.pem")
+    project.env["STATEHOUSE_CLIENT_CERT_FILE"] = certs.path("client.pem")
+    project.env["STATEHOUSE_CLIENT_KEY_FILE"] = certs.path("client.key")
+    project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "2"})
+    assert last_id(mtls_gateway) == 2

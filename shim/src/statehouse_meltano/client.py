@@ -54,12 +54,13 @@ class TlsSettings:
 
 
 CA_HINT = (
-    "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE) "
+    "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE, or STATEHOUSE_CA_FILE) "
     "to the PEM file of the CA that signed the gateway's certificate"
 )
 CLIENT_CERT_HINT = (
     "set state_backend.statehouses.client_cert_file and client_key_file "
-    "(MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_CERT_FILE, ..._CLIENT_KEY_FILE) to a certificate the gateway's CA signed"
+    "(MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_CERT_FILE, ..._CLIENT_KEY_FILE, or STATEHOUSE_CLIENT_CERT_FILE "
+    "and STATEHOUSE_CLIENT_KEY_FILE) to a certificate the gateway's CA signed"
 )
 
 

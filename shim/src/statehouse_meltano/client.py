@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 import typing as t
 from dataclasses import dataclass
 from urllib.parse import quote, urlparse, urlunparse
 
 import requests
+import truststore
+from requests.adapters import HTTPAdapter
 
 SCHEMES = {"statehouse": "http", "statehouses": "https"}
 PAGE = 1000
@@ -40,8 +43,7 @@ class TlsSettings:
     client_key_file: str | None = None
 
     def verify(self) -> str | bool:
-        # Given per request, a path is never overridden by REQUESTS_CA_BUNDLE,
-        # as a Session's own `verify` would be.
+        """ca_file alone, when set; else True: the system store (SystemTrustAdapter)."""
         return self.ca_file or True
 
     def cert(self) -> tuple[str, str] | None:
@@ -53,9 +55,30 @@ class TlsSettings:
         return None
 
 
+class SystemTrustAdapter(HTTPAdapter):
+    """HTTPS verified against the operating system's trust store, through
+    truststore, as `statehouse lock` does; not against certifi's bundle, which
+    requests would use and which holds no CA installed on the host.
+
+    Mounted on the shim's own session only: Meltano and its plugins keep
+    whatever trust they have.
+    """
+
+    def __init__(self) -> None:
+        self._context = truststore.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        super().__init__()
+
+    def init_poolmanager(self, *args: t.Any, **kwargs: t.Any) -> None:
+        super().init_poolmanager(*args, ssl_context=self._context, **kwargs)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: t.Any) -> t.Any:
+        # Through an HTTPS_PROXY, the gateway's certificate is checked the same way.
+        return super().proxy_manager_for(proxy, ssl_context=self._context, **proxy_kwargs)
+
+
 CA_HINT = (
     "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE, or STATEHOUSE_CA_FILE) "
-    "to the PEM file of the CA that signed the gateway's certificate"
+    "to the PEM file of the CA that signed the gateway's certificate, or add that CA to the system's trust store"
 )
 CLIENT_CERT_HINT = (
     "set state_backend.statehouses.client_cert_file and client_key_file "
@@ -119,6 +142,8 @@ class GatewayClient:
         self.verify = tls.verify()
         self.cert = tls.cert()
         self.session = requests.Session()
+        if not tls.ca_file:
+            self.session.mount("https://", SystemTrustAdapter())
         self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
@@ -142,15 +167,18 @@ class GatewayClient:
     ) -> requests.Response:
         url = f"{self.base_url}{path}"
         headers = {"Lease-Id": lease_id} if lease_id else None
+        # Sent with send(), not request(): request() would swap verify=True for
+        # REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE, and the shim trusts what the
+        # runner does (ca_file, else the system store). Proxies from the
+        # environment still apply.
+        prepared = self.session.prepare_request(
+            requests.Request(method, url, json=body, params=params, headers=headers)
+        )
         give_up = time.monotonic() + RETRY_WITHIN_SECONDS
         while True:
             try:
-                response = self.session.request(
-                    method,
-                    url,
-                    json=body,
-                    params=params,
-                    headers=headers,
+                response = self.session.send(
+                    prepared,
                     timeout=(self.timeout, self.timeout + extra_wait),
                     verify=self.verify,
                     cert=self.cert,

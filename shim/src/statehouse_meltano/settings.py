@@ -41,7 +41,7 @@ SPECS: dict[str, dict[str, t.Any]] = {
     "ca_file": {
         "label": "CA file",
         "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
-        "it is the one trusted, whatever REQUESTS_CA_BUNDLE says",
+        "then the only CA trusted. Unset: STATEHOUSE_CA_FILE, else the system's trust store",
         "kind": SettingKind.STRING,
     },
     "client_cert_file": {

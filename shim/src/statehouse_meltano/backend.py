@@ -12,7 +12,14 @@ from contextlib import contextmanager
 
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
 
-from statehouse_meltano.client import GatewayClient, GatewayError, LockHeldError, TlsSettings, gateway_url
+from statehouse_meltano.client import (
+    GatewayClient,
+    GatewayError,
+    LockHeldError,
+    PatternDeletion,
+    TlsSettings,
+    gateway_url,
+)
 
 if t.TYPE_CHECKING:
     from collections.abc import Generator, Iterable
@@ -46,6 +53,26 @@ def run_lease(environ: t.Mapping[str, str]) -> tuple[str, str] | None:
 def setting_or_env(value: str | None, name: str, environ: t.Mapping[str, str]) -> str | None:
     """A Meltano setting's value, else the runner's variable `name` (empty counts as unset)."""
     return value or environ.get(name) or None
+
+
+def shown(state_id: str) -> str:
+    """An id as printed: another client chose it, so control characters
+    (a newline, a terminal escape) are shown escaped, never acted on."""
+    return state_id if state_id.isprintable() else repr(state_id)
+
+
+def skipped_message(deletion: PatternDeletion) -> str:
+    """What a clear left because other clients hold the leases, naming those the gateway named."""
+    n = deletion.skipped_locked
+    states = "1 state was" if n == 1 else f"{n} states were"
+    leases = "its lease is" if n == 1 else "their leases are"
+    message = f"statehouse: {states} not cleared, {leases} held"
+    if not deletion.locked:
+        return message
+    message += ": " + ", ".join(shown(state_id) for state_id in deletion.locked)
+    # The gateway names at most 100.
+    unnamed = n - len(deletion.locked)
+    return message + (f" and {unnamed} more" if unnamed > 0 else "")
 
 
 def document(state: MeltanoState) -> dict[str, t.Any]:
@@ -203,7 +230,13 @@ class StatehouseStateStoreManager(StateStoreManager):
         return count
 
     def clear_all(self) -> int:
-        return self.client.delete_matching("*")
+        """Clears every state but those whose lease another client holds (a run in
+        progress keeps its bookmark), and says which were left: Meltano itself
+        only reports the count cleared."""
+        deletion = self.client.delete_matching("*")
+        if deletion.skipped_locked > 0:
+            logger.warning(skipped_message(deletion))
+        return deletion.deleted
 
     @contextmanager
     def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Generator[None]:  # noqa: ARG002

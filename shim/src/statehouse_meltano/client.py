@@ -55,6 +55,16 @@ class TlsSettings:
         return None
 
 
+@dataclass(frozen=True)
+class PatternDeletion:
+    """A pattern delete's answer: the ids whose lease another client held were
+    left (`skipped_locked` of them, the first `locked` by name)."""
+
+    deleted: int
+    skipped_locked: int = 0
+    locked: tuple[str, ...] = ()
+
+
 class SystemTrustAdapter(HTTPAdapter):
     """HTTPS verified against the operating system's trust store, through
     truststore, as `statehouse lock` does; not against certifi's bundle, which
@@ -257,9 +267,14 @@ class GatewayClient:
         response = self._call("POST", "/v1/states", expect=(200,), body=entries)
         return int(response.json()["written"])
 
-    def delete_matching(self, pattern: str) -> int:
-        response = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern})
-        return int(response.json()["deleted"])
+    def delete_matching(self, pattern: str) -> PatternDeletion:
+        answer = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern}).json()
+        # A gateway from before leases guarded the pattern delete sends neither field.
+        return PatternDeletion(
+            deleted=int(answer["deleted"]),
+            skipped_locked=int(answer.get("skipped_locked") or 0),
+            locked=tuple(str(state_id) for state_id in answer.get("locked") or ()),
+        )
 
     def acquire(self, state_id: str, *, owner: str, ttl_seconds: int, wait_seconds: float) -> dict[str, t.Any]:
         wait = max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))

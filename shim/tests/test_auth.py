@@ -35,3 +35,26 @@ def test_meltano_without_a_token_is_refused(tmp_path, guarded_gateway):
     result = project.meltano("state", "get", "job", check=False)
     assert result.returncode != 0
     assert "401" in result.stdout + result.stderr
+
+
+def test_statehouse_token_serves_when_meltanos_token_setting_is_unset(tmp_path, guarded_gateway):
+    """The runner's STATEHOUSE_TOKEN is enough: one environment for `statehouse lock` and Meltano."""
+    guarded_gateway.session.put(
+        f"{guarded_gateway.base}/v1/states/seeded",
+        json={"completed": {"singer_state": {"n": 2}}, "partial": {}},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    ).raise_for_status()
+    project = make_project(tmp_path / "p", guarded_gateway.uri)
+    project.env.pop("MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN", None)
+    project.env["STATEHOUSE_TOKEN"] = TOKEN
+    assert project.meltano("state", "list").stdout.split() == ["seeded"]
+
+
+def test_meltanos_token_setting_wins_over_statehouse_token(tmp_path, guarded_gateway):
+    project = make_project(tmp_path / "p", guarded_gateway.uri)
+    project.env["STATEHOUSE_TOKEN"] = TOKEN
+    project.env["MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN"] = "not-a-token-of-this-gateway"
+    result = project.meltano("state", "list", check=False)
+    assert result.returncode != 0
+    assert "401" in result.stdout + result.stderr

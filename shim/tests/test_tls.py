@@ -1,13 +1,16 @@
 """statehouses://: Meltano over HTTPS to a TLS gateway, with the CA and
-client certificate settings, whatever REQUESTS_CA_BUNDLE says."""
+client certificate settings, or the system's trust store; never requests'
+own bundles (REQUESTS_CA_BUNDLE, certifi)."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
+import truststore
 
 from conftest import Certs, Gateway, Project, make_project, start_gateway, stop_gateway
+from statehouse_meltano.client import SystemTrustAdapter
 
 JOB = "dev:tap-tiny-to-target-tiny"
 
@@ -33,9 +36,12 @@ def mtls_gateway(certs: Certs):
 
 def tls_project(root, gateway: Gateway, certs: Certs) -> Project:
     project = make_project(root, gateway.uri)
-    # A bundle that does not hold the gateway's CA, as on a machine whose
-    # environment points requests at the system's CAs.
+    # requests would trust this bundle; the shim must not.
     project.env["REQUESTS_CA_BUNDLE"] = certs.path("other-ca.pem")
+    # The system store is the host's own, which never holds a test CA, unless
+    # a test points OpenSSL's SSL_CERT_FILE at one.
+    for name in ("SSL_CERT_FILE", "SSL_CERT_DIR", "STATEHOUSE_CA_FILE"):
+        project.env.pop(name, None)
     project.env["MELTANO_STATE_BACKEND_STATEHOUSES_REQUEST_TIMEOUT"] = "5"
     return project
 
@@ -82,3 +88,50 @@ def test_a_client_certificate_setting_works_against_a_gateway_that_requires_one(
     project.env["MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_KEY_FILE"] = certs.path("client.key")
     project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "3"})
     assert last_id(mtls_gateway) == 3
+
+
+def test_the_runners_tls_variables_serve_when_meltanos_settings_are_unset(
+    tmp_path, mtls_gateway: Gateway, certs: Certs
+):
+    """STATEHOUSE_CA_FILE and STATEHOUSE_CLIENT_{CERT,KEY}_FILE, as `statehouse lock` reads them."""
+    project = tls_project(tmp_path / "p", mtls_gateway, certs)
+    project.env["STATEHOUSE_CA_FILE"] = certs.path("ca.pem")
+    project.env["STATEHOUSE_CLIENT_CERT_FILE"] = certs.path("client.pem")
+    project.env["STATEHOUSE_CLIENT_KEY_FILE"] = certs.path("client.key")
+    project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "2"})
+    assert last_id(mtls_gateway) == 2
+
+
+def test_a_ca_only_the_system_store_holds_is_trusted_without_a_ca_file(
+    tmp_path, tls_gateway: Gateway, certs: Certs
+):
+    """SSL_CERT_FILE stands in for a CA installed on the host: OpenSSL's system
+    store honours it, as truststore on Linux does; requests' certifi does not."""
+    project = tls_project(tmp_path / "p", tls_gateway, certs)
+    # Trusted by requests, not by the shim: the run fails without the system's CA.
+    project.env["REQUESTS_CA_BUNDLE"] = certs.path("ca.pem")
+    refused = project.meltano("run", "tap-tiny", "target-tiny", check=False, extra_env={"TAP_TINY_COUNT": "2"})
+    assert refused.returncode != 0
+    assert "certificate" in refused.stdout + refused.stderr
+    assert tls_gateway.state(JOB) is None
+
+    project.env["SSL_CERT_FILE"] = certs.path("ca.pem")
+    project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "2"})
+    assert last_id(tls_gateway) == 2
+
+
+def test_a_ca_file_is_the_only_ca_trusted_even_over_the_system_store(tmp_path, tls_gateway: Gateway, certs: Certs):
+    project = tls_project(tmp_path / "p", tls_gateway, certs)
+    project.env["SSL_CERT_FILE"] = certs.path("ca.pem")
+    project.env["MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE"] = certs.path("other-ca.pem")
+    refused = project.meltano("state", "list", check=False)
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    assert "certificate" in output, output
+
+
+def test_the_system_store_holds_through_an_https_proxy_too():
+    adapter = SystemTrustAdapter()
+    proxied = adapter.proxy_manager_for("http://127.0.0.1:3128")
+    assert proxied.connection_pool_kw["ssl_context"] is adapter.poolmanager.connection_pool_kw["ssl_context"]
+    assert isinstance(proxied.connection_pool_kw["ssl_context"], truststore.SSLContext)

@@ -12,7 +12,14 @@ from contextlib import contextmanager
 
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
 
-from statehouse_meltano.client import GatewayClient, GatewayError, LockHeldError, TlsSettings, gateway_url
+from statehouse_meltano.client import (
+    GatewayClient,
+    GatewayError,
+    LockHeldError,
+    PatternDeletion,
+    TlsSettings,
+    gateway_url,
+)
 
 if t.TYPE_CHECKING:
     from collections.abc import Generator, Iterable
@@ -29,11 +36,43 @@ IMPORT_BATCH_BYTES = 8 * 1024 * 1024
 RUN_LEASE_STATE_ID = "STATEHOUSE_LEASE_STATE_ID"
 RUN_LEASE_ID = "STATEHOUSE_LEASE_ID"
 
+# The names `statehouse lock` reads, taken when Meltano's own setting is
+# unset: one environment then serves the runner and the shim alike.
+TOKEN_ENV = "STATEHOUSE_TOKEN"
+CA_FILE_ENV = "STATEHOUSE_CA_FILE"
+CLIENT_CERT_FILE_ENV = "STATEHOUSE_CLIENT_CERT_FILE"
+CLIENT_KEY_FILE_ENV = "STATEHOUSE_CLIENT_KEY_FILE"
+
 
 def run_lease(environ: t.Mapping[str, str]) -> tuple[str, str] | None:
     """The (state_id, lease_id) of the run lease this process runs under, if any."""
     state_id, lease_id = environ.get(RUN_LEASE_STATE_ID), environ.get(RUN_LEASE_ID)
     return (state_id, lease_id) if state_id and lease_id else None
+
+
+def setting_or_env(value: str | None, name: str, environ: t.Mapping[str, str]) -> str | None:
+    """A Meltano setting's value, else the runner's variable `name` (empty counts as unset)."""
+    return value or environ.get(name) or None
+
+
+def shown(state_id: str) -> str:
+    """An id as printed: another client chose it, so control characters
+    (a newline, a terminal escape) are shown escaped, never acted on."""
+    return state_id if state_id.isprintable() else repr(state_id)
+
+
+def skipped_message(deletion: PatternDeletion) -> str:
+    """What a clear left because other clients hold the leases, naming those the gateway named."""
+    n = deletion.skipped_locked
+    states = "1 state was" if n == 1 else f"{n} states were"
+    leases = "its lease is" if n == 1 else "their leases are"
+    message = f"statehouse: {states} not cleared, {leases} held"
+    if not deletion.locked:
+        return message
+    message += ": " + ", ".join(shown(state_id) for state_id in deletion.locked)
+    # The gateway names at most 100.
+    unnamed = n - len(deletion.locked)
+    return message + (f" and {unnamed} more" if unnamed > 0 else "")
 
 
 def document(state: MeltanoState) -> dict[str, t.Any]:
@@ -93,11 +132,16 @@ class StatehouseStateStoreManager(StateStoreManager):
         self.lock_timeout_seconds = float(lock_timeout_seconds if lock_timeout_seconds is not None else 10)
         self.lease_ttl = int(lease_ttl or 30)
         self.owner = owner or f"meltano@{socket.gethostname()}:{os.getpid()}"
+        env = os.environ
         self.client = GatewayClient(
             gateway_url(uri),
-            token=token,
+            token=setting_or_env(token, TOKEN_ENV, env),
             timeout=float(request_timeout or 10),
-            tls=TlsSettings(ca_file=ca_file, client_cert_file=client_cert_file, client_key_file=client_key_file),
+            tls=TlsSettings(
+                ca_file=setting_or_env(ca_file, CA_FILE_ENV, env),
+                client_cert_file=setting_or_env(client_cert_file, CLIENT_CERT_FILE_ENV, env),
+                client_key_file=setting_or_env(client_key_file, CLIENT_KEY_FILE_ENV, env),
+            ),
             allow_regression=allow_regression,
         )
         # Leases this process holds, by state_id: writes inside a lock block carry them.
@@ -186,7 +230,13 @@ class StatehouseStateStoreManager(StateStoreManager):
         return count
 
     def clear_all(self) -> int:
-        return self.client.delete_matching("*")
+        """Clears every state but those whose lease another client holds (a run in
+        progress keeps its bookmark), and says which were left: Meltano itself
+        only reports the count cleared."""
+        deletion = self.client.delete_matching("*")
+        if deletion.skipped_locked > 0:
+            logger.warning(skipped_message(deletion))
+        return deletion.deleted
 
     @contextmanager
     def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Generator[None]:  # noqa: ARG002

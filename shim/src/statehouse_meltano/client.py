@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 import typing as t
 from dataclasses import dataclass
 from urllib.parse import quote, urlparse, urlunparse
 
 import requests
+import truststore
+from requests.adapters import HTTPAdapter
 
 SCHEMES = {"statehouse": "http", "statehouses": "https"}
 PAGE = 1000
@@ -40,8 +43,7 @@ class TlsSettings:
     client_key_file: str | None = None
 
     def verify(self) -> str | bool:
-        # Given per request, a path is never overridden by REQUESTS_CA_BUNDLE,
-        # as a Session's own `verify` would be.
+        """ca_file alone, when set; else True: the system store (SystemTrustAdapter)."""
         return self.ca_file or True
 
     def cert(self) -> tuple[str, str] | None:
@@ -53,13 +55,45 @@ class TlsSettings:
         return None
 
 
+@dataclass(frozen=True)
+class PatternDeletion:
+    """A pattern delete's answer: the ids whose lease another client held were
+    left (`skipped_locked` of them, the first `locked` by name)."""
+
+    deleted: int
+    skipped_locked: int = 0
+    locked: tuple[str, ...] = ()
+
+
+class SystemTrustAdapter(HTTPAdapter):
+    """HTTPS verified against the operating system's trust store, through
+    truststore, as `statehouse lock` does; not against certifi's bundle, which
+    requests would use and which holds no CA installed on the host.
+
+    Mounted on the shim's own session only: Meltano and its plugins keep
+    whatever trust they have.
+    """
+
+    def __init__(self) -> None:
+        self._context = truststore.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        super().__init__()
+
+    def init_poolmanager(self, *args: t.Any, **kwargs: t.Any) -> None:
+        super().init_poolmanager(*args, ssl_context=self._context, **kwargs)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: t.Any) -> t.Any:
+        # Through an HTTPS_PROXY, the gateway's certificate is checked the same way.
+        return super().proxy_manager_for(proxy, ssl_context=self._context, **proxy_kwargs)
+
+
 CA_HINT = (
-    "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE) "
-    "to the PEM file of the CA that signed the gateway's certificate"
+    "set state_backend.statehouses.ca_file (MELTANO_STATE_BACKEND_STATEHOUSES_CA_FILE, or STATEHOUSE_CA_FILE) "
+    "to the PEM file of the CA that signed the gateway's certificate, or add that CA to the system's trust store"
 )
 CLIENT_CERT_HINT = (
     "set state_backend.statehouses.client_cert_file and client_key_file "
-    "(MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_CERT_FILE, ..._CLIENT_KEY_FILE) to a certificate the gateway's CA signed"
+    "(MELTANO_STATE_BACKEND_STATEHOUSES_CLIENT_CERT_FILE, ..._CLIENT_KEY_FILE, or STATEHOUSE_CLIENT_CERT_FILE "
+    "and STATEHOUSE_CLIENT_KEY_FILE) to a certificate the gateway's CA signed"
 )
 
 
@@ -118,6 +152,8 @@ class GatewayClient:
         self.verify = tls.verify()
         self.cert = tls.cert()
         self.session = requests.Session()
+        if not tls.ca_file:
+            self.session.mount("https://", SystemTrustAdapter())
         self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
         if token:
             self.session.headers["Authorization"] = f"Bearer {token}"
@@ -141,15 +177,18 @@ class GatewayClient:
     ) -> requests.Response:
         url = f"{self.base_url}{path}"
         headers = {"Lease-Id": lease_id} if lease_id else None
+        # Sent with send(), not request(): request() would swap verify=True for
+        # REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE, and the shim trusts what the
+        # runner does (ca_file, else the system store). Proxies from the
+        # environment still apply.
+        prepared = self.session.prepare_request(
+            requests.Request(method, url, json=body, params=params, headers=headers)
+        )
         give_up = time.monotonic() + RETRY_WITHIN_SECONDS
         while True:
             try:
-                response = self.session.request(
-                    method,
-                    url,
-                    json=body,
-                    params=params,
-                    headers=headers,
+                response = self.session.send(
+                    prepared,
                     timeout=(self.timeout, self.timeout + extra_wait),
                     verify=self.verify,
                     cert=self.cert,
@@ -228,9 +267,14 @@ class GatewayClient:
         response = self._call("POST", "/v1/states", expect=(200,), body=entries)
         return int(response.json()["written"])
 
-    def delete_matching(self, pattern: str) -> int:
-        response = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern})
-        return int(response.json()["deleted"])
+    def delete_matching(self, pattern: str) -> PatternDeletion:
+        answer = self._call("DELETE", "/v1/states", expect=(200,), params={"pattern": pattern}).json()
+        # A gateway from before leases guarded the pattern delete sends neither field.
+        return PatternDeletion(
+            deleted=int(answer["deleted"]),
+            skipped_locked=int(answer.get("skipped_locked") or 0),
+            locked=tuple(str(state_id) for state_id in answer.get("locked") or ()),
+        )
 
     def acquire(self, state_id: str, *, owner: str, ttl_seconds: int, wait_seconds: float) -> dict[str, t.Any]:
         wait = max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))

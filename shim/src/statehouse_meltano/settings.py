@@ -11,7 +11,7 @@ from meltano.core.setting_definition import SettingDefinition, SettingKind
 SPECS: dict[str, dict[str, t.Any]] = {
     "token": {
         "label": "statehouse token",
-        "description": "Bearer token sent to the statehouse gateway",
+        "description": "Bearer token sent to the statehouse gateway (unset: STATEHOUSE_TOKEN)",
         "kind": SettingKind.STRING,
         "sensitive": True,
     },
@@ -41,17 +41,18 @@ SPECS: dict[str, dict[str, t.Any]] = {
     "ca_file": {
         "label": "CA file",
         "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
-        "it is the one trusted, whatever REQUESTS_CA_BUNDLE says",
+        "then the only CA trusted. Unset: STATEHOUSE_CA_FILE, else the system's trust store",
         "kind": SettingKind.STRING,
     },
     "client_cert_file": {
         "label": "Client certificate file",
-        "description": "PEM client certificate for a gateway that requires one (mTLS; with client_key_file)",
+        "description": "PEM client certificate for a gateway that requires one (mTLS; with client_key_file; "
+        "unset: STATEHOUSE_CLIENT_CERT_FILE)",
         "kind": SettingKind.STRING,
     },
     "client_key_file": {
         "label": "Client key file",
-        "description": "PEM private key of client_cert_file",
+        "description": "PEM private key of client_cert_file (unset: STATEHOUSE_CLIENT_KEY_FILE)",
         "kind": SettingKind.STRING,
     },
 }

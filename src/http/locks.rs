@@ -109,13 +109,7 @@ pub async fn acquire(
     }
     let lease = ctx
         .locks
-        .acquire(
-            &id,
-            &owner,
-            ttl,
-            Duration::from_secs_f64(wait),
-            lock_delay,
-        )
+        .acquire(&id, &owner, ttl, Duration::from_secs_f64(wait), lock_delay)
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }

@@ -81,11 +81,21 @@ async fn length_limits_count_utf8_bytes() {
         }
     }
     for (id, owner, status) in [
-        ("owner-256", format!("{}a", "€".repeat(85)), StatusCode::CREATED),
+        (
+            "owner-256",
+            format!("{}a", "€".repeat(85)),
+            StatusCode::CREATED,
+        ),
         ("owner-258", "€".repeat(86), StatusCode::BAD_REQUEST),
     ] {
         let reply = app.acquire(id, &json!({"owner": owner})).await;
-        assert_eq!(reply.status, status, "{} bytes: {}", owner.len(), reply.text);
+        assert_eq!(
+            reply.status,
+            status,
+            "{} bytes: {}",
+            owner.len(),
+            reply.text
+        );
     }
     for (pattern, status) in [
         (format!("{}a", "€".repeat(1365)), StatusCode::OK),
@@ -94,7 +104,13 @@ async fn length_limits_count_utf8_bytes() {
         let reply = app
             .get(&format!("/v1/states?pattern={}", encode_id(&pattern)))
             .await;
-        assert_eq!(reply.status, status, "{} bytes: {}", pattern.len(), reply.text);
+        assert_eq!(
+            reply.status,
+            status,
+            "{} bytes: {}",
+            pattern.len(),
+            reply.text
+        );
     }
 }
 

@@ -290,8 +290,14 @@ async fn bad_lock_requests_are_refused() {
         (r#"{"owner": "w", "ttl_seconds": 3601}"#, "invalid-body"),
         (r#"{"owner": "w", "wait_seconds": -1}"#, "invalid-body"),
         (r#"{"owner": "w", "wait_seconds": 301}"#, "invalid-body"),
-        (r#"{"owner": "w", "lock_delay_seconds": -1}"#, "invalid-body"),
-        (r#"{"owner": "w", "lock_delay_seconds": 1.5}"#, "invalid-body"),
+        (
+            r#"{"owner": "w", "lock_delay_seconds": -1}"#,
+            "invalid-body",
+        ),
+        (
+            r#"{"owner": "w", "lock_delay_seconds": 1.5}"#,
+            "invalid-body",
+        ),
         (r#"{"owner": "w", "colour": "red"}"#, "invalid-body"),
         (r#"{"owner": 5}"#, "invalid-body"),
         (r#"{"owner": "#, "invalid-json"),

@@ -27,7 +27,7 @@ pub struct AcquireRequest {
     owner: Option<String>,
     ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
-    lock_delay_seconds: Option<u64>,
+    lock_delay_seconds: Option<f64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -71,6 +71,19 @@ fn ttl(raw: Option<f64>) -> Result<Duration, ApiError> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// A whole number of seconds, at least 0, read as `ttl` reads its own: JSON's
+/// `5.0` is the integer 5. Any size is taken; the lock core cuts it to
+/// `--max-lock-delay`.
+fn lock_delay(raw: Option<f64>) -> Result<Duration, ApiError> {
+    let seconds = raw.unwrap_or(0.0);
+    if seconds.fract() != 0.0 || seconds < 0.0 {
+        return Err(ApiError::InvalidBody(format!(
+            "lock_delay_seconds must be a whole number, at least 0, got {seconds}"
+        )));
+    }
+    Ok(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
+}
+
 pub async fn acquire(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
@@ -87,6 +100,7 @@ pub async fn acquire(
     if headers.contains_key(FORWARDED_BY) {
         ttl = ttl.min(UNCONFIRMED_GRANT);
     }
+    let lock_delay = lock_delay(request.lock_delay_seconds)?;
     let wait = request.wait_seconds.unwrap_or(0.0);
     if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {
         return Err(ApiError::InvalidBody(format!(
@@ -95,13 +109,7 @@ pub async fn acquire(
     }
     let lease = ctx
         .locks
-        .acquire(
-            &id,
-            &owner,
-            ttl,
-            Duration::from_secs_f64(wait),
-            Duration::from_secs(request.lock_delay_seconds.unwrap_or(0)),
-        )
+        .acquire(&id, &owner, ttl, Duration::from_secs_f64(wait), lock_delay)
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }

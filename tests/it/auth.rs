@@ -253,6 +253,17 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
         assert_eq!(reply.problem_type(), "invalid-header");
     }
     assert_eq!(app.table_snapshot().await, Vec::new());
+    // Every operation that takes a token, even one with no other 400 (as openapi.yaml says).
+    let locks = app
+        .request(
+            Method::GET,
+            "/v1/locks",
+            None,
+            &[("authorization", &read), ("authorization", &read)],
+        )
+        .await;
+    assert_eq!(locks.status, StatusCode::BAD_REQUEST);
+    assert_eq!(locks.problem_type(), "invalid-header");
     // Open endpoints take no token, so they do not look at it.
     let health = app
         .request(

@@ -4,10 +4,10 @@
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::Reply;
+use crate::helpers::{Reply, encode_id, spawn_app};
 
 fn spec() -> &'static Value {
     static SPEC: OnceLock<Value> = OnceLock::new();
@@ -60,6 +60,57 @@ fn openapi_is_3_1_and_every_reference_resolves() {
     assert!(!refs.is_empty());
     for reference in refs {
         assert!(resolve(&reference).is_some(), "dangling $ref {reference}");
+    }
+}
+
+/// openapi.yaml's `maxLength` counts characters, the server UTF-8 bytes; the
+/// schema's descriptions say so, and this pins the server's side. `€` is
+/// three bytes.
+#[tokio::test]
+async fn length_limits_count_utf8_bytes() {
+    let app = spawn_app().await;
+    for (id, status) in [
+        ("a".repeat(900), StatusCode::CREATED),
+        ("€".repeat(300), StatusCode::CREATED),
+        ("€".repeat(301), StatusCode::BAD_REQUEST),
+    ] {
+        let reply = app.put_state(&id, &json!({})).await;
+        assert_eq!(reply.status, status, "{} bytes: {}", id.len(), reply.text);
+        if status == StatusCode::BAD_REQUEST {
+            assert_eq!(reply.problem_type(), "invalid-state-id");
+        }
+    }
+    for (id, owner, status) in [
+        (
+            "owner-256",
+            format!("{}a", "€".repeat(85)),
+            StatusCode::CREATED,
+        ),
+        ("owner-258", "€".repeat(86), StatusCode::BAD_REQUEST),
+    ] {
+        let reply = app.acquire(id, &json!({"owner": owner})).await;
+        assert_eq!(
+            reply.status,
+            status,
+            "{} bytes: {}",
+            owner.len(),
+            reply.text
+        );
+    }
+    for (pattern, status) in [
+        (format!("{}a", "€".repeat(1365)), StatusCode::OK),
+        ("€".repeat(1366), StatusCode::BAD_REQUEST),
+    ] {
+        let reply = app
+            .get(&format!("/v1/states?pattern={}", encode_id(&pattern)))
+            .await;
+        assert_eq!(
+            reply.status,
+            status,
+            "{} bytes: {}",
+            pattern.len(),
+            reply.text
+        );
     }
 }
 

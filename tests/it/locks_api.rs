@@ -290,6 +290,14 @@ async fn bad_lock_requests_are_refused() {
         (r#"{"owner": "w", "ttl_seconds": 3601}"#, "invalid-body"),
         (r#"{"owner": "w", "wait_seconds": -1}"#, "invalid-body"),
         (r#"{"owner": "w", "wait_seconds": 301}"#, "invalid-body"),
+        (
+            r#"{"owner": "w", "lock_delay_seconds": -1}"#,
+            "invalid-body",
+        ),
+        (
+            r#"{"owner": "w", "lock_delay_seconds": 1.5}"#,
+            "invalid-body",
+        ),
         (r#"{"owner": "w", "colour": "red"}"#, "invalid-body"),
         (r#"{"owner": 5}"#, "invalid-body"),
         (r#"{"owner": "#, "invalid-json"),
@@ -324,6 +332,29 @@ async fn bad_lock_requests_are_refused() {
         json!([]),
         "nothing was locked"
     );
+}
+
+/// openapi.yaml says integer for the whole seconds of a lock request, and a
+/// JSON integer may be written `5.0`: every such field takes it.
+#[tokio::test]
+async fn whole_seconds_may_be_written_as_floats() {
+    let app = spawn_app().await;
+    let body = r#"{"owner": "w", "ttl_seconds": 30.0, "lock_delay_seconds": 5.0}"#;
+    let held = app
+        .request(Method::POST, "/v1/locks/floats", Some(body), &[])
+        .await;
+    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    assert_eq!(held.json()["lock_delay_seconds"], 5);
+    let lease_id = held.json()["lease_id"].as_str().unwrap().to_owned();
+    let renewed = app
+        .request(
+            Method::PUT,
+            &format!("/v1/locks/floats/{lease_id}"),
+            Some(r#"{"ttl_seconds": 60.0}"#),
+            &[],
+        )
+        .await;
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.text);
 }
 
 #[tokio::test]

@@ -198,7 +198,7 @@ impl App {
                             .host_str()
                             .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
                     }),
-                    loopback_only: listen.ip().is_loopback(),
+                    loopback_only: config.listen.ip().is_loopback(),
                 }),
                 client_certificates_required: config
                     .tls

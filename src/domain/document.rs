@@ -286,7 +286,7 @@ impl StateDocument {
                     .iter()
                     .filter(|(stream, _)| before.get(stream).is_none()),
             )
-            .map(|(stream, _)| stream.clone())
+            .map(|(stream, _)| (*stream).to_owned())
             .collect();
         changed.sort();
         changed

@@ -32,12 +32,135 @@ pub enum Json {
     Object(Box<JsonObject>),
     /// A string, number, `true`, `false`, `null`, array or deep object, as
     /// written but for the whitespace between tokens.
-    Raw(Box<RawValue>),
+    Raw(Text),
+}
+
+/// The text of a value kept as written: in place when short, as most values
+/// of a state are (numbers, booleans, timestamps), so that they cost no
+/// allocation of their own; on the heap otherwise.
+#[derive(Clone, Debug)]
+pub struct Text(Repr);
+
+#[derive(Clone, Debug)]
+enum Repr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<RawValue>),
+}
+
+/// The longest text kept in place: a `Text` is then as large as a pointer
+/// to a heap one and its length, plus its tag.
+const INLINE: usize = 22;
+
+/// `text` in place, if it is short enough.
+fn inline(text: &str) -> Option<(u8, [u8; INLINE])> {
+    let len = u8::try_from(text.len())
+        .ok()
+        .filter(|len| usize::from(*len) <= INLINE)?;
+    let mut bytes = [0; INLINE];
+    bytes[..text.len()].copy_from_slice(text.as_bytes());
+    Some((len, bytes))
+}
+
+fn inline_str(len: u8, bytes: &[u8; INLINE]) -> &str {
+    std::str::from_utf8(&bytes[..usize::from(len)]).expect("copied from a str")
+}
+
+impl Text {
+    /// `text` is one JSON value, as the scanner checked.
+    pub(super) fn new(text: String) -> Result<Self, serde_json::Error> {
+        if let Some((len, bytes)) = inline(&text) {
+            return Ok(Self(Repr::Inline { len, bytes }));
+        }
+        RawValue::from_string(text).map(|raw| Self(Repr::Heap(raw)))
+    }
+
+    pub fn get(&self) -> &str {
+        match &self.0 {
+            Repr::Inline { len, bytes } => inline_str(*len, bytes),
+            Repr::Heap(raw) => raw.get(),
+        }
+    }
+
+    /// The text as serde_json's raw value, to be sent on as written.
+    pub fn to_raw(&self) -> Box<RawValue> {
+        match &self.0 {
+            Repr::Inline { .. } => RawValue::from_string(self.get().to_owned())
+                .expect("checked as JSON when it was kept"),
+            Repr::Heap(raw) => raw.clone(),
+        }
+    }
+}
+
+/// An object's key, decoded: in place when short, as keys nearly always are.
+#[derive(Clone, Debug)]
+pub struct Key(KeyRepr);
+
+#[derive(Clone, Debug)]
+enum KeyRepr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl Key {
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            KeyRepr::Inline { len, bytes } => inline_str(*len, bytes),
+            KeyRepr::Heap(key) => key,
+        }
+    }
+}
+
+impl From<String> for Key {
+    fn from(key: String) -> Self {
+        Self(match inline(&key) {
+            Some((len, bytes)) => KeyRepr::Inline { len, bytes },
+            None => KeyRepr::Heap(key.into_boxed_str()),
+        })
+    }
+}
+
+/// Hashed and compared as its text, so that a map of keys is looked up by `&str`.
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl Serialize for Key {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl Serialize for Text {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            // Borrowed, not copied: short texts are checked again instead.
+            Repr::Inline { .. } => serde_json::from_str::<&RawValue>(self.get())
+                .map_err(serde::ser::Error::custom)?
+                .serialize(serializer),
+            Repr::Heap(raw) => raw.serialize(serializer),
+        }
+    }
 }
 
 /// An object's members in their order, each key once.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct JsonObject(pub(super) IndexMap<String, Json>);
+pub struct JsonObject(pub(super) IndexMap<Key, Json>);
 
 #[derive(Debug, thiserror::Error)]
 pub enum JsonError {
@@ -137,8 +260,8 @@ impl JsonObject {
         self.0.get(key)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Json)> {
-        self.0.iter()
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Json)> {
+        self.0.iter().map(|(key, value)| (key.as_str(), value))
     }
 
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Json> {
@@ -152,7 +275,7 @@ impl JsonObject {
 
     /// A new key goes last; an existing one keeps its place and takes the value.
     pub fn insert(&mut self, key: String, value: Json) {
-        self.0.insert(key, value);
+        self.0.insert(Key::from(key), value);
     }
 
     /// The compact JSON text, scalars as they were written.
@@ -163,10 +286,13 @@ impl JsonObject {
 
 impl IntoIterator for JsonObject {
     type Item = (String, Json);
-    type IntoIter = indexmap::map::IntoIter<String, Json>;
+    type IntoIter =
+        std::iter::Map<indexmap::map::IntoIter<Key, Json>, fn((Key, Json)) -> (String, Json)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0
+            .into_iter()
+            .map(|(key, value)| (key.as_str().to_owned(), value))
     }
 }
 

@@ -8,9 +8,8 @@ use std::collections::HashSet;
 use indexmap::IndexMap;
 use indexmap::map::Entry;
 use serde::de::IgnoredAny;
-use serde_json::value::RawValue;
 
-use super::json::{Json, JsonError, JsonObject, MAX_DEPTH, OPENED_DEPTH};
+use super::json::{Json, JsonError, JsonObject, Key, MAX_DEPTH, OPENED_DEPTH, Text};
 
 impl Json {
     /// Parses a whole JSON text, refusing an object that has a key twice.
@@ -375,10 +374,10 @@ impl<'a> Scanner<'a> {
             let key = self.key()?;
             self.eat(b':')?;
             let value = self.scan_value().map_err(|e| e.under(|| key.clone()))?;
-            match object.entry(key) {
+            match object.entry(Key::from(key)) {
                 Entry::Occupied(taken) => {
                     return Err(ScanError::DuplicateKey {
-                        key: taken.key().clone(),
+                        key: taken.key().as_str().to_owned(),
                         at: Vec::new(),
                     });
                 }
@@ -418,7 +417,7 @@ impl<'a> Scanner<'a> {
 }
 
 fn raw(text: String) -> Result<Json, ScanError> {
-    RawValue::from_string(text)
+    Text::new(text)
         .map(Json::Raw)
         .map_err(|e| ScanError::Json(JsonError::Syntax(e)))
 }
@@ -466,6 +465,31 @@ mod tests {
             matches!(Json::parse_items(b" [1, {\"a\": []}] "), Ok(Some(items)) if items.len() == 2)
         );
         assert!(matches!(Json::parse_items(b"{}"), Ok(None)));
+    }
+
+    #[test]
+    fn a_value_is_small_and_a_short_text_is_kept_in_place() {
+        // Objects have one member per key of the text: its size is the cost.
+        assert!(std::mem::size_of::<Json>() <= 24);
+        let value = Json::parse(
+            br#"{"short":"2026-12-05T00:00:00Z","long":"2026-12-05T00:00:00.000000Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            value.member("short").unwrap().as_str().unwrap(),
+            "2026-12-05T00:00:00Z"
+        );
+        assert_eq!(
+            value.member("long").unwrap().as_str().unwrap(),
+            "2026-12-05T00:00:00.000000Z"
+        );
+        let Json::Object(object) = &value else {
+            panic!()
+        };
+        assert_eq!(
+            object.to_json(),
+            r#"{"short":"2026-12-05T00:00:00Z","long":"2026-12-05T00:00:00.000000Z"}"#
+        );
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub fn regressions(before: &StateDocument, after: &StateDocument) -> Vec<Regress
                         && let Some((from, to)) = backwards(earlier, partition)
                     {
                         found.push(Regression {
-                            stream: stream.clone(),
+                            stream: stream.to_owned(),
                             from,
                             to,
                             context: context.cloned(),
@@ -111,7 +111,7 @@ pub fn regressions(before: &StateDocument, after: &StateDocument) -> Vec<Regress
             _ => {
                 if let Some((from, to)) = backwards(was, now) {
                     found.push(Regression {
-                        stream: stream.clone(),
+                        stream: stream.to_owned(),
                         from,
                         to,
                         context: None,
@@ -138,7 +138,7 @@ fn backwards(was: &JsonObject, now: &JsonObject) -> Option<(Raw, Raw)> {
     ) else {
         return None;
     };
-    (compare(from.get(), to.get())? == Ordering::Greater).then(|| (from.clone(), to.clone()))
+    (compare(from.get(), to.get())? == Ordering::Greater).then(|| (from.to_raw(), to.to_raw()))
 }
 
 /// Orders two bookmark values written as JSON: two timestamps or dates by

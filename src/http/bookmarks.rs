@@ -93,16 +93,16 @@ fn rows_of(
     regressed: &HashSet<(String, String)>,
     now_ms: i64,
 ) -> Vec<BookmarkRow> {
-    let row = |stream: Option<&String>, bookmark: Option<&domain::Json>| {
+    let row = |stream: Option<&str>, bookmark: Option<&domain::Json>| {
         let field = |name: &str| bookmark.and_then(|b| b.member(name)).cloned();
         BookmarkRow {
             state_id: state.id.as_str().to_owned(),
-            stream: stream.cloned(),
+            stream: stream.map(str::to_owned),
             replication_key: field("replication_key"),
             replication_key_value: field("replication_key_value"),
             bookmark: bookmark.cloned(),
             last_change_regressed: stream.is_some_and(|stream| {
-                regressed.contains(&(state.id.as_str().to_owned(), stream.clone()))
+                regressed.contains(&(state.id.as_str().to_owned(), stream.to_owned()))
             }),
             updated_at: rfc3339_millis(state.updated_at_ms),
             age_seconds: (now_ms - state.updated_at_ms).max(0) as f64 / 1000.0,

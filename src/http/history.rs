@@ -71,7 +71,7 @@ fn bookmark_values(bookmarks: Option<&JsonObject>) -> IndexMap<&str, Option<&dom
     bookmarks
         .iter()
         .flat_map(|streams| streams.iter())
-        .map(|(stream, bookmark)| (stream.as_str(), bookmark.member("replication_key_value")))
+        .map(|(stream, bookmark)| (stream, bookmark.member("replication_key_value")))
         .collect()
 }
 

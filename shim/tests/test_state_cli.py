@@ -109,3 +109,23 @@ def test_gateway_down_fails_naming_the_gateway_and_writes_nothing(tmp_path, gate
             conn.close()
         silent.close()
     assert gateway.state_ids() == [], "nothing reached the real gateway"
+
+
+def test_clear_all_leaves_a_state_whose_lease_a_running_pipeline_holds(project: Project, gateway: Gateway):
+    for state_id in ["running", "done"]:
+        project.meltano("state", "set", "--force", state_id, json.dumps(singer(k={"v": state_id})))
+    # Another client's run holds the lease on one of them.
+    lease = gateway.session.post(
+        f"{gateway.base}/v1/locks/running", json={"owner": "nightly-run", "ttl_seconds": 120}, timeout=10
+    )
+    assert lease.status_code == 201, lease.text
+
+    result = project.meltano("state", "clear", "--force", "--all")
+    assert "statehouse: 1 state was not cleared, its lease is held: running" in result.stderr, result.stderr
+    assert gateway.state_ids() == ["running"]
+    assert gateway.state("running")["completed"] == singer(k={"v": "running"})
+
+    released = gateway.session.delete(f"{gateway.base}/v1/locks/running/{lease.json()['lease_id']}", timeout=10)
+    assert released.status_code == 204
+    project.meltano("state", "clear", "--force", "--all")
+    assert gateway.state_ids() == []

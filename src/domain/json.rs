@@ -224,6 +224,35 @@ impl Json {
             _ => None,
         }
     }
+
+    /// The object this is, opened; the value itself when it is no object.
+    pub fn opened(self) -> Result<JsonObject, Self> {
+        match self {
+            Self::Object(object) => Ok(*object),
+            Self::Raw(raw) if raw.get().starts_with('{') => match Self::parse(raw.get().as_bytes())
+            {
+                Ok(Self::Object(object)) => Ok(*object),
+                // Text that was checked as it was kept always parses.
+                _ => Err(Self::Raw(raw)),
+            },
+            other => Err(other),
+        }
+    }
+
+    /// The object this is, opened in place; None when it is no object.
+    pub fn opened_mut(&mut self) -> Option<&mut JsonObject> {
+        if matches!(self, Self::Raw(raw) if raw.get().starts_with('{')) {
+            let raw = std::mem::replace(self, Self::Object(Box::default()));
+            *self = match raw.opened() {
+                Ok(object) => Self::Object(Box::new(object)),
+                Err(raw) => raw,
+            };
+        }
+        match self {
+            Self::Object(object) => Some(object),
+            Self::Raw(_) => None,
+        }
+    }
 }
 
 impl PartialEq for Json {

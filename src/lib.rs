@@ -183,6 +183,7 @@ impl App {
                     config.bookmark_regression,
                 )),
                 locks,
+                lease_history: store.lease_history,
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,

@@ -8,13 +8,15 @@ use crate::auth::live::LiveTokens;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::ClickHouse;
+use crate::store::{ClickHouse, LeaseHistoryStore};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
 pub struct AppContext {
     pub states: Arc<States>,
     pub locks: Arc<LockManager>,
+    /// Each id's leases; none when history is off.
+    pub lease_history: Option<LeaseHistoryStore>,
     pub clickhouse: ClickHouse,
     pub metrics: Arc<Metrics>,
     pub body_limit: usize,

@@ -227,6 +227,7 @@ impl Gateway {
         ttl: Duration,
         wait: Duration,
         lock_delay: Duration,
+        info: &serde_json::Value,
     ) -> Result<Acquired, GatewayError> {
         let path = format!("/v1/locks/{}", segment(id));
         let body = serde_json::json!({
@@ -235,6 +236,7 @@ impl Gateway {
             "wait_seconds": wait.as_secs_f64(),
             // Whole seconds, rounded up: the delay is a floor for the next run.
             "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
+            "info": info,
         });
         let sent = Instant::now();
         let answer = self

@@ -23,6 +23,7 @@ mod client;
 mod clock;
 mod ending;
 mod group;
+mod info;
 mod watchdog;
 
 use std::process::ExitCode;
@@ -242,6 +243,7 @@ async fn acquire(
     owner: &str,
     args: &LockArgs,
 ) -> Result<Acquired, client::GatewayError> {
+    let info = info::lease_info(&args.command, &args.info);
     let started = Instant::now();
     let give_up = started + args.wait;
     let retry_until = give_up.max(started + Duration::from_secs(30));
@@ -251,7 +253,7 @@ async fn acquire(
             .saturating_duration_since(now)
             .min(MAX_WAIT_PER_ACQUIRE);
         match gateway
-            .acquire(id, owner, args.ttl, this_wait, args.lock_delay())
+            .acquire(id, owner, args.ttl, this_wait, args.lock_delay(), &info)
             .await
         {
             Ok(Acquired::Held(_)) if Instant::now() < give_up => continue,

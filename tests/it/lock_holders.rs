@@ -10,6 +10,7 @@ use statehouse::auth::Tokens;
 use crate::helpers::{
     Api, peer_config, spawn_app, spawn_app_with, spawn_configured, unique_schema,
 };
+use crate::run_lease::{Scratch, WAIT_FOR_GO, ended, lock, until};
 
 /// The id's lease history once `done` holds for it: rows reach ClickHouse
 /// behind the lock's own answers.
@@ -228,4 +229,33 @@ async fn info_crosses_gateways_and_reaches_the_next_authority() {
     assert_eq!(seen, info);
     let history = history_when(&a, "shared", |l| !l.is_empty()).await;
     assert_eq!(history[0]["info"], info);
+}
+
+#[tokio::test]
+async fn the_runners_lease_names_its_host_pid_and_command() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let run = lock(
+        &app.base,
+        &["--info", "dag=nightly", "--info", "try=2"],
+        "runner-info",
+        &scratch.0,
+        WAIT_FOR_GO,
+    );
+    let runner_pid = run.id().unwrap();
+    until("the command starts", Duration::from_secs(20), || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let view = app.get("/v1/locks/runner-info").await;
+    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    let info = &view.json()["info"];
+    assert_eq!(info["pid"], runner_pid);
+    assert_eq!(info["command"], format!("sh -c {WAIT_FOR_GO}"));
+    assert!(!info["host"].as_str().unwrap().is_empty());
+    assert_eq!(info["dag"], "nightly");
+    assert_eq!(info["try"], "2");
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (status, stderr) = ended(run, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
 }

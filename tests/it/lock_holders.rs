@@ -259,3 +259,36 @@ async fn the_runners_lease_names_its_host_pid_and_command() {
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_force_unlock_through_another_gateway_keeps_its_reason() {
+    let schema = unique_schema();
+    let a = spawn_configured(peer_config(&schema)).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    a.lease("far", "on-a", 60, 0.0).await;
+    let forced = b
+        .request(
+            Method::DELETE,
+            "/v1/locks/far?reason=moved%20hosts",
+            None,
+            &[],
+        )
+        .await;
+    assert_eq!(forced.status, StatusCode::NO_CONTENT, "{}", forced.text);
+    let leases = history_when(&b, "far", |l| {
+        l.first().is_some_and(|l| l["ended_by"] == "forced")
+    })
+    .await;
+    assert_eq!(leases[0]["owner"], "on-a");
+    assert_eq!(leases[0]["reason"], "moved hosts");
+    assert_eq!(leases[0]["actor"], "anonymous");
+}
+
+#[tokio::test]
+async fn with_history_off_there_is_no_lock_history() {
+    let app = spawn_app_with(|config| config.history = statehouse::config::History::Off).await;
+    app.lease("untracked", "w", 60, 0.0).await;
+    let reply = app.get("/v1/locks/untracked/history").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_eq!(reply.problem_type(), "history-off");
+}

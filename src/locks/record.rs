@@ -2,10 +2,10 @@
 //! releases are decided in memory by the id's authority, and their rows
 //! (which let other gateways and dashboards see locks, carry handed-over
 //! leases to the next authority, and make each id's lease history) are
-//! coalesced per lease and written in
-//! one INSERT per flush, retried through a ClickHouse outage. Flushes come
-//! at most one per `SPACING`: a fleet's lock traffic costs ClickHouse about
-//! one INSERT a second, while a lone grant is written within `GATHER`.
+//! coalesced per lease and written in one INSERT per flush, retried through
+//! a ClickHouse outage. Flushes come at most one per `SPACING`: a fleet's
+//! lock traffic costs ClickHouse about one INSERT a second, while a lone
+//! grant is written within `GATHER`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -156,5 +156,55 @@ fn keep_newest(pending: &mut HashMap<(StateId, Uuid), LeaseRecord>, record: Leas
         _ => {
             pending.insert(key(&record), record);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::LeaseInfo;
+
+    fn lease(n: u128, token: u64) -> Lease {
+        Lease {
+            state_id: StateId::parse("id".to_owned()).unwrap(),
+            lease_id: Uuid::from_u128(n),
+            owner: "worker".to_owned(),
+            fencing_token: token,
+            gateway_id: Uuid::nil(),
+            acquired_ms: 1,
+            expires_ms: 2,
+            lock_delay: Duration::ZERO,
+            info: LeaseInfo::default(),
+        }
+    }
+
+    fn held(lease: Lease, version: LeaseVersion) -> LeaseRecord {
+        LeaseRecord {
+            lease,
+            version,
+            state: LeaseState::Held,
+            ended_ms: None,
+            forced: None,
+        }
+    }
+
+    #[test]
+    fn a_lease_keeps_its_newest_row_and_its_end_outlives_the_next_grant() {
+        let mut pending = HashMap::new();
+        let first = LeaseVersion::granted(1);
+        keep_newest(&mut pending, held(lease(1, 1), first.renewed()));
+        keep_newest(&mut pending, held(lease(1, 1), first));
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending.values().next().unwrap().version, first.renewed());
+        let forced = Forced {
+            actor: "ops".into(),
+            reason: "stuck".into(),
+        };
+        keep_newest(&mut pending, ended_row(lease(1, 1), first, 5, Some(forced)));
+        keep_newest(&mut pending, held(lease(2, 2), LeaseVersion::granted(2)));
+        assert_eq!(pending.len(), 2, "the forced end is still written");
+        let ended = &pending[&(lease(1, 1).state_id, Uuid::from_u128(1))];
+        assert_eq!(ended.state, LeaseState::Released);
+        assert_eq!(ended.forced.as_ref().unwrap().actor, "ops");
     }
 }

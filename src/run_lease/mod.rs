@@ -420,7 +420,13 @@ async fn release(gateway: &Gateway, id: &str, lease: &Lease) -> bool {
 
 fn describe(holder: Option<&Holder>) -> String {
     match holder {
-        Some(h) => format!("{} since {} until {}", h.owner, h.acquired_at, h.expires_at),
+        Some(h) => {
+            let mut text = format!("{} since {} until {}", h.owner, h.acquired_at, h.expires_at);
+            if let Some(command) = h.command() {
+                text.push_str(&format!(", running `{command}`"));
+            }
+            text
+        }
         None => "another holder (the gateway did not name it)".into(),
     }
 }

@@ -255,6 +255,14 @@ async fn the_runners_lease_names_its_host_pid_and_command() {
     assert!(!info["host"].as_str().unwrap().is_empty());
     assert_eq!(info["dag"], "nightly");
     assert_eq!(info["try"], "2");
+    // A second run is told what the first one runs.
+    let busy = lock(&app.base, &[], "runner-info", &scratch.0, "true");
+    let (status, stderr) = ended(busy, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(
+        stderr.contains(&format!("running `sh -c {WAIT_FOR_GO}`")),
+        "{stderr}"
+    );
     std::fs::write(scratch.path("go"), "").unwrap();
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");

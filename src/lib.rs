@@ -184,6 +184,7 @@ impl App {
                 )),
                 locks,
                 readiness: Arc::new(Readiness::new(clickhouse.clone())),
+                lease_history: store.lease_history,
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::StateId;
+use super::{LeaseInfo, StateId};
 
 /// A granted lease: who may write a state_id, until when, under which fencing token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +22,8 @@ pub struct Lease {
     /// granted for this long: time for the holder's run to be stopped
     /// (lock-delay). A release ends it with no delay.
     pub lock_delay: Duration,
+    /// What its holder said of itself on acquire (host, pid, command...).
+    pub info: LeaseInfo,
 }
 
 impl Lease {

@@ -6,6 +6,7 @@ mod etag;
 mod json;
 mod json_parse;
 mod lease;
+mod lease_info;
 mod page;
 mod pattern;
 mod provenance;
@@ -19,6 +20,9 @@ pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDoc
 pub use etag::{ETag, IfMatch, IfNoneMatch};
 pub use json::{Json, JsonObject};
 pub use lease::{Lease, LeaseState, LeaseVersion};
+pub use lease_info::{
+    Forced, InfoError, LeaseInfo, MAX_INFO_BYTES, MAX_REASON_BYTES, parse_reason,
+};
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;

@@ -12,13 +12,15 @@ use crate::auth::live::LiveTokens;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::ClickHouse;
+use crate::store::{ClickHouse, LeaseHistoryStore};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
 pub struct AppContext {
     pub states: Arc<States>,
     pub locks: Arc<LockManager>,
+    /// Each id's leases; none when history is off.
+    pub lease_history: Option<LeaseHistoryStore>,
     pub clickhouse: ClickHouse,
     /// The newest readiness check, which every `/readyz` probe shares.
     pub readiness: Arc<Readiness>,

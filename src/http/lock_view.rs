@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::wire::rfc3339_millis;
-use crate::domain::Lease;
+use crate::domain::{Lease, LeaseInfo};
 
 /// A lock as everyone else sees it: who holds it and until when, but never
 /// the lease_id, which would let a reader write as the holder.
@@ -17,6 +17,7 @@ pub struct LockView {
     expires_at: String,
     gateway_id: String,
     lock_delay_seconds: u64,
+    info: LeaseInfo,
 }
 
 impl From<&Lease> for LockView {
@@ -29,6 +30,7 @@ impl From<&Lease> for LockView {
             expires_at: rfc3339_millis(lease.expires_ms),
             gateway_id: lease.gateway_id.to_string(),
             lock_delay_seconds: lease.lock_delay.as_secs(),
+            info: lease.info.clone(),
         }
     }
 }

@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use super::context::AppContext;
 use super::error::ApiError;
-use super::extract::{LeasePath, OptionalJson, StatePath};
+use super::extract::{ApiQuery, LeasePath, OptionalJson, StatePath};
 use super::lock_view::LockView;
 use super::wire::rfc3339_millis;
-use crate::domain::Scope;
+use crate::domain::{Forced, LeaseInfo, MAX_REASON_BYTES, Provenance, Scope, parse_reason};
 use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
@@ -28,6 +28,7 @@ pub struct AcquireRequest {
     ttl_seconds: Option<f64>,
     wait_seconds: Option<f64>,
     lock_delay_seconds: Option<f64>,
+    info: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -46,6 +47,7 @@ struct LeaseBody<'a> {
     acquired_at: String,
     expires_at: String,
     lock_delay_seconds: u64,
+    info: &'a LeaseInfo,
 }
 
 fn lease_body(lease: &Lease) -> LeaseBody<'_> {
@@ -57,6 +59,7 @@ fn lease_body(lease: &Lease) -> LeaseBody<'_> {
         acquired_at: rfc3339_millis(lease.acquired_ms),
         expires_at: rfc3339_millis(lease.expires_ms),
         lock_delay_seconds: lease.lock_delay.as_secs(),
+        info: &lease.info,
     }
 }
 
@@ -107,9 +110,20 @@ pub async fn acquire(
             "wait_seconds must be between 0 and {MAX_WAIT_SECONDS}"
         )));
     }
+    let info = match request.info {
+        Some(value) => LeaseInfo::parse(value).map_err(|e| ApiError::InvalidBody(e.to_string()))?,
+        None => LeaseInfo::default(),
+    };
     let lease = ctx
         .locks
-        .acquire(&id, &owner, ttl, Duration::from_secs_f64(wait), lock_delay)
+        .acquire(
+            &id,
+            &owner,
+            ttl,
+            Duration::from_secs_f64(wait),
+            lock_delay,
+            info,
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }
@@ -164,12 +178,30 @@ pub async fn list(
     }))
 }
 
-/// Admin: ends the lease on `state_id` whoever holds it; succeeds when there is none.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForceUnlockParams {
+    reason: Option<String>,
+}
+
+/// Admin: ends the lease on `state_id` whoever holds it; succeeds when there
+/// is none. The id's history keeps who did it (the token's name) and why.
 pub async fn force_unlock(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
+    provenance: Provenance,
+    ApiQuery(params): ApiQuery<ForceUnlockParams>,
 ) -> Result<StatusCode, ApiError> {
-    let released = ctx.locks.force_unlock(&id).await?;
-    tracing::warn!(state_id = %id, released, "force-unlock");
+    let reason = parse_reason(params.reason).map_err(|bytes| {
+        ApiError::InvalidQuery(format!(
+            "reason takes at most {MAX_REASON_BYTES} bytes, got {bytes}"
+        ))
+    })?;
+    let forced = Forced {
+        actor: provenance.actor,
+        reason,
+    };
+    let released = ctx.locks.force_unlock(&id, forced.clone()).await?;
+    tracing::warn!(state_id = %id, released, actor = %forced.actor, reason = %forced.reason, "force-unlock");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,6 +11,7 @@ mod extract;
 mod forward;
 mod health;
 mod history;
+mod lock_history;
 mod lock_view;
 mod locks;
 mod regressions;
@@ -111,6 +112,7 @@ fn operations() -> Vec<Operation> {
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),
         op!(GET "/v1/locks/{state_id}" => locks::get, Needs(Read), Request, ByAuthority),
         op!(DELETE "/v1/locks/{state_id}" => locks::force_unlock, Needs(Admin), Request, ByAuthority),
+        op!(GET "/v1/locks/{state_id}/history" => lock_history::list, Needs(Read), Request, Anywhere),
         op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request, ByAuthority),
         op!(POST "/v1/internal/tickets" => tickets::issue, Needs(Write), Request, Anywhere),

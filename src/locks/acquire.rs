@@ -14,7 +14,7 @@ use super::record::Recorder;
 use super::slot::{ClaimAttempt, InLine, Rules, Step, Waiter};
 use super::slots::Slots;
 use crate::config::LockSettings;
-use crate::domain::{Lease, StateId};
+use crate::domain::{Lease, LeaseInfo, StateId};
 use crate::metrics::LockEvent;
 use crate::store::now_ms;
 
@@ -41,6 +41,7 @@ impl Acquirer<'_> {
         ttl: Duration,
         wait: Duration,
         lock_delay: Duration,
+        info: LeaseInfo,
     ) -> Result<Lease, LockError> {
         let deadline = Instant::now() + wait;
         let in_line = InLine::join(self.slots.get_or_make(id));
@@ -51,6 +52,7 @@ impl Acquirer<'_> {
             deadline,
             attempted_claim: false,
             lock_delay,
+            info,
         };
         let result = self.wait_for_grant(id, &in_line, waiter).await;
         match &result {

@@ -396,7 +396,7 @@ pub(super) fn delay_end(stored: &StoredLease, now_ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::LeaseVersion;
+    use crate::domain::{LeaseInfo, LeaseVersion};
     use crate::store::LeaseRecord;
 
     const HOLDER: Uuid = Uuid::from_u128(1);
@@ -414,10 +414,12 @@ mod tests {
                     acquired_ms: 1,
                     expires_ms: 2,
                     lock_delay: Duration::ZERO,
+                    info: LeaseInfo::default(),
                 },
                 version: LeaseVersion::granted(7),
                 state,
                 ended_ms: None,
+                forced: None,
             },
             unexpired,
         }

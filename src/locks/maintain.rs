@@ -184,6 +184,7 @@ impl Maintenance {
                     version: local.version.renewed(),
                     state: LeaseState::HandedOver,
                     ended_ms: None,
+                    forced: None,
                 });
             }
         }

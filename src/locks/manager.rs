@@ -26,7 +26,7 @@ use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
 use super::write::{Admitted, admit_here, lease_rule};
 use crate::config::LockSettings;
-use crate::domain::{Lease, StateId};
+use crate::domain::{Forced, Lease, LeaseInfo, StateId};
 use crate::metrics::{LockEvent, Metrics};
 use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
 
@@ -111,7 +111,7 @@ impl LockManager {
     /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
     /// waiters; a first acquire still runs one claim attempt (settle included)
     /// even with no wait at all. The lease carries `lock_delay`, cut to
-    /// `--max-lock-delay`.
+    /// `--max-lock-delay`, and `info`.
     pub async fn acquire(
         &self,
         id: &StateId,
@@ -119,6 +119,7 @@ impl LockManager {
         ttl: Duration,
         wait: Duration,
         lock_delay: Duration,
+        info: LeaseInfo,
     ) -> Result<Lease, LockError> {
         Acquirer {
             slots: &self.slots,
@@ -132,6 +133,7 @@ impl LockManager {
             ttl,
             wait,
             lock_delay.min(self.settings.max_lock_delay),
+            info,
         )
         .await
     }
@@ -228,8 +230,9 @@ impl LockManager {
         }
     }
 
-    /// Ends whatever lease `id` has. Answers whether there was one.
-    pub async fn force_unlock(&self, id: &StateId) -> Result<bool, LockError> {
+    /// Ends whatever lease `id` has, recording who did it and why (`forced`).
+    /// Answers whether there was one.
+    pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
             let ended = {
@@ -245,7 +248,8 @@ impl LockManager {
                 if let Some(local) = ended {
                     slot.changed.notify_waiters();
                     self.metrics.lock_event(LockEvent::ForcedRelease);
-                    self.recorder.forced(local.lease, local.version, at_ms);
+                    self.recorder
+                        .forced(local.lease, local.version, at_ms, forced);
                 }
                 return Ok(had_lease);
             }
@@ -257,7 +261,12 @@ impl LockManager {
             Some(stored) => {
                 let record = stored.record.clone();
                 self.leases
-                    .write_leases(&[ended_row(record.lease, record.version, now_ms())])
+                    .write_leases(&[ended_row(
+                        record.lease,
+                        record.version,
+                        now_ms(),
+                        Some(forced),
+                    )])
                     .await?;
                 self.metrics.lock_event(LockEvent::ForcedRelease);
                 Ok(true)

@@ -1,18 +1,20 @@
 //! Lease rows are written behind the lock hot path: grants, renewals and
 //! releases are decided in memory by the id's authority, and their rows
-//! (which let other gateways and dashboards see locks, and carry handed-over
-//! leases to the next authority) are coalesced per state_id and written in
-//! one INSERT per flush, retried through a ClickHouse outage. Flushes come
-//! at most one per `SPACING`: a fleet's lock traffic costs ClickHouse about
-//! one INSERT a second, while a lone grant is written within `GATHER`.
+//! (which let other gateways and dashboards see locks, carry handed-over
+//! leases to the next authority, and make each id's lease history) are
+//! coalesced per lease and written in one INSERT per flush, retried through
+//! a ClickHouse outage. Flushes come at most one per `SPACING`: a fleet's
+//! lock traffic costs ClickHouse about one INSERT a second, while a lone
+//! grant is written within `GATHER`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use uuid::Uuid;
 
-use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
+use crate::domain::{Forced, Lease, LeaseState, LeaseVersion, StateId};
 use crate::store::{LeaseRecord, LeaseStore, StoreError, now_ms};
 
 /// How long a flush waits for more rows to join it once one is pending.
@@ -23,9 +25,11 @@ const SPACING: Duration = Duration::from_secs(1);
 
 pub(super) struct Recorder {
     store: LeaseStore,
-    /// The newest unwritten row per state_id: a row only ever replaces an
-    /// older version of its state_id's lease row, so older ones need no write.
-    pending: Mutex<HashMap<StateId, LeaseRecord>>,
+    /// The newest unwritten row per lease: a row only ever replaces an
+    /// older version of its lease's row, so older ones need no write. A
+    /// lease ended and followed by the next within one flush still gets its
+    /// end written: the id's history shows how it ended.
+    pending: Mutex<HashMap<(StateId, Uuid), LeaseRecord>>,
     wake: Notify,
 }
 
@@ -45,6 +49,7 @@ impl Recorder {
             version,
             state: LeaseState::Held,
             ended_ms: None,
+            forced: None,
         });
     }
 
@@ -58,14 +63,15 @@ impl Recorder {
             },
             version,
             now_ms(),
+            None,
         ));
     }
 
     /// The row of a lease ended by force at `at_ms`: its lock-delay runs
     /// from then, and the row carries it to whichever gateway is the id's
-    /// authority next.
-    pub fn forced(&self, lease: Lease, version: LeaseVersion, at_ms: i64) {
-        self.record(ended_row(lease, version, at_ms));
+    /// authority next, and who forced it to the id's history.
+    pub fn forced(&self, lease: Lease, version: LeaseVersion, at_ms: i64, forced: Forced) {
+        self.record(ended_row(lease, version, at_ms, Some(forced)));
     }
 
     pub fn record(&self, record: LeaseRecord) {
@@ -91,12 +97,16 @@ impl Recorder {
         let now = now_ms();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         for record in &batch {
-            let id = &record.lease.state_id;
+            let key = key(record);
             // A row about a lease whose time and lock-delay have run out by
             // now says nothing anyone needs: it is not retried.
             let done = written.is_ok() || record.matters_until_ms() <= now;
-            if done && pending.get(id).is_some_and(|p| p.version <= record.version) {
-                pending.remove(id);
+            if done
+                && pending
+                    .get(&key)
+                    .is_some_and(|p| p.version <= record.version)
+            {
+                pending.remove(&key);
             }
         }
         written
@@ -120,21 +130,81 @@ impl Recorder {
     }
 }
 
-/// The row of a lease that a release or a force-unlock ended at `at_ms`.
-pub(super) fn ended_row(lease: Lease, version: LeaseVersion, at_ms: i64) -> LeaseRecord {
+/// The row of a lease that a release or a force-unlock (`forced`) ended at `at_ms`.
+pub(super) fn ended_row(
+    lease: Lease,
+    version: LeaseVersion,
+    at_ms: i64,
+    forced: Option<Forced>,
+) -> LeaseRecord {
     LeaseRecord {
         lease,
         version: version.released(),
         state: LeaseState::Released,
         ended_ms: Some(at_ms),
+        forced,
     }
 }
 
-fn keep_newest(pending: &mut HashMap<StateId, LeaseRecord>, record: LeaseRecord) {
-    match pending.get(&record.lease.state_id) {
+fn key(record: &LeaseRecord) -> (StateId, Uuid) {
+    (record.lease.state_id.clone(), record.lease.lease_id)
+}
+
+fn keep_newest(pending: &mut HashMap<(StateId, Uuid), LeaseRecord>, record: LeaseRecord) {
+    match pending.get(&key(&record)) {
         Some(existing) if existing.version >= record.version => {}
         _ => {
-            pending.insert(record.lease.state_id.clone(), record);
+            pending.insert(key(&record), record);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::LeaseInfo;
+
+    fn lease(n: u128, token: u64) -> Lease {
+        Lease {
+            state_id: StateId::parse("id".to_owned()).unwrap(),
+            lease_id: Uuid::from_u128(n),
+            owner: "worker".to_owned(),
+            fencing_token: token,
+            gateway_id: Uuid::nil(),
+            acquired_ms: 1,
+            expires_ms: 2,
+            lock_delay: Duration::ZERO,
+            info: LeaseInfo::default(),
+        }
+    }
+
+    fn held(lease: Lease, version: LeaseVersion) -> LeaseRecord {
+        LeaseRecord {
+            lease,
+            version,
+            state: LeaseState::Held,
+            ended_ms: None,
+            forced: None,
+        }
+    }
+
+    #[test]
+    fn a_lease_keeps_its_newest_row_and_its_end_outlives_the_next_grant() {
+        let mut pending = HashMap::new();
+        let first = LeaseVersion::granted(1);
+        keep_newest(&mut pending, held(lease(1, 1), first.renewed()));
+        keep_newest(&mut pending, held(lease(1, 1), first));
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending.values().next().unwrap().version, first.renewed());
+        let forced = Forced {
+            actor: "ops".into(),
+            reason: "stuck".into(),
+        };
+        keep_newest(&mut pending, ended_row(lease(1, 1), first, 5, Some(forced)));
+        keep_newest(&mut pending, held(lease(2, 2), LeaseVersion::granted(2)));
+        assert_eq!(pending.len(), 2, "the forced end is still written");
+        let ended = &pending[&(lease(1, 1).state_id, Uuid::from_u128(1))];
+        assert_eq!(ended.state, LeaseState::Released);
+        assert_eq!(ended.forced.as_ref().unwrap().actor, "ops");
     }
 }

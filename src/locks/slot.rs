@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::domain::{Lease, LeaseVersion, StateId};
+use crate::domain::{Lease, LeaseInfo, LeaseVersion, StateId};
 use crate::metrics::{LockEvent, Metrics};
 use crate::store::Candidate;
 
@@ -128,6 +128,8 @@ pub(super) struct Waiter<'a> {
     pub attempted_claim: bool,
     /// The lock-delay its lease will carry.
     pub lock_delay: Duration,
+    /// The info its lease will carry.
+    pub info: LeaseInfo,
 }
 
 /// The gateway's rules that a decision applies.
@@ -351,6 +353,7 @@ impl SlotState {
             acquired_ms: now_ms,
             expires_ms: now_ms.saturating_add(millis(waiter.ttl)),
             lock_delay: waiter.lock_delay,
+            info: waiter.info.clone(),
         };
         let version = LeaseVersion::granted(token);
         self.lease = Some(LocalLease {

@@ -24,7 +24,7 @@ use uuid::Uuid;
 use super::error::LockError;
 use super::forward::{PeerClient, Router};
 use super::peer::Peer;
-use crate::domain::{Lease, StateId};
+use crate::domain::{Lease, LeaseInfo, StateId};
 
 /// Where a ticket is asked for, and settled (`/{ticket}`).
 pub const TICKETS_PATH: &str = "/v1/internal/tickets";
@@ -179,6 +179,7 @@ pub(super) async fn request_ticket(
                 acquired_ms: 0,
                 expires_ms: 0,
                 lock_delay: Duration::ZERO,
+                info: LeaseInfo::default(),
             })
         })
         .collect();

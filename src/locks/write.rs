@@ -343,7 +343,7 @@ pub(super) fn lease_rule(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::LeaseVersion;
+    use crate::domain::{LeaseInfo, LeaseVersion};
     use crate::locks::slot::{HeldClaim, LocalLease};
     use crate::store::Candidate;
 
@@ -364,6 +364,7 @@ mod tests {
             acquired_ms: now_ms(),
             expires_ms: now_ms() + 30_000,
             lock_delay: Duration::ZERO,
+            info: LeaseInfo::default(),
         }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::client::GatewayUrl;
+use super::info;
 
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
@@ -73,6 +74,11 @@ pub struct LockArgs {
     /// this run's tree to be stopped. Default: --grace + 5s. A release has none.
     #[arg(long, env = "STATEHOUSE_LOCK_DELAY", value_parser = humantime::parse_duration)]
     pub lock_delay: Option<Duration>,
+
+    /// Added to the lease's info beside host, pid and command, as operators
+    /// see it in the lock's views and history; repeatable.
+    #[arg(long = "info", value_name = "KEY=VALUE", value_parser = info::parse_pair)]
+    pub info: Vec<(String, String)>,
 
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
     pub state_id: String,
@@ -207,6 +213,15 @@ mod tests {
         assert_eq!(args.lock_delay(), Duration::from_secs(35));
         let args = parse(&["--lock-delay=0s", "id", "--", "true"]).unwrap();
         assert_eq!(args.lock_delay(), Duration::ZERO);
+        assert!(args.info.is_empty());
+        let args = parse(&["--info", "dag=nightly", "--info=try=2", "id", "--", "true"]).unwrap();
+        assert_eq!(
+            args.info,
+            [
+                ("dag".to_owned(), "nightly".to_owned()),
+                ("try".to_owned(), "2".to_owned())
+            ]
+        );
     }
 
     #[test]
@@ -226,6 +241,8 @@ mod tests {
             &["--url=gw:8080", "id", "--", "true"],
             &["--url=http://u:p@gw", "id", "--", "true"],
             &["--url=http://gw/?a=b", "id", "--", "true"],
+            &["--info=novalue", "id", "--", "true"],
+            &["--info==v", "id", "--", "true"],
         ] {
             assert!(parse(argv).is_err(), "{argv:?}");
         }

@@ -170,16 +170,7 @@ fn ignored(signal: i32) -> bool {
 
 /// `<hostname>:<pid>`, the owner a lease has unless told otherwise.
 pub fn default_owner() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname(2) writes at most the length it is given.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let host = if ok && end > 0 {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_owned()
-    };
-    format!("{host}:{}", std::process::id())
+    format!("{}:{}", super::info::hostname(), std::process::id())
 }
 
 #[cfg(test)]

@@ -83,6 +83,16 @@ pub struct Holder {
     pub owner: String,
     pub acquired_at: String,
     pub expires_at: String,
+    /// What the holder said of itself; a gateway before `info` sends none.
+    #[serde(default)]
+    pub info: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Holder {
+    /// The command the holder runs, when its info names one (as `statehouse lock`'s does).
+    pub fn command(&self) -> Option<&str> {
+        self.info.get("command").and_then(serde_json::Value::as_str)
+    }
 }
 
 pub enum Acquired {
@@ -227,6 +237,7 @@ impl Gateway {
         ttl: Duration,
         wait: Duration,
         lock_delay: Duration,
+        info: &serde_json::Value,
     ) -> Result<Acquired, GatewayError> {
         let path = format!("/v1/locks/{}", segment(id));
         let body = serde_json::json!({
@@ -235,6 +246,7 @@ impl Gateway {
             "wait_seconds": wait.as_secs_f64(),
             // Whole seconds, rounded up: the delay is a floor for the next run.
             "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
+            "info": info,
         });
         let sent = Instant::now();
         let answer = self
@@ -443,7 +455,14 @@ mod tests {
         };
         let problem = answer.problem();
         assert!(problem.is("lock-held") && !problem.is("lock"));
-        assert_eq!(problem.holder.unwrap().owner, "cron@a:1");
+        let holder = problem.holder.unwrap();
+        assert_eq!(holder.owner, "cron@a:1");
+        assert_eq!(holder.command(), None);
+        let with_info: Holder = serde_json::from_str(
+            r#"{"owner":"o","acquired_at":"a","expires_at":"b","info":{"command":"meltano run t"}}"#,
+        )
+        .unwrap();
+        assert_eq!(with_info.command(), Some("meltano run t"));
         let garbage = Answer {
             status: StatusCode::BAD_GATEWAY,
             retry_after: None,

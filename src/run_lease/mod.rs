@@ -23,6 +23,7 @@ mod client;
 mod clock;
 mod ending;
 mod group;
+mod info;
 mod watchdog;
 
 use std::process::ExitCode;
@@ -246,6 +247,7 @@ async fn acquire(
     owner: &str,
     args: &LockArgs,
 ) -> Result<Acquired, client::GatewayError> {
+    let info = info::lease_info(&args.command, &args.info);
     let started = Instant::now();
     let give_up = started + args.wait;
     let retry_until = give_up.max(started + Duration::from_secs(30));
@@ -255,7 +257,7 @@ async fn acquire(
             .saturating_duration_since(now)
             .min(MAX_WAIT_PER_ACQUIRE);
         match gateway
-            .acquire(id, owner, args.ttl, this_wait, args.lock_delay())
+            .acquire(id, owner, args.ttl, this_wait, args.lock_delay(), &info)
             .await
         {
             Ok(Acquired::Held(_)) if Instant::now() < give_up => continue,
@@ -422,7 +424,13 @@ async fn release(gateway: &Gateway, id: &str, lease: &Lease) -> bool {
 
 fn describe(holder: Option<&Holder>) -> String {
     match holder {
-        Some(h) => format!("{} since {} until {}", h.owner, h.acquired_at, h.expires_at),
+        Some(h) => {
+            let mut text = format!("{} since {} until {}", h.owner, h.acquired_at, h.expires_at);
+            if let Some(command) = h.command() {
+                text.push_str(&format!(", running `{command}`"));
+            }
+            text
+        }
         None => "another holder (the gateway did not name it)".into(),
     }
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::ddl::Placement;
 use super::error::StoreError;
-use crate::domain::{Lease, LeaseState, LeaseVersion, StateId};
+use crate::domain::{Forced, Lease, LeaseInfo, LeaseState, LeaseVersion, StateId};
 
 pub(super) const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -38,6 +38,20 @@ pub struct LeaseRecord {
     /// When a release or a force-unlock ended the lease (ms since the
     /// epoch); none while it runs. A release row carries no lock-delay.
     pub ended_ms: Option<i64>,
+    /// Who forced the lease's end and why; none unless a force-unlock ended it.
+    pub forced: Option<Forced>,
+}
+
+impl LeaseRecord {
+    /// How the row says its lease ended (the `ended_by` column): empty while
+    /// it runs; an expiry is no row's doing, so it is read from the expiry.
+    pub(super) fn ended_by(&self) -> &'static str {
+        match (self.state, &self.forced) {
+            (LeaseState::Released, Some(_)) => ENDED_FORCED,
+            (LeaseState::Released, None) => ENDED_RELEASED,
+            _ => "",
+        }
+    }
 }
 
 impl LeaseRecord {
@@ -79,6 +93,10 @@ pub(super) struct LeaseRowOut {
     pub(super) lock_delay_ms: u64,
     /// 0 while the lease runs.
     pub(super) ended_at: i64,
+    pub(super) info: String,
+    pub(super) ended_by: &'static str,
+    pub(super) actor: String,
+    pub(super) reason: String,
 }
 
 const KIND_CLAIM: i8 = 1;
@@ -102,9 +120,16 @@ pub(super) struct LockRowIn {
     pub(super) lock_delay_ms: u64,
     /// 0 while the lease runs.
     pub(super) ended_ms: i64,
+    pub(super) info: String,
+    pub(super) ended_by: String,
+    pub(super) actor: String,
+    pub(super) reason: String,
     /// Not expired by ClickHouse's clock.
     pub(super) unexpired: u8,
 }
+
+pub(super) const ENDED_RELEASED: &str = "released";
+pub(super) const ENDED_FORCED: &str = "forced";
 
 pub(super) const KIND_TYPE: &str = "Enum8('claim' = 1, 'lease' = 2, 'tokens' = 3)";
 
@@ -162,10 +187,15 @@ impl IdLocks {
                 acquired_ms: row.created_ms,
                 expires_ms: row.expires_ms,
                 lock_delay: std::time::Duration::from_millis(row.lock_delay_ms),
+                info: LeaseInfo::from_stored(&row.info),
             },
             version: LeaseVersion::from_bits(row.version),
             state: LeaseState::from_column(row.released),
             ended_ms: (row.ended_ms > 0).then_some(row.ended_ms),
+            forced: (row.ended_by == ENDED_FORCED).then_some(Forced {
+                actor: row.actor,
+                reason: row.reason,
+            }),
         };
         locks.lease = Some(StoredLease {
             record,
@@ -183,6 +213,7 @@ pub(super) fn lock_rows_sql(table: &str, filter: &str) -> String {
                 fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
                 toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
                 advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
+                info, ended_by, actor, reason,
                 expires_at > now64(3) AS unexpired
          FROM {table} FINAL
          WHERE {filter}
@@ -210,7 +241,11 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
             version UInt64,
             advertise_url String DEFAULT '',
             lock_delay_ms UInt64 DEFAULT 0,
-            ended_at DateTime64(3) DEFAULT 0
+            ended_at DateTime64(3) DEFAULT 0,
+            info String DEFAULT '',
+            ended_by LowCardinality(String) DEFAULT '',
+            actor String DEFAULT '',
+            reason String DEFAULT ''
         ) ENGINE = {}
         ORDER BY (state_id, kind, claim_id)
         TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
@@ -242,6 +277,10 @@ mod tests {
             advertise_url: "http://peer".into(),
             lock_delay_ms: 0,
             ended_ms: 0,
+            info: String::new(),
+            ended_by: String::new(),
+            actor: String::new(),
+            reason: String::new(),
             unexpired: 1,
         }
     }
@@ -296,6 +335,31 @@ mod tests {
         assert_eq!(record.ended_ms, Some(1_234));
         let running = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
         assert_eq!(running.lease.unwrap().record.ended_ms, None);
+    }
+
+    #[test]
+    fn a_lease_row_carries_its_info_and_who_forced_its_end() {
+        let mut row = lease(LeaseState::Released, false);
+        row.info = r#"{"host":"a"}"#.into();
+        row.ended_by = ENDED_FORCED.into();
+        row.actor = "ops".into();
+        row.reason = "stuck".into();
+        let record = IdLocks::assemble(vec![row]).unwrap().lease.unwrap().record;
+        assert_eq!(record.lease.info.as_str(), r#"{"host":"a"}"#);
+        assert_eq!(record.ended_by(), ENDED_FORCED);
+        assert_eq!(
+            record.forced,
+            Some(Forced {
+                actor: "ops".into(),
+                reason: "stuck".into()
+            })
+        );
+        let released = IdLocks::assemble(vec![lease(LeaseState::Released, false)]).unwrap();
+        let record = released.lease.unwrap().record;
+        assert_eq!(record.ended_by(), ENDED_RELEASED);
+        assert_eq!(record.lease.info, LeaseInfo::default());
+        let held = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
+        assert_eq!(held.lease.unwrap().record.ended_by(), "");
     }
 
     #[test]

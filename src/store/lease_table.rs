@@ -62,7 +62,7 @@ impl LeaseStore {
     }
 
     /// A table an earlier version made gains the token kind, the URL
-    /// column and the lock-delay columns; one that has them is left alone
+    /// column, the lock-delay columns and who held and ended each lease; one that has them is left alone
     /// (its user may lack ALTER).
     pub async fn upgrade_table(
         &self,
@@ -82,6 +82,13 @@ impl LeaseStore {
         }
         if !has("ended_at") {
             changes.push("ADD COLUMN IF NOT EXISTS ended_at DateTime64(3) DEFAULT 0".to_owned());
+        }
+        for (column, kind) in HOLDER_COLUMNS {
+            if !has(column) {
+                changes.push(format!(
+                    "ADD COLUMN IF NOT EXISTS {column} {kind} DEFAULT ''"
+                ));
+            }
         }
         if !has_tokens {
             changes.push(format!("MODIFY COLUMN kind {KIND_TYPE}"));
@@ -389,6 +396,16 @@ impl LeaseStore {
                             lock_delay_ms: u64::try_from(lease.lock_delay.as_millis())
                                 .unwrap_or(u64::MAX),
                             ended_at: record.ended_ms.unwrap_or(0),
+                            info: lease.info.as_str().to_owned(),
+                            ended_by: record.ended_by(),
+                            actor: record
+                                .forced
+                                .as_ref()
+                                .map_or_else(String::new, |f| f.actor.clone()),
+                            reason: record
+                                .forced
+                                .as_ref()
+                                .map_or_else(String::new, |f| f.reason.clone()),
                         })
                         .await?;
                 }
@@ -425,6 +442,15 @@ impl LeaseStore {
         self.ch.timed("token_reserve", query.execute()).await
     }
 }
+
+/// The columns saying who held a lease and who ended it, added to tables
+/// made before leases had them.
+const HOLDER_COLUMNS: [(&str, &str); 4] = [
+    ("info", "String"),
+    ("ended_by", "LowCardinality(String)"),
+    ("actor", "String"),
+    ("reason", "String"),
+];
 
 /// How many claims one batched statement names: keeps each statement small.
 const CLAIMS_PER_QUERY: usize = 500;

@@ -11,6 +11,7 @@ mod gateways_table;
 mod history_table;
 mod http_client;
 mod keeper_claims;
+mod lease_history;
 mod lease_rows;
 mod lease_table;
 mod ping;
@@ -29,6 +30,7 @@ pub use history_table::{
     VersionMeta,
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
+pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, StoredLease};
 pub use lease_table::LeaseStore;
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
@@ -55,6 +57,7 @@ impl Default for Layout {
 
 /// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease`
 /// for locks, `schema`.`table_history` for versions (unless history is off),
+/// `schema`.`table_lease_history` for each id's leases (with history),
 /// `schema`.`table_gateways` for the gateways serving them, and in keeper
 /// mode `schema`.`table_claims` (KeeperMap) for claims.
 #[derive(Clone)]
@@ -63,6 +66,8 @@ pub struct Store {
     pub states: StateStore,
     pub leases: LeaseStore,
     pub history: Option<HistoryStore>,
+    /// Each id's leases, kept as long as `history` keeps versions; none when history is off.
+    pub lease_history: Option<LeaseHistoryStore>,
     pub gateways: GatewayStore,
     pub claims: KeeperClaimStore,
     schema: Identifier,
@@ -86,6 +91,16 @@ impl Store {
         ch.sequential_reads = layout.cluster.is_some();
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
         let claims_table = claims_table_name(table);
+        let lease_history = match history {
+            History::Off => None,
+            History::Kept(retention) => Some(LeaseHistoryStore::new(
+                ch.clone(),
+                qualified(&lease_history_table_name(table)),
+                qualified(&lease_history_view_name(table)),
+                qualified(&lease_table_name(table)),
+                retention,
+            )),
+        };
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
             leases: LeaseStore::new(ch.clone(), qualified(&lease_table_name(table))),
@@ -105,6 +120,7 @@ impl Store {
                     retention,
                 )),
             },
+            lease_history,
             clickhouse: ch,
             schema,
             table: table.clone(),
@@ -134,6 +150,8 @@ impl Store {
         let history_table = history_table_name(&self.table);
         let history_view = history_view_name(&self.table);
         let gateways_table = gateways_table_name(&self.table);
+        let lease_history_table = lease_history_table_name(&self.table);
+        let lease_history_view = lease_history_view_name(&self.table);
         let present = ch
             .present_tables(
                 self.schema.as_str(),
@@ -143,6 +161,8 @@ impl Store {
                     &history_table,
                     &history_view,
                     &gateways_table,
+                    &lease_history_table,
+                    &lease_history_view,
                 ],
             )
             .await?;
@@ -176,6 +196,15 @@ impl Store {
         }
         if engine_of(&gateways_table).is_none() {
             self.gateways.ensure_table(&placement).await?;
+        }
+        if let Some(lease_history) = &self.lease_history {
+            lease_history
+                .ensure(
+                    engine_of(&lease_history_table),
+                    engine_of(&lease_history_view).is_some(),
+                    &placement,
+                )
+                .await?;
         }
         Ok(())
     }
@@ -213,6 +242,14 @@ fn history_view_name(table: &Identifier) -> String {
 
 fn lease_table_name(table: &Identifier) -> String {
     format!("{}_lease", table.as_str())
+}
+
+fn lease_history_table_name(table: &Identifier) -> String {
+    format!("{}_lease_history", table.as_str())
+}
+
+fn lease_history_view_name(table: &Identifier) -> String {
+    format!("{}_lease_history_writes", table.as_str())
 }
 
 fn gateways_table_name(table: &Identifier) -> String {
@@ -268,6 +305,20 @@ mod tests {
                 "/statehouse/m/state_claims",
                 placement,
             ),
+            lease_history::create_table_sql("`m`.`state_lease_history`", retention, placement),
+            lease_history::create_view_sql(
+                "`m`.`state_lease_history_writes`",
+                "`m`.`state_lease`",
+                "`m`.`state_lease_history`",
+                placement,
+            ),
+            lease_history::retention_sql(
+                "`m`.`state_lease_history`",
+                retention,
+                "ReplacingMergeTree(version) ORDER BY (state_id, lease_id)",
+                placement,
+            )
+            .unwrap(),
         ]
     }
 
@@ -287,7 +338,8 @@ mod tests {
                 "ReplacingMergeTree",
                 "MergeTree",
                 "ReplacingMergeTree",
-                "KeeperMap"
+                "KeeperMap",
+                "ReplacingMergeTree"
             ]
         );
         for statement in &statements {
@@ -308,7 +360,8 @@ mod tests {
                 "ReplicatedReplacingMergeTree",
                 "ReplicatedMergeTree",
                 "ReplicatedReplacingMergeTree",
-                "KeeperMap"
+                "KeeperMap",
+                "ReplicatedReplacingMergeTree"
             ]
         );
         for statement in &statements {
@@ -349,7 +402,8 @@ mod tests {
                     "ReplicatedReplacingMergeTree",
                     "ReplicatedMergeTree",
                     "ReplicatedReplacingMergeTree",
-                    "KeeperMap"
+                    "KeeperMap",
+                    "ReplicatedReplacingMergeTree"
                 ]
             );
             for statement in &statements {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use statehouse::domain::StateId;
+use statehouse::domain::{LeaseInfo, StateId};
 use statehouse::locks::LockManager;
 use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Store};
@@ -53,6 +53,7 @@ async fn abandon(locks: &LockManager, state_id: &StateId, wait: Duration, after:
         Duration::from_secs(30),
         wait,
         Duration::ZERO,
+        LeaseInfo::default(),
     );
     if let Ok(result) = tokio::time::timeout(after, acquire).await {
         // Finished before the drop: let it go the ordinary way.
@@ -71,6 +72,7 @@ async fn fresh_acquire_succeeds(locks: &LockManager, state_id: &StateId) {
             Duration::from_secs(30),
             Duration::from_secs(5),
             Duration::ZERO,
+            LeaseInfo::default(),
         )
         .await
         .expect("a fresh acquire after an abandoned one");
@@ -104,6 +106,7 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
             Duration::from_secs(30),
             Duration::ZERO,
             Duration::ZERO,
+            LeaseInfo::default(),
         )
         .await
         .unwrap();
@@ -120,6 +123,7 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
                     Duration::from_secs(30),
                     Duration::from_secs(30),
                     Duration::ZERO,
+                    LeaseInfo::default(),
                 )
                 .await
         })
@@ -169,6 +173,7 @@ async fn acquires_dropped_anywhere_in_a_claim_attempt_leave_the_id_lockable() {
                         Duration::from_secs(30),
                         Duration::from_secs(60),
                         Duration::ZERO,
+                        LeaseInfo::default(),
                     )
                     .await
             })

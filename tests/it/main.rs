@@ -28,6 +28,7 @@ mod lock_cancellation;
 mod lock_concurrency;
 mod lock_delay;
 mod lock_faults;
+mod lock_holders;
 mod locks_api;
 mod logs;
 mod one_door;

@@ -25,6 +25,7 @@ fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
         deadline,
         attempted_claim: false,
         lock_delay: Duration::ZERO,
+        info: LeaseInfo::default(),
     }
 }
 

@@ -15,6 +15,7 @@ use super::lock_view::LockView;
 use super::wire::rfc3339_millis;
 use crate::domain::{Forced, LeaseInfo, MAX_REASON_BYTES, Provenance, Scope, parse_reason};
 use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
+use crate::telemetry::ClientText;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
 pub const MAX_TTL_SECONDS: u64 = 3600;
@@ -202,6 +203,12 @@ pub async fn force_unlock(
         reason,
     };
     let released = ctx.locks.force_unlock(&id, forced.clone()).await?;
-    tracing::warn!(state_id = %id, released, actor = %forced.actor, reason = %forced.reason, "force-unlock");
+    tracing::warn!(
+        state_id = %id,
+        released,
+        actor = %ClientText(&forced.actor),
+        reason = %ClientText(&forced.reason),
+        "force-unlock"
+    );
     Ok(StatusCode::NO_CONTENT)
 }

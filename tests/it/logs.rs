@@ -59,7 +59,11 @@ async fn client_text_is_escaped_in_every_text_log_line() {
     let unlocked = api
         .request(
             Method::DELETE,
-            &format!("/v1/locks/{}", encode_id(&id)),
+            &format!(
+                "/v1/locks/{}?reason={}",
+                encode_id(&id),
+                encode_id(&format!("r{FORGED}"))
+            ),
             None,
             &[],
         )
@@ -185,6 +189,7 @@ async fn client_text_is_escaped_in_every_text_log_line() {
         format!(r#"state_id="a{escaped}b""#),
         format!(r#"pattern="a{escaped}*""#),
         format!(r#"streams="orders{escaped}""#),
+        format!(r#"reason="r{escaped}""#),
         r#"user_agent="ua\u{85}FORGED-LINE\u{2028}FORGED-LINE\u{202e}\t\"k=v\"""#.to_owned(),
         r#"request_id="rid\t\"k=v\" x""#.to_owned(),
     ] {

@@ -44,7 +44,7 @@ class Gateway:
         return reply.json()
 
 
-def start_gateway(tokens: str | None = None) -> Gateway:
+def start_gateway(tokens: str | None = None, args: tuple[str, ...] = ()) -> Gateway:
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
@@ -55,7 +55,7 @@ def start_gateway(tokens: str | None = None) -> Gateway:
         env["STATEHOUSE_TOKENS"] = tokens
     process = subprocess.Popen(
         [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", f"browser_{uuid.uuid4().hex}",
-         "--claim-settle", "200ms"],
+         "--claim-settle", "200ms", *args],
         env=env,
     )
     base = f"http://127.0.0.1:{port}"
@@ -134,3 +134,35 @@ def page(browser, request):
     tab.on("dialog", accept)
     yield tab
     context.close()
+
+
+# What `statehouse lock` sends, with a key of the caller's own; the note is
+# markup that the page must show as text.
+HOLDER_INFO = {"host": "etl-1", "pid": 4242, "command": "meltano run tap-github target-jsonl",
+               "note": "<img src=x data-testid=injected>"}
+
+
+def lease_history(gateway: Gateway, state_id: str, until, timeout: float = 15) -> list[dict]:
+    """The id's lease history once `until(leases)` holds: lease rows reach
+    ClickHouse about a second behind the lock's own answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leases = gateway.call("GET", f"/v1/locks/{quote(state_id, safe='')}/history").json()["leases"]
+        if until(leases) or time.monotonic() > deadline:
+            return leases
+        time.sleep(0.2)
+
+
+def forced_then_held(gateway: Gateway, state_id: str, reason: str) -> dict:
+    """A lease forced off `state_id` with `reason`, then a new one held with
+    HOLDER_INFO; answers the new lease once the history shows both."""
+    path = f"/v1/locks/{quote(state_id, safe='')}"
+    gateway.call("POST", path, json={"owner": "stuck-worker", "ttl_seconds": 600,
+                                      "info": {"host": "etl-0", "pid": 17}}).raise_for_status()
+    gateway.call("DELETE", path, params={"reason": reason}).raise_for_status()
+    lease = gateway.call("POST", path, json={"owner": "etl-1:4242", "ttl_seconds": 600, "lock_delay_seconds": 5,
+                                             "info": HOLDER_INFO})
+    lease.raise_for_status()
+    leases = lease_history(gateway, state_id, lambda ls: len(ls) == 2 and ls[1]["ended_by"] == "forced")
+    assert [l["ended_by"] for l in leases] == [None, "forced"], leases
+    return lease.json()

@@ -1,6 +1,6 @@
-// The state page: its lock, its bookmarks (each with a reset), the charts of
-// its bookmarks over time, its document, and its versions, each with what
-// it changed and a way back to it.
+// The state page: who holds its lock and the lock's past leases, its
+// bookmarks (each with a reset), the charts of its bookmarks over time, its
+// document, and its versions, each with what it changed and a way back to it.
 
 import { api, el, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
@@ -16,13 +16,40 @@ async function change(question, path, options, id) {
   renderState(id);
 }
 
+/** A value of a lease's `info` as text: a string as is, anything else as JSON. */
+function infoText(value) { return typeof value === "string" ? value : JSON.stringify(value); }
+
+/** A lease's `info`, key by key, as text (it is whatever the acquire sent). */
+function infoList(info) {
+  const entries = Object.entries(info || {});
+  if (entries.length === 0) return el("span", { class: "muted", text: "(none)" });
+  return el("dl", { class: "info", "data-testid": "info" }, ...entries.flatMap(([key, value]) => [
+    el("dt", { text: key }),
+    el("dd", { "data-key": key, text: infoText(value) })]));
+}
+
 function lockSection(id, lock, readOnly) {
   const section = el("section", {}, el("h2", { text: id, "data-testid": "state-title" }));
   if (lock.status !== 200) return section;
+  const l = lock.body;
+  const reason = el("input", { name: "reason", maxlength: "512", "data-testid": "unlock-reason" });
+  const unlock = () => {
+    const query = reason.value.trim() ? "?" + new URLSearchParams({ reason: reason.value.trim() }) : "";
+    change("Force-unlock " + id + "? Its holder loses the lease.", "/v1/locks/" + encodeURIComponent(id) + query, { method: "DELETE" }, id);
+  };
   section.append(
-    el("p", { "data-testid": "lock-holder", text: "Locked by " + lock.body.owner + " until " + lock.body.expires_at + " (fencing token " + lock.body.fencing_token + ")" }),
-    writeButton(readOnly, { class: "danger", "data-testid": "force-unlock", onclick: () =>
-      change("Force-unlock " + id + "? Its holder loses the lease.", "/v1/locks/" + encodeURIComponent(id), { method: "DELETE" }, id) }, "Force-unlock"));
+    el("div", { "data-testid": "lock-holder" },
+      el("h3", { text: "Locked by " + l.owner }),
+      el("dl", { class: "holder" },
+        el("dt", { text: "Owner" }), el("dd", { "data-testid": "holder-owner", text: l.owner }),
+        el("dt", { text: "Fencing token" }), el("dd", { "data-testid": "holder-token", text: String(l.fencing_token) }),
+        el("dt", { text: "Acquired" }), el("dd", { text: l.acquired_at }),
+        el("dt", { text: "Expires" }), el("dd", { text: l.expires_at }),
+        el("dt", { text: "Lock-delay" }), el("dd", { text: l.lock_delay_seconds + " s" }),
+        el("dt", { text: "Info" }), el("dd", { "data-testid": "holder-info" }, infoList(l.info)))),
+    el("div", { class: "row" },
+      el("label", {}, "Reason (kept in the lock's history)", reason),
+      writeButton(readOnly, { class: "danger", "data-testid": "force-unlock", onclick: unlock }, "Force-unlock")));
   return section;
 }
 
@@ -71,17 +98,42 @@ function historySection(id, versions, readOnly) {
     table([["Version"], ["Operation"], ["Changed streams", "wide"], ["Before → after"], ["Actor"], [""]], rows, "history"));
 }
 
+/** How a past lease ended, in words: "running" while it still runs. */
+function endedText(lease) { return lease.ended_by || "running"; }
+
+function leaseHistorySection(leases) {
+  const section = el("section", { "data-testid": "lease-history-section" }, el("h2", { text: "Lock history" }));
+  if (leases.status === 404 && leases.body && leases.body.type === "urn:statehouse:problem:history-off") {
+    section.append(el("p", { "data-testid": "lease-history-off", text: "This gateway keeps no lock history (it runs with --history=false)." }));
+    return section;
+  }
+  if (leases.status !== 200) { section.append(el("p", { text: problemText(leases) })); return section; }
+  if (leases.body.leases.length === 0) { section.append(el("p", { text: "No leases yet." })); return section; }
+  const rows = leases.body.leases.map((l) => el("tr", { "data-testid": "lease-row", "data-fencing-token": String(l.fencing_token) },
+    el("td", { text: l.owner }),
+    el("td", { text: String(l.fencing_token) }),
+    el("td", {}, infoList(l.info)),
+    el("td", { text: l.acquired_at }),
+    el("td", { "data-testid": "ended-by", class: l.ended_by === "forced" ? "forced" : undefined, text: endedText(l) }),
+    el("td", { text: l.ended_at || "" }),
+    el("td", { "data-testid": "forced-actor", text: l.actor || "" }),
+    el("td", { "data-testid": "forced-reason", text: l.reason || "" })));
+  section.append(table([["Owner"], ["Fencing token"], ["Info"], ["Acquired"], ["Ended"], ["Ended at"], ["Forced by"], ["Reason"]], rows, "lease-history"));
+  return section;
+}
+
 export async function renderState(id) {
   const route = location.hash;
-  const [state, history, marks, lock, readOnly] = await Promise.all([
+  const [state, history, marks, lock, leases, readOnly] = await Promise.all([
     api(statePath(id)),
     api(statePath(id) + "/history?limit=100&bookmarks=true"),
     api("/v1/bookmarks?" + new URLSearchParams({ pattern: globFor(id), limit: "1000" })),
     api("/v1/locks/" + encodeURIComponent(id)),
+    api("/v1/locks/" + encodeURIComponent(id) + "/history?limit=20"),
     whyReadOnly(),
   ]);
   say(state.status === 200 || state.status === 404 ? "" : problemText(state));
-  const out = [lockSection(id, lock, readOnly)];
+  const out = [lockSection(id, lock, readOnly), leaseHistorySection(leases)];
   if (state.status === 404) out[0].append(el("p", { text: "No such state now; its history may still be below." }));
   const versions = history.status === 200 ? history.body.versions : [];
   const width = Math.max(280, Math.min(view.clientWidth - 40, 1200));

@@ -1,6 +1,6 @@
 """Who holds it (issue 37), on a state's page in a real headless Chromium
 at a phone's and a desktop's size: the holder with its info, the lock's
-past leases with how each ended."""
+past leases with how each ended, and both history tables whole on a phone."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from urllib.parse import quote
 from playwright.sync_api import expect
 
 from conftest import HOLDER_INFO, Gateway, forced_then_held, lease_history, start_gateway, stop
-from test_pictures import shot
+from test_pictures import regressed_state, shot
 
 
 def test_the_holder_shows_with_its_info_as_text(page, gateway: Gateway):
@@ -57,6 +57,45 @@ def test_a_force_unlock_from_the_page_shows_forced_its_actor_and_reason(page, ga
     expect(row.get_by_test_id("forced-reason")).to_have_text(reason)
     expect(row.locator("b")).to_have_count(0)
     shot(page, "lease-history")
+
+
+def rows_outside(page, selector: str) -> list[dict]:
+    """The rows matching `selector` that reach past the window's width."""
+    return page.evaluate(
+        """(selector) => [...document.querySelectorAll(selector)]
+             .map((row) => ({ text: row.textContent.slice(0, 60), box: row.getBoundingClientRect().toJSON() }))
+             .filter(({ box }) => box.left < 0 || box.right > window.innerWidth)""",
+        selector)
+
+
+def test_each_row_of_both_histories_is_whole_without_scrolling_sideways(page, gateway: Gateway):
+    versions = regressed_state(gateway, "prod:warehouse-orders-nightly")
+    forced_then_held(gateway, "prod:warehouse-orders-nightly", "the replica was rebuilt under the tap")
+    page.goto(gateway.base + "/#/state/" + quote("prod:warehouse-orders-nightly", safe=""))
+    expect(page.get_by_test_id("version-row")).to_have_count(len(versions))
+    expect(page.get_by_test_id("lease-row")).to_have_count(2)
+    for selector in ['[data-testid="history"] tr', '[data-testid="lease-history"] tr']:
+        assert rows_outside(page, selector) == [], selector
+    assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+    rollback = page.get_by_test_id("rollback").first
+    rollback.scroll_into_view_if_needed()
+    box = rollback.bounding_box()
+    width = page.evaluate("() => window.innerWidth")
+    assert box and 0 <= box["x"] and box["x"] + box["width"] <= width, (box, width)
+    assert page.evaluate("() => window.scrollX") == 0
+    # Each row is whole: its actor is on screen with it, not a scroll away.
+    actor = page.get_by_test_id("version-row").first.get_by_test_id("actor")
+    actor_box = actor.bounding_box()
+    assert actor_box and actor_box["x"] + actor_box["width"] <= width, actor_box
+    # A desktop keeps the tables; a phone shows cards, each cell labelled.
+    header = page.locator('[data-testid="lease-history"] thead')
+    if width > 640:
+        expect(header).to_be_visible()
+    else:
+        expect(header).to_be_hidden()
+        reason = page.get_by_test_id("forced-reason").last
+        assert page.evaluate("(e) => getComputedStyle(e, '::before').content", reason.element_handle()) == '"Reason"'
+    shot(page, "state-histories")
 
 
 def test_without_history_the_lock_history_says_so(page):

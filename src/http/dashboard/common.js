@@ -59,6 +59,19 @@ export function table(headers, rows, testid) {
     el("tbody", {}, ...rows));
 }
 
+/**
+ * A table that a phone shows as one card per row (app.css): each cell is
+ * labelled with its column's header, as the header row is then hidden.
+ */
+export function cardTable(headers, rows, testid) {
+  for (const row of rows) {
+    [...row.cells].forEach((cell, i) => cell.setAttribute("data-label", headers[i][0]));
+  }
+  const node = table(headers, rows, testid);
+  node.classList.add("cards");
+  return node;
+}
+
 export function statePath(id) { return "/v1/states/" + encodeURIComponent(id); }
 
 /** A value as stored: JSON text, never locale-formatted. */

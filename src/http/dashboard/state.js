@@ -2,7 +2,7 @@
 // bookmarks (each with a reset), the charts of its bookmarks over time, its
 // document, and its versions, each with what it changed and a way back to it.
 
-import { api, el, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
+import { api, cardTable, el, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
 
 /** A glob that matches `id` itself (and maybe a few more, filtered out after). */
@@ -95,7 +95,7 @@ function historySection(id, versions, readOnly) {
         change("Roll " + id + " back to " + v.version + "?", statePath(id) + "/rollback",
           { method: "POST", body: JSON.stringify({ version: v.version }) }, id) }, "Roll back"))));
   return el("section", {}, el("h2", { text: "History" }),
-    table([["Version"], ["Operation"], ["Changed streams", "wide"], ["Before → after"], ["Actor"], [""]], rows, "history"));
+    cardTable([["Version"], ["Operation"], ["Changed streams", "wide"], ["Before → after"], ["Actor"], [""]], rows, "history"));
 }
 
 /** How a past lease ended, in words: "running" while it still runs. */
@@ -118,7 +118,7 @@ function leaseHistorySection(leases) {
     el("td", { text: l.ended_at || "" }),
     el("td", { "data-testid": "forced-actor", text: l.actor || "" }),
     el("td", { "data-testid": "forced-reason", text: l.reason || "" })));
-  section.append(table([["Owner"], ["Fencing token"], ["Info"], ["Acquired"], ["Ended"], ["Ended at"], ["Forced by"], ["Reason"]], rows, "lease-history"));
+  section.append(cardTable([["Owner"], ["Fencing token"], ["Info"], ["Acquired"], ["Ended"], ["Ended at"], ["Forced by"], ["Reason"]], rows, "lease-history"));
   return section;
 }
 

@@ -153,15 +153,15 @@ def lease_history(gateway: Gateway, state_id: str, until, timeout: float = 15) -
         time.sleep(0.2)
 
 
-def forced_then_held(gateway: Gateway, state_id: str, reason: str) -> dict:
+def forced_then_held(gateway: Gateway, state_id: str, reason: str, info: dict = HOLDER_INFO) -> dict:
     """A lease forced off `state_id` with `reason`, then a new one held with
-    HOLDER_INFO; answers the new lease once the history shows both."""
+    `info`; answers the new lease once the history shows both."""
     path = f"/v1/locks/{quote(state_id, safe='')}"
     gateway.call("POST", path, json={"owner": "stuck-worker", "ttl_seconds": 600,
                                       "info": {"host": "etl-0", "pid": 17}}).raise_for_status()
     gateway.call("DELETE", path, params={"reason": reason}).raise_for_status()
     lease = gateway.call("POST", path, json={"owner": "etl-1:4242", "ttl_seconds": 600, "lock_delay_seconds": 5,
-                                             "info": HOLDER_INFO})
+                                             "info": info})
     lease.raise_for_status()
     leases = lease_history(gateway, state_id, lambda ls: len(ls) == 2 and ls[1]["ended_by"] == "forced")
     assert [l["ended_by"] for l in leases] == [None, "forced"], leases

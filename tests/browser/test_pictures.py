@@ -13,7 +13,7 @@ from urllib.parse import quote, urlparse
 from PIL import Image
 from playwright.sync_api import expect
 
-from conftest import READ_TOKEN, ROOT, WRITE_TOKEN, Gateway, use_token
+from conftest import READ_TOKEN, ROOT, WRITE_TOKEN, Gateway, forced_then_held, use_token
 
 ARTIFACTS = ROOT / "target" / "browser-artifacts"
 
@@ -57,6 +57,9 @@ def watch(page, gateway: Gateway) -> dict:
 
 def test_the_chart_has_a_series_per_stream_a_point_per_version_and_marks_the_regression(page, gateway: Gateway):
     regressed_state(gateway, "dev:shop")
+    # Held, after a forced lease: the page's picture shows who holds it too.
+    forced_then_held(gateway, "dev:shop", "tap hung on the replica", info={
+        "host": "etl-1", "pid": 4242, "command": "meltano run tap-shop target-jsonl", "dag": "nightly"})
     seen = watch(page, gateway)
     reply = gateway.call("GET", "/")
     policy = reply.headers["Content-Security-Policy"]
@@ -85,6 +88,8 @@ def test_the_chart_has_a_series_per_stream_a_point_per_version_and_marks_the_reg
     expect(page.get_by_test_id("point-row")).to_have_count(6)
 
     # Hovering the regressed version names the values before and after.
+    # The lock's sections above put the chart below the fold: a pointer reaches only what is in view.
+    instants.locator(".u-over").scroll_into_view_if_needed()
     box = instants.locator(".u-over").bounding_box()
     page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
     expect(instants.get_by_test_id("chart-caption")).to_contain_text(
@@ -92,6 +97,7 @@ def test_the_chart_has_a_series_per_stream_a_point_per_version_and_marks_the_reg
     expect(instants.get_by_test_id("chart-caption")).to_contain_text(
         '"2026-11-03T00:00:00Z" → "2026-11-02T00:00:00Z"')
 
+    expect(page.get_by_test_id("lease-row")).to_have_count(2)
     shot(page, "state-page")
     assert seen["hosts"] == {urlparse(gateway.base).netloc}, seen["hosts"]
     assert seen["errors"] == [], seen["errors"]

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from playwright.sync_api import expect
 
-from conftest import HOLDER_INFO, Gateway, forced_then_held, lease_history, start_gateway, stop
+from conftest import HOLDER_INFO, READ_TOKEN, Gateway, forced_then_held, lease_history, start_gateway, stop, use_token
 from test_pictures import regressed_state, shot
 
 
@@ -107,3 +107,14 @@ def test_without_history_the_lock_history_says_so(page):
         expect(page.get_by_test_id("lease-row")).to_have_count(0)
     finally:
         stop(gateway)
+
+
+def test_a_read_token_sees_the_holder_but_cannot_force_unlock(page, token_gateway: Gateway):
+    gateway = token_gateway
+    gateway.put("guarded", {"completed": {}})
+    gateway.call("POST", "/v1/locks/guarded", json={"owner": "etl-1:4242", "ttl_seconds": 600, "info": HOLDER_INFO})
+    use_token(page, gateway, READ_TOKEN)
+    page.goto(gateway.base + "/#/state/guarded")
+    expect(page.get_by_test_id("holder-info").locator('dd[data-key="host"]')).to_have_text("etl-1")
+    expect(page.get_by_test_id("force-unlock")).to_be_disabled()
+    expect(page.get_by_test_id("unlock-reason")).to_be_disabled()

@@ -32,7 +32,7 @@ function lockSection(id, lock, readOnly) {
   const section = el("section", {}, el("h2", { text: id, "data-testid": "state-title" }));
   if (lock.status !== 200) return section;
   const l = lock.body;
-  const reason = el("input", { name: "reason", maxlength: "512", "data-testid": "unlock-reason" });
+  const reason = el("input", { name: "reason", maxlength: "512", disabled: Boolean(readOnly), "data-testid": "unlock-reason" });
   const unlock = () => {
     const query = reason.value.trim() ? "?" + new URLSearchParams({ reason: reason.value.trim() }) : "";
     change("Force-unlock " + id + "? Its holder loses the lease.", "/v1/locks/" + encodeURIComponent(id) + query, { method: "DELETE" }, id);

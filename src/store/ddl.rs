@@ -77,6 +77,31 @@ impl Placement {
 
 /// `CREATE DATABASE` with a `?` for the name, placed as the server's
 /// databases are (see `Store::ensure_schema`).
+/// A TTL that keeps a row for `retention` after `expr` (None: forever), in
+/// whole seconds and at least one: a TTL of 0 would drop every row.
+pub(super) fn retention_ttl(expr: &str, retention: Option<std::time::Duration>) -> Option<String> {
+    retention.map(|r| format!("TTL {expr} + toIntervalSecond({})", r.as_secs().max(1)))
+}
+
+/// The ALTER that brings `table`, whose engine is `engine_full`, to `ttl`
+/// (see [`retention_ttl`]), if it needs one.
+pub(super) fn retention_alter(
+    table: &str,
+    ttl: Option<String>,
+    engine_full: &str,
+    placement: &Placement,
+) -> Option<String> {
+    let alter = match ttl {
+        Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
+        None if engine_full.contains(" TTL ") => "REMOVE TTL".to_owned(),
+        _ => return None,
+    };
+    Some(format!(
+        "ALTER TABLE {table}{} {alter}",
+        placement.on_cluster()
+    ))
+}
+
 pub(super) fn create_database_sql(placement: &Placement) -> String {
     format!("CREATE DATABASE IF NOT EXISTS ?{}", placement.on_cluster())
 }

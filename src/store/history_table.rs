@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::client::ClickHouse;
-use super::ddl::Placement;
+use super::ddl::{Placement, retention_alter, retention_ttl};
 use super::error::StoreError;
 use super::state_table::Selection;
 use crate::domain::{Lease, Provenance, StateDocument, StateId, Version};
@@ -183,13 +183,7 @@ impl VersionRowIn {
 }
 
 fn ttl_clause(retention: Option<std::time::Duration>) -> Option<String> {
-    // Whole seconds, at least one: a TTL of 0 would drop every version.
-    retention.map(|r| {
-        format!(
-            "TTL toDateTime(version) + toIntervalSecond({})",
-            r.as_secs().max(1)
-        )
-    })
+    retention_ttl("toDateTime(version)", retention)
 }
 
 /// The history table's DDL (see [`Placement`]).
@@ -243,16 +237,7 @@ pub(super) fn retention_sql(
     engine_full: &str,
     placement: &Placement,
 ) -> Option<String> {
-    let has = engine_full.contains(" TTL ");
-    let alter = match ttl_clause(retention) {
-        Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
-        None if has => "REMOVE TTL".to_owned(),
-        _ => return None,
-    };
-    Some(format!(
-        "ALTER TABLE {table}{} {alter}",
-        placement.on_cluster()
-    ))
+    retention_alter(table, ttl_clause(retention), engine_full, placement)
 }
 
 #[derive(Clone)]

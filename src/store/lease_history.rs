@@ -7,7 +7,7 @@
 use serde::Deserialize;
 
 use super::client::ClickHouse;
-use super::ddl::Placement;
+use super::ddl::{Placement, retention_alter, retention_ttl};
 use super::error::StoreError;
 use super::lease_rows::{ENDED_FORCED, ENDED_RELEASED};
 use crate::domain::{Forced, LeaseInfo, LeaseState, StateId};
@@ -178,13 +178,7 @@ impl LeaseHistoryStore {
 
 /// Kept from the lease's expiry on, as long as state history keeps versions.
 fn ttl_clause(retention: Option<std::time::Duration>) -> Option<String> {
-    // Whole seconds, at least one: a TTL of 0 would drop every lease.
-    retention.map(|r| {
-        format!(
-            "TTL toDateTime(expires_at) + toIntervalSecond({})",
-            r.as_secs().max(1)
-        )
-    })
+    retention_ttl("toDateTime(expires_at)", retention)
 }
 
 /// The table's DDL: a lease's rows replace each other by `version`, as in
@@ -240,15 +234,7 @@ pub(super) fn retention_sql(
     engine_full: &str,
     placement: &Placement,
 ) -> Option<String> {
-    let alter = match ttl_clause(retention) {
-        Some(ttl) if !engine_full.contains(ttl.as_str()) => format!("MODIFY {ttl}"),
-        None if engine_full.contains(" TTL ") => "REMOVE TTL".to_owned(),
-        _ => return None,
-    };
-    Some(format!(
-        "ALTER TABLE {table}{} {alter}",
-        placement.on_cluster()
-    ))
+    retention_alter(table, ttl_clause(retention), engine_full, placement)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use uuid::Uuid;
 
 use crate::domain::{Lease, LeaseInfo, LeaseVersion, StateId};
@@ -22,8 +23,9 @@ use crate::store::Candidate;
 pub(super) struct Slot {
     state: Mutex<SlotState>,
     /// Woken whenever a change may let a waiter in: a lease ends, a claim
-    /// comes or goes, a waiter leaves the line, a write lands.
-    pub changed: Notify,
+    /// comes or goes, a waiter leaves the line, a write lands. Only
+    /// [`Slot::apply`] wakes it, as the transition it ran asks.
+    changed: Notify,
 }
 
 impl Slot {
@@ -43,6 +45,46 @@ impl Slot {
         let mut st = self.lock();
         st.expire(id, now, metrics);
         st
+    }
+
+    /// Runs `transition` under the lock, at one instant read here, then
+    /// releases the lock and wakes the waiters if the transition asks: the
+    /// one place they are woken, never with the lock held.
+    pub fn apply<T>(&self, transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>) -> T {
+        let now = Instant::now();
+        let Effects { out, wake } = transition(&mut self.lock(), now);
+        if wake {
+            self.changed.notify_waiters();
+        }
+        out
+    }
+
+    /// A wake-up to wait for: enabled before the state is read, it is not
+    /// missed when a change lands between the read and the wait.
+    pub fn changed(&self) -> Notified<'_> {
+        self.changed.notified()
+    }
+}
+
+/// What a transition leaves for after the slot's lock is released: its
+/// answer to the caller (rows to record, a claim to withdraw), and whether
+/// waiters must be woken, which [`Slot::apply`] does.
+#[must_use]
+pub(super) struct Effects<T> {
+    pub out: T,
+    /// The change may let a waiter in.
+    pub wake: bool,
+}
+
+impl<T> Effects<T> {
+    /// A change no waiter needs to hear of.
+    pub fn quiet(out: T) -> Self {
+        Self { out, wake: false }
+    }
+
+    /// A change that wakes the waiters if `wake`.
+    pub fn waking_if(wake: bool, out: T) -> Self {
+        Self { out, wake }
     }
 }
 
@@ -74,6 +116,31 @@ pub(super) struct SlotState {
     pub delayed: Option<Delay>,
 }
 
+/// A lease released by its holder: its row to record, and the claim to
+/// withdraw when another gateway waits for it and nothing holds it here.
+pub(super) struct Released {
+    pub lease: LocalLease,
+    pub withdraw: Option<Candidate>,
+}
+
+/// The rows a won claim leaves to record: a running lease it adopted, and
+/// the winner's own, when it was granted at once.
+pub(super) struct Adopted {
+    pub adopted: Option<(Lease, LeaseVersion)>,
+    pub granted: Option<(Lease, LeaseVersion)>,
+}
+
+/// Where a write under the claim stands, as the slot sees it now.
+#[derive(Debug, PartialEq)]
+pub(super) enum Standing {
+    /// It may go, and must be done by this instant: the claim's validity.
+    Until(Instant),
+    /// It carries no lease, and this one holds the id.
+    Locked(Lease),
+    /// Its lease, or the claim it was admitted under, has ended.
+    Gone,
+}
+
 /// The end of a lock-delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Delay {
@@ -103,6 +170,25 @@ pub(super) struct HeldClaim {
     pub handover: bool,
 }
 
+/// A claim attempt won: the claim, its first token block, and what the id's
+/// lease row leaves to this authority.
+pub(super) struct WonClaim {
+    pub claim: HeldClaim,
+    pub tokens: TokenBlock,
+    /// What the id's lease row leaves to this authority.
+    pub inherited: Inherited,
+}
+
+/// What a claim just won takes over from the id's lease row.
+#[derive(Default)]
+pub(super) struct Inherited {
+    /// A lease handed on by a gateway that shut down, still running.
+    pub lease: Option<LocalLease>,
+    /// The rest of the lock-delay of a lease that ended under an earlier
+    /// authority: it holds across a restart or crash of that authority.
+    pub delay: Option<Delay>,
+}
+
 /// Fencing tokens reserved in ClickHouse for this gateway to hand out:
 /// `next..=last`, empty once `next` passes `last`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +216,16 @@ pub(super) struct Waiter<'a> {
     pub lock_delay: Duration,
     /// The info its lease will carry.
     pub info: LeaseInfo,
+}
+
+/// What a grant needs besides the state: the id, the waiter it goes to,
+/// this gateway, and the moment on both clocks.
+pub(super) struct Grant<'a> {
+    pub id: &'a StateId,
+    pub waiter: &'a Waiter<'a>,
+    pub gateway_id: Uuid,
+    pub now: Instant,
+    pub now_ms: i64,
 }
 
 /// The gateway's rules that a decision applies.
@@ -395,21 +491,14 @@ impl InLine {
     }
 
     pub fn join(slot: Arc<Slot>) -> Self {
-        let ticket = {
-            let mut st = slot.lock();
-            let ticket = st.next_ticket;
-            st.next_ticket += 1;
-            st.queue.push_back(ticket);
-            ticket
-        };
+        let ticket = slot.apply(|st, _| st.join());
         Self { slot, ticket }
     }
 }
 
 impl Drop for InLine {
     fn drop(&mut self) {
-        self.slot.lock().queue.retain(|t| *t != self.ticket);
-        self.slot.changed.notify_waiters();
+        self.slot.apply(|st, _| st.leave(self.ticket));
     }
 }
 
@@ -427,10 +516,11 @@ impl<'a> ClaimAttempt<'a> {
 
 impl Drop for ClaimAttempt<'_> {
     fn drop(&mut self) {
-        self.0.lock().claiming = false;
-        self.0.changed.notify_waiters();
+        self.0.apply(|st, _| st.end_claim_attempt());
     }
 }
+
+mod transitions;
 
 #[cfg(test)]
 mod tests;

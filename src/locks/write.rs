@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::error::LockError;
-use super::slot::Slot;
+use super::slot::{Slot, Standing};
 use super::slots::Slots;
 use super::ticket::RemoteTicket;
 use crate::domain::{Lease, StateId};
@@ -137,28 +137,18 @@ impl Admitted {
                 None => Ok(self.query_timeout),
             };
         };
-        let st = local.slot.lock();
-        let claim = st
-            .claim
-            .as_ref()
-            .filter(|c| c.candidate.claim_id == local.claim_id && now < c.valid_until);
-        // A lease past its deadline has ended, whether or not anyone has
-        // looked since (`SlotState::expire`).
-        let current = st
-            .lease
-            .as_ref()
-            .filter(|l| now < l.deadline)
-            .map(|l| &l.lease);
-        match (claim, current, &self.lease) {
-            (Some(claim), None, None) => Ok(self.query_timeout.min(claim.valid_until - now)),
-            (Some(claim), Some(current), Some(mine)) if current.lease_id == mine.lease_id => {
-                Ok(self.query_timeout.min(claim.valid_until - now))
-            }
-            (Some(_), Some(holder), None) => Err(LockError::Locked {
+        let standing = local.slot.lock().standing(
+            local.claim_id,
+            self.lease.as_ref().map(|l| l.lease_id),
+            now,
+        );
+        match standing {
+            Standing::Until(valid_until) => Ok(self.query_timeout.min(valid_until - now)),
+            Standing::Locked(holder) => Err(LockError::Locked {
                 state_id: self.state_id.clone(),
-                holder: Box::new(holder.clone()),
+                holder: Box::new(holder),
             }),
-            _ => Err(not_current()),
+            Standing::Gone => Err(not_current()),
         }
     }
 }
@@ -206,11 +196,7 @@ impl Sending {
         };
         for (index, write) in writes.iter().enumerate() {
             let Some(local) = &write.local else { continue };
-            let mut st = local.slot.lock();
-            let number = st.next_send;
-            st.next_send += 1;
-            st.sending.insert(number, sending.until);
-            drop(st);
+            let number = local.slot.lock().start_send(sending.until);
             sending.entries.push((local.slot.clone(), number));
             if let Err(err) = write.budget(now) {
                 return Err((index, err));
@@ -283,8 +269,7 @@ impl Drop for Sending {
     fn drop(&mut self) {
         if self.done {
             for (slot, number) in &self.entries {
-                slot.lock().sending.remove(number);
-                slot.changed.notify_waiters();
+                slot.apply(|st, _| st.send_done(*number));
             }
             return;
         }
@@ -296,9 +281,7 @@ impl Drop for Sending {
             ticket.mark_unknown();
         }
         for (slot, number) in &self.entries {
-            if let Some(until) = slot.lock().sending.get_mut(number) {
-                *until = unknown_until;
-            }
+            slot.apply(|st, _| st.send_unknown(*number, unknown_until));
         }
     }
 }
@@ -313,8 +296,8 @@ pub(super) fn admit_here(
 ) -> Option<Result<Admitted, LockError>> {
     let slot = slots.existing(id)?;
     let st = slot.current(id, Instant::now(), slots.metrics());
-    let claim_id = st.claim.as_ref()?.candidate.claim_id;
-    let current = st.lease.as_ref().map(|l| l.lease.clone());
+    let claim_id = st.claim_id()?;
+    let current = st.lease().cloned();
     drop(st);
     Some(
         lease_rule(id, current.as_ref(), lease_id)

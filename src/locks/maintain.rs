@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::claim::Coordinator;
 use super::record::Recorder;
-use super::slot::Effects;
+use super::slot::Tick;
 use super::slots::Slots;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::store::{LeaseRecord, LeaseStore, now_ms};
@@ -46,21 +46,17 @@ impl Maintenance {
         let idle_release = self.coordinator.timing().idle_release();
         for (id, slot) in self.slots.snapshot() {
             let metrics = self.slots.metrics();
-            let kept = slot.apply(|st, now| {
+            let tick = slot.apply(|st, now| {
                 st.expire(&id, now, metrics);
-                let gone = st.let_claim_go(now, idle_release);
-                let kept = st
-                    .claim_id()
-                    .map(|claim_id| (claim_id, st.lease().cloned()));
-                Effects::waking_if(gone.wake, gone.out.ok_or(kept))
+                st.tick(now, idle_release)
             });
-            match kept {
-                Ok(gone) => withdrawn.push((id, gone)),
-                Err(Some((claim_id, lease))) => {
+            match tick {
+                Tick::Gone(claim_id) => withdrawn.push((id, claim_id)),
+                Tick::Held(claim_id, lease) => {
                     held.push((id, claim_id));
                     leases.extend(lease);
                 }
-                Err(None) => {}
+                Tick::Unclaimed => {}
             }
         }
         if !withdrawn.is_empty()

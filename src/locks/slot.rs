@@ -91,29 +91,31 @@ impl<T> Effects<T> {
 #[derive(Default)]
 pub(super) struct SlotState {
     /// This gateway's claim on the state_id, without which it grants nothing.
-    pub claim: Option<HeldClaim>,
+    claim: Option<HeldClaim>,
     /// A waiter runs a claim attempt (settle included) outside the lock; no
     /// other waiter starts one meanwhile.
-    pub claiming: bool,
+    claiming: bool,
     /// The current lease, granted under the claim.
-    pub lease: Option<LocalLease>,
+    lease: Option<LocalLease>,
     /// Tickets of waiting acquires, first come first served.
-    pub queue: VecDeque<u64>,
-    pub next_ticket: u64,
+    queue: VecDeque<u64>,
+    /// The ticket the next waiter to join the line gets.
+    next_ticket: u64,
     /// Fencing tokens reserved for this gateway's grants.
-    pub tokens: TokenBlock,
+    tokens: TokenBlock,
     /// When a lease last began, was renewed or ended: idle claims go.
-    pub last_used: Option<Instant>,
+    last_used: Option<Instant>,
     /// Writes on their way to ClickHouse under the claim, by number, each
     /// with the instant by which it has surely ended (landed, failed or
     /// given up on). One sent just before its lease ended may still land,
     /// and the next holder must read it: no grant, and no hand-over of the
     /// claim, while any is here (see `locks::write`).
-    pub sending: HashMap<u64, Instant>,
-    pub next_send: u64,
+    sending: HashMap<u64, Instant>,
+    /// The number the next write to go out gets.
+    next_send: u64,
     /// A lease with a lock-delay ended by expiry or force-unlock: nothing is
     /// granted until the delay has passed, so the old holder's run is gone.
-    pub delayed: Option<Delay>,
+    delayed: Option<Delay>,
 }
 
 /// A lease released by its holder: its row to record, and the claim to
@@ -128,6 +130,18 @@ pub(super) struct Released {
 pub(super) struct Adopted {
     pub adopted: Option<(Lease, LeaseVersion)>,
     pub granted: Option<(Lease, LeaseVersion)>,
+}
+
+/// What a maintenance tick finds in a slot.
+#[derive(Debug, PartialEq)]
+pub(super) enum Tick {
+    /// The claim went, idle or handed over: withdraw it.
+    Gone(Uuid),
+    /// The claim stays: renew it, and look out for a force-unlock of its
+    /// lease through another gateway.
+    Held(Uuid, Option<Lease>),
+    /// No claim here.
+    Unclaimed,
 }
 
 /// Where a write under the claim stands, as the slot sees it now.
@@ -517,6 +531,24 @@ impl<'a> ClaimAttempt<'a> {
 impl Drop for ClaimAttempt<'_> {
     fn drop(&mut self) {
         self.0.apply(|st, _| st.end_claim_attempt());
+    }
+}
+
+/// Reaches into the state, for tests of the modules that use a slot: they
+/// start from a claim and a lease as they stand, or end them abruptly.
+#[cfg(test)]
+impl SlotState {
+    pub fn claim_for_tests(&mut self) -> &mut Option<HeldClaim> {
+        &mut self.claim
+    }
+
+    pub fn lease_for_tests(&mut self) -> &mut Option<LocalLease> {
+        &mut self.lease
+    }
+
+    /// How many writes are on their way under the claim.
+    pub fn sending_for_tests(&self) -> usize {
+        self.sending.len()
     }
 }
 

@@ -356,7 +356,7 @@ mod tests {
         let slot = Arc::new(Slot::default());
         {
             let mut st = slot.lock();
-            st.claim = Some(HeldClaim {
+            *st.claim_for_tests() = Some(HeldClaim {
                 candidate: Candidate {
                     claim_id: CLAIM,
                     gateway_id: Uuid::nil(),
@@ -367,7 +367,7 @@ mod tests {
                 valid_until: Instant::now() + Duration::from_secs(9),
                 handover: false,
             });
-            st.lease = Some(LocalLease {
+            *st.lease_for_tests() = Some(LocalLease {
                 lease: lease.clone(),
                 version: LeaseVersion::granted(1),
                 deadline: Instant::now() + Duration::from_secs(30),
@@ -385,22 +385,22 @@ mod tests {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let write = admitted(&slot, &mine);
-        slot.lock().lease = None;
+        *slot.lock().lease_for_tests() = None;
         assert!(matches!(write.sending(), Err(LockError::NotCurrent(id)) if id == mine.lease_id));
-        assert!(slot.lock().sending.is_empty(), "nothing left behind");
+        assert!(slot.lock().sending_for_tests() == 0, "nothing left behind");
     }
 
     #[test]
     fn an_unleased_write_is_refused_once_a_lease_is_granted_and_once_the_claim_moved() {
         let holder = lease(2);
         let slot = slot_holding(&holder);
-        slot.lock().lease = None;
+        *slot.lock().lease_for_tests() = None;
         let write = Admitted::local(id(), None, slot.clone(), CLAIM, TIMEOUT);
         assert!(write.sending().is_ok());
-        slot.lock().lease = slot_holding(&holder).lock().lease.take();
+        *slot.lock().lease_for_tests() = slot_holding(&holder).lock().lease_for_tests().take();
         assert!(matches!(write.sending(), Err(LockError::Locked { .. })));
-        slot.lock().claim = None;
-        slot.lock().lease = None;
+        *slot.lock().claim_for_tests() = None;
+        *slot.lock().lease_for_tests() = None;
         assert!(matches!(write.sending(), Err(LockError::Moving(_))));
     }
 
@@ -409,10 +409,10 @@ mod tests {
         let (a, b) = (lease(1), lease(2));
         let (slot_a, slot_b) = (slot_holding(&a), slot_holding(&b));
         let writes = [admitted(&slot_a, &a), admitted(&slot_b, &b)];
-        slot_b.lock().lease = None;
+        *slot_b.lock().lease_for_tests() = None;
         assert_eq!(Sending::all(&writes).err().map(|(index, _)| index), Some(1));
-        assert!(slot_a.lock().sending.is_empty());
-        assert!(slot_b.lock().sending.is_empty());
+        assert!(slot_a.lock().sending_for_tests() == 0);
+        assert!(slot_b.lock().sending_for_tests() == 0);
     }
 
     #[tokio::test]
@@ -420,7 +420,7 @@ mod tests {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let sending = admitted(&slot, &mine).sending().unwrap();
-        assert_eq!(slot.lock().sending.len(), 1);
+        assert_eq!(slot.lock().sending_for_tests(), 1);
         let refused: Result<(), StoreError> = sending
             .run(async {
                 Err(StoreError::ClickHouse(
@@ -429,7 +429,10 @@ mod tests {
             })
             .await;
         assert!(refused.is_err());
-        assert!(slot.lock().sending.is_empty(), "a refused write has ended");
+        assert!(
+            slot.lock().sending_for_tests() == 0,
+            "a refused write has ended"
+        );
     }
 
     #[tokio::test]
@@ -468,7 +471,8 @@ mod tests {
     fn a_write_must_be_done_within_the_claim_validity() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
-        slot.lock().claim.as_mut().unwrap().valid_until = Instant::now() + Duration::from_secs(1);
+        slot.lock().claim_for_tests().as_mut().unwrap().valid_until =
+            Instant::now() + Duration::from_secs(1);
         let sending = admitted(&slot, &mine).sending().unwrap();
         assert!(sending.budget <= Duration::from_secs(1));
     }

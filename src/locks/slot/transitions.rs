@@ -177,23 +177,25 @@ impl SlotState {
             .filter(|c| c.candidate.claim_id == claim_id)
     }
 
-    /// Lets the claim go, if it may (see [`SlotState::claim_can_go`]), when
-    /// another gateway waits for it, or when no one is in line and no lease
-    /// has begun, been renewed or ended for `idle_release`: answers its id
-    /// to withdraw.
-    pub fn let_claim_go(&mut self, now: Instant, idle_release: Duration) -> Effects<Option<Uuid>> {
+    /// A maintenance tick at `now`: lets the claim go, if it may (see
+    /// [`SlotState::claim_can_go`]), when another gateway waits for it, or
+    /// when no one is in line and no lease has begun, been renewed or ended
+    /// for `idle_release`; else answers the claim that stays, with its lease.
+    pub fn tick(&mut self, now: Instant, idle_release: Duration) -> Effects<Tick> {
         let idle_for = self
             .last_used
             .map_or(Duration::MAX, |t| now.duration_since(t));
-        let goes = self.claim.as_ref().is_some_and(|claim| {
-            self.claim_can_go()
-                && (claim.handover || (self.queue.is_empty() && idle_for >= idle_release))
-        });
+        let Some(claim) = &self.claim else {
+            return Effects::quiet(Tick::Unclaimed);
+        };
+        let goes = self.claim_can_go()
+            && (claim.handover || (self.queue.is_empty() && idle_for >= idle_release));
         if !goes {
-            return Effects::quiet(None);
+            let held = Tick::Held(claim.candidate.claim_id, self.lease().cloned());
+            return Effects::quiet(held);
         }
         let claim = self.claim.take().expect("checked above");
-        Effects::waking_if(true, Some(claim.candidate.claim_id))
+        Effects::waking_if(true, Tick::Gone(claim.candidate.claim_id))
     }
 
     /// Hands the claim back at shutdown: answers it, with the lease it ends

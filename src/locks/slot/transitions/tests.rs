@@ -283,7 +283,11 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
     let idle = Duration::from_secs(60);
     let (mut st, lease) = holding(now, Duration::ZERO);
     st.claim.as_mut().unwrap().handover = true;
-    assert!(st.let_claim_go(now, idle).out.is_none(), "its lease runs");
+    assert_eq!(
+        st.tick(now, idle).out,
+        Tick::Held(CLAIM, Some(lease.clone())),
+        "its lease runs"
+    );
     // Someone waits here, so the release keeps the claim.
     let _ = st.join();
     assert!(
@@ -293,23 +297,25 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
             .withdraw
             .is_none()
     );
-    let gone = st.let_claim_go(now, idle);
+    let gone = st.tick(now, idle);
     assert!(gone.wake);
-    assert_eq!(gone.out, Some(CLAIM), "handed over even with a waiter here");
+    assert_eq!(
+        gone.out,
+        Tick::Gone(CLAIM),
+        "handed over even with a waiter here"
+    );
 
     let (mut st, lease) = holding(now, Duration::ZERO);
     let _ = st.release(lease.lease_id, now);
-    assert!(
-        st.let_claim_go(now + idle / 2, idle).out.is_none(),
-        "not idle long enough"
-    );
-    let _ = st.join();
-    assert!(
-        st.let_claim_go(now + idle, idle).out.is_none(),
-        "someone waits"
-    );
-    let _ = st.leave(0);
-    assert_eq!(st.let_claim_go(now + idle, idle).out, Some(CLAIM));
+    let not_yet = st.tick(now + idle / 2, idle);
+    assert_eq!(not_yet.out, Tick::Held(CLAIM, None), "not idle long enough");
+    assert!(!not_yet.wake);
+    let ticket = st.join().out;
+    let waits = st.tick(now + idle, idle).out;
+    assert_eq!(waits, Tick::Held(CLAIM, None), "someone waits");
+    let _ = st.leave(ticket);
+    assert_eq!(st.tick(now + idle, idle).out, Tick::Gone(CLAIM));
+    assert_eq!(st.tick(now + idle, idle).out, Tick::Unclaimed);
 }
 
 #[test]

@@ -82,6 +82,11 @@ impl<T> Effects<T> {
         Self { out, wake: false }
     }
 
+    /// A change that may let a waiter in.
+    pub fn waking(out: T) -> Self {
+        Self { out, wake: true }
+    }
+
     /// A change that wakes the waiters if `wake`.
     pub fn waking_if(wake: bool, out: T) -> Self {
         Self { out, wake }
@@ -305,7 +310,7 @@ impl SlotState {
 
     /// Ends the current lease by force (a force-unlock), at `now`: its
     /// lock-delay starts now.
-    pub fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
+    fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
         let ended = self.lease.take()?;
         self.delay_after(&ended, now, now_ms);
         Some(ended)
@@ -320,7 +325,7 @@ impl SlotState {
 
     /// Takes on a lock-delay that began under an earlier authority of the
     /// id; of two, the later end holds.
-    pub fn inherit_delay(&mut self, delay: Delay) {
+    fn inherit_delay(&mut self, delay: Delay) {
         if self.delayed.is_none_or(|d| d.until < delay.until) {
             self.delayed = Some(delay);
         }
@@ -328,7 +333,7 @@ impl SlotState {
 
     /// The claim turned out to be another gateway's (a renewal or a token
     /// reservation refused): it ends here, and its lease with it.
-    pub fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
+    fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
         if self.claim.take().is_some() {
             metrics.lock_event(LockEvent::ClaimLost);
             tracing::warn!(state_id = %id, "claim lost to another gateway; its lease ends with it");
@@ -354,7 +359,7 @@ impl SlotState {
 
     /// Whether the claim may go (idle, or handed over): no lease runs under
     /// it and no write sent under it may still land.
-    pub fn claim_can_go(&self) -> bool {
+    fn claim_can_go(&self) -> bool {
         // Held through a lock-delay too: another gateway would not know of it.
         self.lease.is_none() && self.sending.is_empty() && self.delayed.is_none()
     }
@@ -441,7 +446,7 @@ impl SlotState {
 
     /// Grants a lease under the held claim: the next reserved token, the
     /// lease installed as current. None when the token block is spent.
-    pub fn grant(
+    fn grant(
         &mut self,
         id: &StateId,
         waiter: &Waiter<'_>,

@@ -17,13 +17,13 @@ impl SlotState {
     /// Leaves the line, granted or not: the next in line may now go first.
     pub fn leave(&mut self, ticket: u64) -> Effects<()> {
         self.queue.retain(|t| *t != ticket);
-        Effects::waking_if(true, ())
+        Effects::waking(())
     }
 
     /// A claim attempt has ended, however: the next one may start.
     pub fn end_claim_attempt(&mut self) -> Effects<()> {
         self.claiming = false;
-        Effects::waking_if(true, ())
+        Effects::waking(())
     }
 
     /// Renews `lease_id` for `ttl` from `now`, if it is the current lease
@@ -60,13 +60,10 @@ impl SlotState {
             && self.queue.is_empty()
             && self.claim_can_go();
         let withdraw = if handover { self.claim.take() } else { None };
-        Effects::waking_if(
-            true,
-            Some(Released {
-                lease,
-                withdraw: withdraw.map(|c| c.candidate),
-            }),
-        )
+        Effects::waking(Some(Released {
+            lease,
+            withdraw: withdraw.map(|c| c.candidate),
+        }))
     }
 
     /// The current lease under the claim, if it is `lease_id`.
@@ -135,7 +132,7 @@ impl SlotState {
         } else {
             None
         };
-        Effects::waking_if(true, Adopted { adopted, granted })
+        Effects::waking(Adopted { adopted, granted })
     }
 
     /// The claim turned out to be another gateway's, if it is still
@@ -195,7 +192,7 @@ impl SlotState {
             return Effects::quiet(held);
         }
         let claim = self.claim.take().expect("checked above");
-        Effects::waking_if(true, Tick::Gone(claim.candidate.claim_id))
+        Effects::waking(Tick::Gone(claim.candidate.claim_id))
     }
 
     /// Hands the claim back at shutdown: answers it, with the lease it ends
@@ -219,7 +216,7 @@ impl SlotState {
     /// Write `number` landed or failed: it holds no grant back any more.
     pub fn send_done(&mut self, number: u64) -> Effects<()> {
         self.sending.remove(&number);
-        Effects::waking_if(true, ())
+        Effects::waking(())
     }
 
     /// Write `number`'s outcome is unknown: it may land until `until`.

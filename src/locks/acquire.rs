@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::Recorder;
-use super::slot::{ClaimAttempt, InLine, Rules, Step, Waiter};
+use super::slot::{Adopted, ClaimAttempt, Effects, Grant, InLine, Rules, Step, Waiter};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseInfo, StateId};
@@ -74,7 +74,7 @@ impl Acquirer<'_> {
         let deadline = waiter.deadline;
         let mut counted_wait = false;
         loop {
-            let notified = slot.changed.notified();
+            let notified = slot.changed();
             tokio::pin!(notified);
             notified.as_mut().enable();
 
@@ -103,27 +103,24 @@ impl Acquirer<'_> {
                         .coordinator
                         .renew_claims(&[(id.clone(), claim_id)])
                         .await?;
-                    let mut st = slot.lock();
-                    if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(claim_id) {
-                        if lost.contains(&claim_id) {
-                            st.lose_claim(id, self.slots.metrics());
-                        } else if let Some(claim) = st.claim.as_mut() {
-                            claim.valid_until = self.coordinator.timing().valid_until(started);
-                        }
+                    let metrics = self.slots.metrics();
+                    if lost.contains(&claim_id) {
+                        slot.apply(|st, _| st.claim_refused(id, claim_id, metrics));
+                    } else {
+                        let valid_until = self.coordinator.timing().valid_until(started);
+                        slot.apply(|st, _| st.claim_renewed(claim_id, valid_until));
                     }
                 }
                 Step::ReserveTokens { claim_id, first } => {
                     let block = self.coordinator.reserve_tokens(id, claim_id, first).await?;
-                    let mut st = slot.lock();
-                    match block {
-                        Some(block) => st.add_tokens(claim_id, block),
-                        None if st.claim.as_ref().map(|c| c.candidate.claim_id)
-                            == Some(claim_id) =>
-                        {
-                            st.lose_claim(id, self.slots.metrics());
+                    let metrics = self.slots.metrics();
+                    slot.apply(|st, _| match block {
+                        Some(block) => {
+                            st.add_tokens(claim_id, block);
+                            Effects::quiet(())
                         }
-                        None => {}
-                    }
+                        None => st.claim_refused(id, claim_id, metrics),
+                    });
                 }
                 Step::Claim => {
                     let outcome = self.coordinator.try_claim(id, deadline).await;
@@ -132,44 +129,17 @@ impl Acquirer<'_> {
                     waiter.attempted_claim = true;
                     match outcome? {
                         ClaimOutcome::Won(won) => {
-                            let (adopted, granted) = {
-                                let mut st = slot.lock();
-                                st.claim = Some(won.claim);
-                                st.tokens = won.tokens;
-                                if let Some(delay) = won.inherited.delay {
-                                    st.inherit_delay(delay);
-                                }
-                                let adopted = won.inherited.lease.map(|adopted| {
-                                    let row = (adopted.lease.clone(), adopted.version);
-                                    st.lease = Some(adopted);
-                                    // Gateways without the claim admitted writes
-                                    // under the handed-over lease, by its row: the
-                                    // next grant waits out their budget too.
-                                    let number = st.next_send;
-                                    st.next_send += 1;
-                                    st.sending.insert(
-                                        number,
-                                        Instant::now() + self.coordinator.timing().write_budget(),
-                                    );
-                                    row
-                                });
-                                // The winner gets a lease before any hand-over,
-                                // unless a lease from before, or its lock-delay,
-                                // is still running.
-                                let granted = if st.lease.is_none() && st.delayed.is_none() {
-                                    st.grant(
-                                        id,
-                                        &waiter,
-                                        self.settings.gateway_id,
-                                        now_ms(),
-                                        Instant::now(),
-                                    )
-                                } else {
-                                    None
+                            let write_budget = self.coordinator.timing().write_budget();
+                            let Adopted { adopted, granted } = slot.apply(|st, now| {
+                                let grant = Grant {
+                                    id,
+                                    waiter: &waiter,
+                                    gateway_id: self.settings.gateway_id,
+                                    now,
+                                    now_ms: now_ms(),
                                 };
-                                (adopted, granted)
-                            };
-                            slot.changed.notify_waiters();
+                                st.claim_won(*won, grant, write_budget)
+                            });
                             if let Some((lease, version)) = adopted {
                                 self.recorder.held(&lease, version);
                             }

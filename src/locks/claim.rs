@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::peer::{Peer, SeenLease};
-use super::slot::{Delay, HeldClaim, LocalLease, TokenBlock};
+use super::slot::{Delay, Inherited, LocalLease, TokenBlock, WonClaim};
 use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, LeaseState, StateId};
@@ -56,23 +56,6 @@ pub(super) enum ClaimOutcome {
     /// A gateway peers can reach holds the claim: the request belongs there.
     Elsewhere(Peer),
     Lost,
-}
-
-pub(super) struct WonClaim {
-    pub claim: HeldClaim,
-    pub tokens: TokenBlock,
-    /// What the id's lease row leaves to this authority.
-    pub inherited: Inherited,
-}
-
-/// What a claim just won takes over from the id's lease row.
-#[derive(Default)]
-pub(super) struct Inherited {
-    /// A lease handed on by a gateway that shut down, still running.
-    pub lease: Option<LocalLease>,
-    /// The rest of the lock-delay of a lease that ended under an earlier
-    /// authority: it holds across a restart or crash of that authority.
-    pub delay: Option<Delay>,
 }
 
 /// Who holds an id's claim, with the lease ClickHouse records for it.

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::claim::Coordinator;
 use super::record::Recorder;
-use super::slot::HeldClaim;
+use super::slot::Tick;
 use super::slots::Slots;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::store::{LeaseRecord, LeaseStore, now_ms};
@@ -40,33 +40,23 @@ impl Maintenance {
     }
 
     async fn maintain_once(&self) {
-        let now = Instant::now();
         let mut withdrawn = Vec::new();
         let mut held: Vec<(StateId, Uuid)> = Vec::new();
         let mut leases: Vec<Lease> = Vec::new();
+        let idle_release = self.coordinator.timing().idle_release();
         for (id, slot) in self.slots.snapshot() {
-            let mut st = slot.current(&id, now, self.slots.metrics());
-            let idle_for = st
-                .last_used
-                .map_or(Duration::MAX, |t| now.duration_since(t));
-            let drop_claim = st.claim.as_ref().is_some_and(|claim| {
-                st.claim_can_go()
-                    && (claim.handover
-                        || (st.queue.is_empty()
-                            && idle_for >= self.coordinator.timing().idle_release()))
+            let metrics = self.slots.metrics();
+            let tick = slot.apply(|st, now| {
+                st.expire(&id, now, metrics);
+                st.tick(now, idle_release)
             });
-            if drop_claim {
-                let claim = st.claim.take().expect("checked above");
-                withdrawn.push((id, claim.candidate.claim_id));
-                drop(st);
-                slot.changed.notify_waiters();
-                continue;
-            }
-            if let Some(claim) = &st.claim {
-                held.push((id, claim.candidate.claim_id));
-                if let Some(local) = &st.lease {
-                    leases.push(local.lease.clone());
+            match tick {
+                Tick::Gone(claim_id) => withdrawn.push((id, claim_id)),
+                Tick::Held(claim_id, lease) => {
+                    held.push((id, claim_id));
+                    leases.extend(lease);
                 }
+                Tick::Unclaimed => {}
             }
         }
         if !withdrawn.is_empty()
@@ -93,35 +83,15 @@ impl Maintenance {
             }
         };
         let valid_until = self.coordinator.timing().valid_until(started);
+        let metrics = self.slots.metrics();
         for (id, claim_id) in held {
-            if lost.contains(claim_id) {
-                if let Some(slot) = self.slots.existing(id) {
-                    let mut st = slot.lock();
-                    if st.claim.as_ref().map(|c| c.candidate.claim_id) == Some(*claim_id) {
-                        st.lose_claim(id, self.slots.metrics());
-                        drop(st);
-                        slot.changed.notify_waiters();
-                    }
+            if let Some(slot) = self.slots.existing(id) {
+                if lost.contains(claim_id) {
+                    slot.apply(|st, _| st.claim_refused(id, *claim_id, metrics));
+                } else {
+                    slot.apply(|st, _| st.claim_renewed(*claim_id, valid_until));
                 }
-                continue;
             }
-            self.with_held_claim(id, *claim_id, |claim| {
-                claim.valid_until = claim.valid_until.max(valid_until);
-            });
-        }
-    }
-
-    /// Changes the claim on `id` if it is still the one the tick looked at:
-    /// it may have been dropped, or replaced by a newer one, meanwhile.
-    fn with_held_claim(&self, id: &StateId, claim_id: Uuid, change: impl FnOnce(&mut HeldClaim)) {
-        if let Some(slot) = self.slots.existing(id)
-            && let Some(claim) = slot
-                .lock()
-                .claim
-                .as_mut()
-                .filter(|c| c.candidate.claim_id == claim_id)
-        {
-            change(claim);
         }
     }
 
@@ -132,9 +102,9 @@ impl Maintenance {
             return;
         };
         for (id, claim_id) in held {
-            self.with_held_claim(id, *claim_id, |claim| {
-                claim.handover = contested.contains(id);
-            });
+            if let Some(slot) = self.slots.existing(id) {
+                slot.apply(|st, _| st.contested(*claim_id, contested.contains(id)));
+            }
         }
     }
 
@@ -148,16 +118,7 @@ impl Maintenance {
         };
         for lease in leases.iter().filter(|l| released.contains(&l.lease_id)) {
             if let Some(slot) = self.slots.existing(&lease.state_id) {
-                let mut st = slot.lock();
-                if st
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.lease.lease_id == lease.lease_id)
-                {
-                    st.end_by_force(Instant::now(), now_ms());
-                    drop(st);
-                    slot.changed.notify_waiters();
-                }
+                slot.apply(|st, now| st.forced_elsewhere(lease.lease_id, now, now_ms()));
             }
         }
     }
@@ -170,14 +131,10 @@ impl Maintenance {
     pub async fn hand_back(&self) {
         let mut claims = Vec::new();
         for (id, slot) in self.slots.snapshot() {
-            let handed = {
-                let mut st = slot.lock();
-                let Some(claim) = st.claim.take() else {
-                    continue;
-                };
-                claims.push((id, claim.candidate.claim_id));
-                st.lease.take()
+            let Some((claim_id, handed)) = slot.apply(|st, _| st.hand_back()) else {
+                continue;
             };
+            claims.push((id, claim_id));
             if let Some(local) = handed {
                 self.recorder.record(LeaseRecord {
                     lease: local.lease,

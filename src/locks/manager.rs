@@ -20,7 +20,7 @@ use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row};
-use super::slot::millis;
+use super::slot::Released;
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
@@ -146,24 +146,10 @@ impl LockManager {
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let renewed = {
-                let mut st = slot.current(id, Instant::now(), &self.metrics);
-                let renewed = st
-                    .claim
-                    .is_some()
-                    .then(|| st.lease.as_mut().filter(|l| l.lease.lease_id == lease_id))
-                    .flatten()
-                    .map(|local| {
-                        local.lease.expires_ms = now_ms().saturating_add(millis(ttl));
-                        local.version = local.version.renewed();
-                        local.deadline = Instant::now() + ttl;
-                        (local.lease.clone(), local.version)
-                    });
-                if renewed.is_some() {
-                    st.last_used = Some(Instant::now());
-                }
-                renewed
-            };
+            let renewed = slot.apply(|st, now| {
+                st.expire(id, now, &self.metrics);
+                st.renew(lease_id, ttl, now, now_ms())
+            });
             if let Some((renewed, version)) = renewed {
                 self.recorder.held(&renewed, version);
                 self.metrics.lock_event(LockEvent::Renewal);
@@ -176,34 +162,16 @@ impl LockManager {
     /// Releases the lease if it is the current one.
     pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let released = {
-                let mut st = slot.current(id, Instant::now(), &self.metrics);
-                if st.claim.is_some()
-                    && st
-                        .lease
-                        .as_ref()
-                        .is_some_and(|l| l.lease.lease_id == lease_id)
-                {
-                    let local = st.lease.take().expect("checked above");
-                    st.last_used = Some(Instant::now());
-                    // Writes sent under the lease may still land: until they
-                    // have, the claim stays (maintenance hands it over then).
-                    let handover = st.claim.as_ref().is_some_and(|c| c.handover)
-                        && st.queue.is_empty()
-                        && st.claim_can_go();
-                    let claim = if handover { st.claim.take() } else { None };
-                    Some((local, claim))
-                } else {
-                    None
-                }
-            };
-            if let Some((local, claim)) = released {
-                slot.changed.notify_waiters();
+            let released = slot.apply(|st, now| {
+                st.expire(id, now, &self.metrics);
+                st.release(lease_id, now)
+            });
+            if let Some(Released { lease, withdraw }) = released {
                 self.metrics.lock_event(LockEvent::Release);
-                self.recorder.released(local.lease, local.version);
-                if let Some(claim) = claim {
+                self.recorder.released(lease.lease, lease.version);
+                if let Some(candidate) = withdraw {
                     self.coordinator
-                        .withdraw_in_background(id.clone(), claim.candidate);
+                        .withdraw_in_background(id.clone(), candidate);
                 }
                 return Ok(());
             }
@@ -235,18 +203,13 @@ impl LockManager {
     pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
-            let ended = {
-                let mut st = slot.current(id, Instant::now(), &self.metrics);
-                if st.claim.is_some() {
-                    Some(st.end_by_force(Instant::now(), at_ms))
-                } else {
-                    None
-                }
-            };
+            let ended = slot.apply(|st, now| {
+                st.expire(id, now, &self.metrics);
+                st.force_unlock(now, at_ms)
+            });
             if let Some(ended) = ended {
                 let had_lease = ended.is_some();
                 if let Some(local) = ended {
-                    slot.changed.notify_waiters();
                     self.metrics.lock_event(LockEvent::ForcedRelease);
                     self.recorder
                         .forced(local.lease, local.version, at_ms, forced);
@@ -285,8 +248,8 @@ impl LockManager {
     ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let st = slot.current(id, Instant::now(), &self.metrics);
-            if st.claim.is_some() {
-                return Ok(st.lease.as_ref().map(|l| l.lease.clone()));
+            if st.claim_id().is_some() {
+                return Ok(st.lease().cloned());
             }
         }
         Ok(self.coordinator.recorded_lease(id, seen).await?)
@@ -305,12 +268,12 @@ impl LockManager {
         let now = Instant::now();
         for (id, slot) in self.slots.snapshot() {
             let st = slot.current(&id, now, &self.metrics);
-            if st.claim.is_none() {
+            if st.claim_id().is_none() {
                 continue;
             }
-            match &st.lease {
-                Some(local) => {
-                    by_id.insert(id.as_str().to_owned(), local.lease.clone());
+            match st.lease() {
+                Some(lease) => {
+                    by_id.insert(id.as_str().to_owned(), lease.clone());
                 }
                 None => {
                     by_id.remove(id.as_str());

@@ -45,6 +45,11 @@
 //! - What a waiter does next is decided by a pure function of the slot's
 //!   state and the time (`SlotState::next_step`); its effects (grants' rows,
 //!   withdrawals) are carried out by the caller, outside the slot's lock.
+//! - Every other change to a slot is a transition of `SlotState` that
+//!   answers its effects the same way; `Slot::apply` runs it under the lock
+//!   and is the one place that wakes waiters, after the lock is released.
+//!   Whether a claim and a lease are still live for a write is decided by
+//!   the slot too (`SlotState::standing`).
 
 mod acquire;
 mod claim;

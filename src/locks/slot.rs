@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 use uuid::Uuid;
 
 use crate::domain::{Lease, LeaseInfo, LeaseVersion, StateId};
@@ -22,8 +23,9 @@ use crate::store::Candidate;
 pub(super) struct Slot {
     state: Mutex<SlotState>,
     /// Woken whenever a change may let a waiter in: a lease ends, a claim
-    /// comes or goes, a waiter leaves the line, a write lands.
-    pub changed: Notify,
+    /// comes or goes, a waiter leaves the line, a write lands. Only
+    /// [`Slot::apply`] wakes it, as the transition it ran asks.
+    changed: Notify,
 }
 
 impl Slot {
@@ -44,34 +46,118 @@ impl Slot {
         st.expire(id, now, metrics);
         st
     }
+
+    /// Runs `transition` under the lock, at one instant read here, then
+    /// releases the lock and wakes the waiters if the transition asks: the
+    /// one place they are woken, never with the lock held.
+    pub fn apply<T>(&self, transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>) -> T {
+        let now = Instant::now();
+        let Effects { out, wake } = transition(&mut self.lock(), now);
+        if wake {
+            self.changed.notify_waiters();
+        }
+        out
+    }
+
+    /// A wake-up to wait for: enabled before the state is read, it is not
+    /// missed when a change lands between the read and the wait.
+    pub fn changed(&self) -> Notified<'_> {
+        self.changed.notified()
+    }
+}
+
+/// What a transition leaves for after the slot's lock is released: its
+/// answer to the caller (rows to record, a claim to withdraw), and whether
+/// waiters must be woken, which [`Slot::apply`] does.
+#[must_use]
+pub(super) struct Effects<T> {
+    pub out: T,
+    /// The change may let a waiter in.
+    pub wake: bool,
+}
+
+impl<T> Effects<T> {
+    /// A change no waiter needs to hear of.
+    pub fn quiet(out: T) -> Self {
+        Self { out, wake: false }
+    }
+
+    /// A change that may let a waiter in.
+    pub fn waking(out: T) -> Self {
+        Self { out, wake: true }
+    }
+
+    /// A change that wakes the waiters if `wake`.
+    pub fn waking_if(wake: bool, out: T) -> Self {
+        Self { out, wake }
+    }
 }
 
 #[derive(Default)]
 pub(super) struct SlotState {
     /// This gateway's claim on the state_id, without which it grants nothing.
-    pub claim: Option<HeldClaim>,
+    claim: Option<HeldClaim>,
     /// A waiter runs a claim attempt (settle included) outside the lock; no
     /// other waiter starts one meanwhile.
-    pub claiming: bool,
+    claiming: bool,
     /// The current lease, granted under the claim.
-    pub lease: Option<LocalLease>,
+    lease: Option<LocalLease>,
     /// Tickets of waiting acquires, first come first served.
-    pub queue: VecDeque<u64>,
-    pub next_ticket: u64,
+    queue: VecDeque<u64>,
+    /// The ticket the next waiter to join the line gets.
+    next_ticket: u64,
     /// Fencing tokens reserved for this gateway's grants.
-    pub tokens: TokenBlock,
+    tokens: TokenBlock,
     /// When a lease last began, was renewed or ended: idle claims go.
-    pub last_used: Option<Instant>,
+    last_used: Option<Instant>,
     /// Writes on their way to ClickHouse under the claim, by number, each
     /// with the instant by which it has surely ended (landed, failed or
     /// given up on). One sent just before its lease ended may still land,
     /// and the next holder must read it: no grant, and no hand-over of the
     /// claim, while any is here (see `locks::write`).
-    pub sending: HashMap<u64, Instant>,
-    pub next_send: u64,
+    sending: HashMap<u64, Instant>,
+    /// The number the next write to go out gets.
+    next_send: u64,
     /// A lease with a lock-delay ended by expiry or force-unlock: nothing is
     /// granted until the delay has passed, so the old holder's run is gone.
-    pub delayed: Option<Delay>,
+    delayed: Option<Delay>,
+}
+
+/// A lease released by its holder: its row to record, and the claim to
+/// withdraw when another gateway waits for it and nothing holds it here.
+pub(super) struct Released {
+    pub lease: LocalLease,
+    pub withdraw: Option<Candidate>,
+}
+
+/// The rows a won claim leaves to record: a running lease it adopted, and
+/// the winner's own, when it was granted at once.
+pub(super) struct Adopted {
+    pub adopted: Option<(Lease, LeaseVersion)>,
+    pub granted: Option<(Lease, LeaseVersion)>,
+}
+
+/// What a maintenance tick finds in a slot.
+#[derive(Debug, PartialEq)]
+pub(super) enum Tick {
+    /// The claim went, idle or handed over: withdraw it.
+    Gone(Uuid),
+    /// The claim stays: renew it, and look out for a force-unlock of its
+    /// lease through another gateway.
+    Held(Uuid, Option<Lease>),
+    /// No claim here.
+    Unclaimed,
+}
+
+/// Where a write under the claim stands, as the slot sees it now.
+#[derive(Debug, PartialEq)]
+pub(super) enum Standing {
+    /// It may go, and must be done by this instant: the claim's validity.
+    Until(Instant),
+    /// It carries no lease, and this one holds the id.
+    Locked(Lease),
+    /// Its lease, or the claim it was admitted under, has ended.
+    Gone,
 }
 
 /// The end of a lock-delay.
@@ -103,6 +189,25 @@ pub(super) struct HeldClaim {
     pub handover: bool,
 }
 
+/// A claim attempt won: the claim, its first token block, and what the id's
+/// lease row leaves to this authority.
+pub(super) struct WonClaim {
+    pub claim: HeldClaim,
+    pub tokens: TokenBlock,
+    /// What the id's lease row leaves to this authority.
+    pub inherited: Inherited,
+}
+
+/// What a claim just won takes over from the id's lease row.
+#[derive(Default)]
+pub(super) struct Inherited {
+    /// A lease handed on by a gateway that shut down, still running.
+    pub lease: Option<LocalLease>,
+    /// The rest of the lock-delay of a lease that ended under an earlier
+    /// authority: it holds across a restart or crash of that authority.
+    pub delay: Option<Delay>,
+}
+
 /// Fencing tokens reserved in ClickHouse for this gateway to hand out:
 /// `next..=last`, empty once `next` passes `last`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +235,16 @@ pub(super) struct Waiter<'a> {
     pub lock_delay: Duration,
     /// The info its lease will carry.
     pub info: LeaseInfo,
+}
+
+/// What a grant needs besides the state: the id, the waiter it goes to,
+/// this gateway, and the moment on both clocks.
+pub(super) struct Grant<'a> {
+    pub id: &'a StateId,
+    pub waiter: &'a Waiter<'a>,
+    pub gateway_id: Uuid,
+    pub now: Instant,
+    pub now_ms: i64,
 }
 
 /// The gateway's rules that a decision applies.
@@ -195,7 +310,7 @@ impl SlotState {
 
     /// Ends the current lease by force (a force-unlock), at `now`: its
     /// lock-delay starts now.
-    pub fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
+    fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
         let ended = self.lease.take()?;
         self.delay_after(&ended, now, now_ms);
         Some(ended)
@@ -210,7 +325,7 @@ impl SlotState {
 
     /// Takes on a lock-delay that began under an earlier authority of the
     /// id; of two, the later end holds.
-    pub fn inherit_delay(&mut self, delay: Delay) {
+    fn inherit_delay(&mut self, delay: Delay) {
         if self.delayed.is_none_or(|d| d.until < delay.until) {
             self.delayed = Some(delay);
         }
@@ -218,7 +333,7 @@ impl SlotState {
 
     /// The claim turned out to be another gateway's (a renewal or a token
     /// reservation refused): it ends here, and its lease with it.
-    pub fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
+    fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
         if self.claim.take().is_some() {
             metrics.lock_event(LockEvent::ClaimLost);
             tracing::warn!(state_id = %id, "claim lost to another gateway; its lease ends with it");
@@ -244,7 +359,7 @@ impl SlotState {
 
     /// Whether the claim may go (idle, or handed over): no lease runs under
     /// it and no write sent under it may still land.
-    pub fn claim_can_go(&self) -> bool {
+    fn claim_can_go(&self) -> bool {
         // Held through a lock-delay too: another gateway would not know of it.
         self.lease.is_none() && self.sending.is_empty() && self.delayed.is_none()
     }
@@ -331,7 +446,7 @@ impl SlotState {
 
     /// Grants a lease under the held claim: the next reserved token, the
     /// lease installed as current. None when the token block is spent.
-    pub fn grant(
+    fn grant(
         &mut self,
         id: &StateId,
         waiter: &Waiter<'_>,
@@ -395,21 +510,14 @@ impl InLine {
     }
 
     pub fn join(slot: Arc<Slot>) -> Self {
-        let ticket = {
-            let mut st = slot.lock();
-            let ticket = st.next_ticket;
-            st.next_ticket += 1;
-            st.queue.push_back(ticket);
-            ticket
-        };
+        let ticket = slot.apply(|st, _| st.join());
         Self { slot, ticket }
     }
 }
 
 impl Drop for InLine {
     fn drop(&mut self) {
-        self.slot.lock().queue.retain(|t| *t != self.ticket);
-        self.slot.changed.notify_waiters();
+        self.slot.apply(|st, _| st.leave(self.ticket));
     }
 }
 
@@ -427,10 +535,29 @@ impl<'a> ClaimAttempt<'a> {
 
 impl Drop for ClaimAttempt<'_> {
     fn drop(&mut self) {
-        self.0.lock().claiming = false;
-        self.0.changed.notify_waiters();
+        self.0.apply(|st, _| st.end_claim_attempt());
     }
 }
+
+/// Reaches into the state, for tests of the modules that use a slot: they
+/// start from a claim and a lease as they stand, or end them abruptly.
+#[cfg(test)]
+impl SlotState {
+    pub fn claim_for_tests(&mut self) -> &mut Option<HeldClaim> {
+        &mut self.claim
+    }
+
+    pub fn lease_for_tests(&mut self) -> &mut Option<LocalLease> {
+        &mut self.lease
+    }
+
+    /// How many writes are on their way under the claim.
+    pub fn sending_for_tests(&self) -> usize {
+        self.sending.len()
+    }
+}
+
+mod transitions;
 
 #[cfg(test)]
 mod tests;

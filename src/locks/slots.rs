@@ -65,7 +65,7 @@ impl Slots {
     pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
         let slot = self.existing(id)?;
         let st = slot.current(id, Instant::now(), &self.metrics);
-        st.claim.as_ref().map(|c| c.candidate.claim_id)
+        st.claim_id()
     }
 
     /// Whether no write sent under this gateway's claim on `id` may still
@@ -73,6 +73,6 @@ impl Slots {
     /// then does what it reads of the id stay current.
     pub fn nothing_landing(&self, id: &StateId) -> bool {
         self.existing(id)
-            .is_none_or(|slot| slot.lock().sending.is_empty())
+            .is_none_or(|slot| slot.lock().nothing_landing())
     }
 }

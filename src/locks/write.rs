@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::error::LockError;
-use super::slot::Slot;
+use super::slot::{Slot, Standing};
 use super::slots::Slots;
 use super::ticket::RemoteTicket;
 use crate::domain::{Lease, StateId};
@@ -137,28 +137,18 @@ impl Admitted {
                 None => Ok(self.query_timeout),
             };
         };
-        let st = local.slot.lock();
-        let claim = st
-            .claim
-            .as_ref()
-            .filter(|c| c.candidate.claim_id == local.claim_id && now < c.valid_until);
-        // A lease past its deadline has ended, whether or not anyone has
-        // looked since (`SlotState::expire`).
-        let current = st
-            .lease
-            .as_ref()
-            .filter(|l| now < l.deadline)
-            .map(|l| &l.lease);
-        match (claim, current, &self.lease) {
-            (Some(claim), None, None) => Ok(self.query_timeout.min(claim.valid_until - now)),
-            (Some(claim), Some(current), Some(mine)) if current.lease_id == mine.lease_id => {
-                Ok(self.query_timeout.min(claim.valid_until - now))
-            }
-            (Some(_), Some(holder), None) => Err(LockError::Locked {
+        let standing = local.slot.lock().standing(
+            local.claim_id,
+            self.lease.as_ref().map(|l| l.lease_id),
+            now,
+        );
+        match standing {
+            Standing::Until(valid_until) => Ok(self.query_timeout.min(valid_until - now)),
+            Standing::Locked(holder) => Err(LockError::Locked {
                 state_id: self.state_id.clone(),
-                holder: Box::new(holder.clone()),
+                holder: Box::new(holder),
             }),
-            _ => Err(not_current()),
+            Standing::Gone => Err(not_current()),
         }
     }
 }
@@ -206,11 +196,7 @@ impl Sending {
         };
         for (index, write) in writes.iter().enumerate() {
             let Some(local) = &write.local else { continue };
-            let mut st = local.slot.lock();
-            let number = st.next_send;
-            st.next_send += 1;
-            st.sending.insert(number, sending.until);
-            drop(st);
+            let number = local.slot.lock().start_send(sending.until);
             sending.entries.push((local.slot.clone(), number));
             if let Err(err) = write.budget(now) {
                 return Err((index, err));
@@ -283,8 +269,7 @@ impl Drop for Sending {
     fn drop(&mut self) {
         if self.done {
             for (slot, number) in &self.entries {
-                slot.lock().sending.remove(number);
-                slot.changed.notify_waiters();
+                slot.apply(|st, _| st.send_done(*number));
             }
             return;
         }
@@ -296,9 +281,7 @@ impl Drop for Sending {
             ticket.mark_unknown();
         }
         for (slot, number) in &self.entries {
-            if let Some(until) = slot.lock().sending.get_mut(number) {
-                *until = unknown_until;
-            }
+            slot.apply(|st, _| st.send_unknown(*number, unknown_until));
         }
     }
 }
@@ -313,8 +296,8 @@ pub(super) fn admit_here(
 ) -> Option<Result<Admitted, LockError>> {
     let slot = slots.existing(id)?;
     let st = slot.current(id, Instant::now(), slots.metrics());
-    let claim_id = st.claim.as_ref()?.candidate.claim_id;
-    let current = st.lease.as_ref().map(|l| l.lease.clone());
+    let claim_id = st.claim_id()?;
+    let current = st.lease().cloned();
     drop(st);
     Some(
         lease_rule(id, current.as_ref(), lease_id)
@@ -373,7 +356,7 @@ mod tests {
         let slot = Arc::new(Slot::default());
         {
             let mut st = slot.lock();
-            st.claim = Some(HeldClaim {
+            *st.claim_for_tests() = Some(HeldClaim {
                 candidate: Candidate {
                     claim_id: CLAIM,
                     gateway_id: Uuid::nil(),
@@ -384,7 +367,7 @@ mod tests {
                 valid_until: Instant::now() + Duration::from_secs(9),
                 handover: false,
             });
-            st.lease = Some(LocalLease {
+            *st.lease_for_tests() = Some(LocalLease {
                 lease: lease.clone(),
                 version: LeaseVersion::granted(1),
                 deadline: Instant::now() + Duration::from_secs(30),
@@ -402,22 +385,22 @@ mod tests {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let write = admitted(&slot, &mine);
-        slot.lock().lease = None;
+        *slot.lock().lease_for_tests() = None;
         assert!(matches!(write.sending(), Err(LockError::NotCurrent(id)) if id == mine.lease_id));
-        assert!(slot.lock().sending.is_empty(), "nothing left behind");
+        assert!(slot.lock().sending_for_tests() == 0, "nothing left behind");
     }
 
     #[test]
     fn an_unleased_write_is_refused_once_a_lease_is_granted_and_once_the_claim_moved() {
         let holder = lease(2);
         let slot = slot_holding(&holder);
-        slot.lock().lease = None;
+        *slot.lock().lease_for_tests() = None;
         let write = Admitted::local(id(), None, slot.clone(), CLAIM, TIMEOUT);
         assert!(write.sending().is_ok());
-        slot.lock().lease = slot_holding(&holder).lock().lease.take();
+        *slot.lock().lease_for_tests() = slot_holding(&holder).lock().lease_for_tests().take();
         assert!(matches!(write.sending(), Err(LockError::Locked { .. })));
-        slot.lock().claim = None;
-        slot.lock().lease = None;
+        *slot.lock().claim_for_tests() = None;
+        *slot.lock().lease_for_tests() = None;
         assert!(matches!(write.sending(), Err(LockError::Moving(_))));
     }
 
@@ -426,10 +409,10 @@ mod tests {
         let (a, b) = (lease(1), lease(2));
         let (slot_a, slot_b) = (slot_holding(&a), slot_holding(&b));
         let writes = [admitted(&slot_a, &a), admitted(&slot_b, &b)];
-        slot_b.lock().lease = None;
+        *slot_b.lock().lease_for_tests() = None;
         assert_eq!(Sending::all(&writes).err().map(|(index, _)| index), Some(1));
-        assert!(slot_a.lock().sending.is_empty());
-        assert!(slot_b.lock().sending.is_empty());
+        assert!(slot_a.lock().sending_for_tests() == 0);
+        assert!(slot_b.lock().sending_for_tests() == 0);
     }
 
     #[tokio::test]
@@ -437,7 +420,7 @@ mod tests {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let sending = admitted(&slot, &mine).sending().unwrap();
-        assert_eq!(slot.lock().sending.len(), 1);
+        assert_eq!(slot.lock().sending_for_tests(), 1);
         let refused: Result<(), StoreError> = sending
             .run(async {
                 Err(StoreError::ClickHouse(
@@ -446,7 +429,10 @@ mod tests {
             })
             .await;
         assert!(refused.is_err());
-        assert!(slot.lock().sending.is_empty(), "a refused write has ended");
+        assert!(
+            slot.lock().sending_for_tests() == 0,
+            "a refused write has ended"
+        );
     }
 
     #[tokio::test]
@@ -485,7 +471,8 @@ mod tests {
     fn a_write_must_be_done_within_the_claim_validity() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
-        slot.lock().claim.as_mut().unwrap().valid_until = Instant::now() + Duration::from_secs(1);
+        slot.lock().claim_for_tests().as_mut().unwrap().valid_until =
+            Instant::now() + Duration::from_secs(1);
         let sending = admitted(&slot, &mine).sending().unwrap();
         assert!(sending.budget <= Duration::from_secs(1));
     }

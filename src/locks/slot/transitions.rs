@@ -1,0 +1,271 @@
+//! The transitions a request or the background task makes on a slot, one
+//! method each. A transition changes the state and answers, as [`Effects`],
+//! what is left for after the lock is released: rows to record, a claim to
+//! withdraw, waiters to wake. None does I/O, so each is tested alone.
+
+use super::*;
+
+impl SlotState {
+    /// Joins the line: answers the new waiter's ticket.
+    pub fn join(&mut self) -> Effects<u64> {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.queue.push_back(ticket);
+        Effects::quiet(ticket)
+    }
+
+    /// Leaves the line, granted or not: the next in line may now go first.
+    pub fn leave(&mut self, ticket: u64) -> Effects<()> {
+        self.queue.retain(|t| *t != ticket);
+        Effects::waking(())
+    }
+
+    /// A claim attempt has ended, however: the next one may start.
+    pub fn end_claim_attempt(&mut self) -> Effects<()> {
+        self.claiming = false;
+        Effects::waking(())
+    }
+
+    /// Renews `lease_id` for `ttl` from `now`, if it is the current lease
+    /// under the claim: answers its row to record.
+    pub fn renew(
+        &mut self,
+        lease_id: Uuid,
+        ttl: Duration,
+        now: Instant,
+        now_ms: i64,
+    ) -> Effects<Option<(Lease, LeaseVersion)>> {
+        let Some(local) = self.current_mut(lease_id) else {
+            return Effects::quiet(None);
+        };
+        local.lease.expires_ms = now_ms.saturating_add(millis(ttl));
+        local.version = local.version.renewed();
+        local.deadline = now + ttl;
+        let row = (local.lease.clone(), local.version);
+        self.last_used = Some(now);
+        Effects::quiet(Some(row))
+    }
+
+    /// Ends `lease_id` at its holder's request, if it is the current lease
+    /// under the claim. The claim goes with it when another gateway waits
+    /// and nothing here needs it; writes sent under the lease that may still
+    /// land keep it (maintenance hands it over then).
+    pub fn release(&mut self, lease_id: Uuid, now: Instant) -> Effects<Option<Released>> {
+        if self.current_mut(lease_id).is_none() {
+            return Effects::quiet(None);
+        }
+        let lease = self.lease.take().expect("checked above");
+        self.last_used = Some(now);
+        let handover = self.claim.as_ref().is_some_and(|c| c.handover)
+            && self.queue.is_empty()
+            && self.claim_can_go();
+        let withdraw = if handover { self.claim.take() } else { None };
+        Effects::waking(Some(Released {
+            lease,
+            withdraw: withdraw.map(|c| c.candidate),
+        }))
+    }
+
+    /// The current lease under the claim, if it is `lease_id`.
+    fn current_mut(&mut self, lease_id: Uuid) -> Option<&mut LocalLease> {
+        self.claim.as_ref()?;
+        self.lease.as_mut().filter(|l| l.lease.lease_id == lease_id)
+    }
+
+    /// A force-unlock through this gateway: None when it is not the id's
+    /// authority (no claim), else the lease it ended, if one ran.
+    pub fn force_unlock(
+        &mut self,
+        now: Instant,
+        now_ms: i64,
+    ) -> Effects<Option<Option<LocalLease>>> {
+        if self.claim.is_none() {
+            return Effects::quiet(None);
+        }
+        let ended = self.end_by_force(now, now_ms);
+        Effects::waking_if(ended.is_some(), Some(ended))
+    }
+
+    /// `lease_id` was force-unlocked through a gateway that could not forward
+    /// to this one: if it is still current, it ends here too.
+    pub fn forced_elsewhere(&mut self, lease_id: Uuid, now: Instant, now_ms: i64) -> Effects<()> {
+        let current = self
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.lease.lease_id == lease_id);
+        let ended = current && self.end_by_force(now, now_ms).is_some();
+        Effects::waking_if(ended, ())
+    }
+
+    /// A claim attempt won: the claim and its tokens are taken on, with what
+    /// the earlier authority left (a running lease, a lock-delay). The
+    /// winner is granted at once, before any hand-over, unless that lease
+    /// or delay still runs. Gateways without the claim admitted writes
+    /// under an adopted lease by its row, so the next grant also waits out
+    /// their budget, `write_budget` from `now`.
+    pub fn claim_won(
+        &mut self,
+        won: WonClaim,
+        grant: Grant<'_>,
+        write_budget: Duration,
+    ) -> Effects<Adopted> {
+        let Grant {
+            id,
+            waiter,
+            gateway_id,
+            now,
+            now_ms,
+        } = grant;
+        self.claim = Some(won.claim);
+        self.tokens = won.tokens;
+        if let Some(delay) = won.inherited.delay {
+            self.inherit_delay(delay);
+        }
+        let adopted = won.inherited.lease.map(|adopted| {
+            let row = (adopted.lease.clone(), adopted.version);
+            self.lease = Some(adopted);
+            self.start_send(now + write_budget);
+            row
+        });
+        let granted = if self.lease.is_none() && self.delayed.is_none() {
+            self.grant(id, waiter, gateway_id, now_ms, now)
+        } else {
+            None
+        };
+        Effects::waking(Adopted { adopted, granted })
+    }
+
+    /// The claim turned out to be another gateway's, if it is still
+    /// `claim_id`: it ends here, and its lease with it.
+    pub fn claim_refused(
+        &mut self,
+        id: &StateId,
+        claim_id: Uuid,
+        metrics: &Metrics,
+    ) -> Effects<()> {
+        let ours = self.claim_id() == Some(claim_id);
+        if ours {
+            self.lose_claim(id, metrics);
+        }
+        Effects::waking_if(ours, ())
+    }
+
+    /// A renewal of `claim_id` landed: it is valid until `valid_until`, if
+    /// it is still the claim here (it may have been dropped or replaced).
+    pub fn claim_renewed(&mut self, claim_id: Uuid, valid_until: Instant) -> Effects<()> {
+        if let Some(claim) = self.claim_mut(claim_id) {
+            claim.valid_until = claim.valid_until.max(valid_until);
+        }
+        Effects::quiet(())
+    }
+
+    /// Whether another gateway waits for `claim_id`, to hand it over when
+    /// nothing here needs it any more.
+    pub fn contested(&mut self, claim_id: Uuid, contested: bool) -> Effects<()> {
+        if let Some(claim) = self.claim_mut(claim_id) {
+            claim.handover = contested;
+        }
+        Effects::quiet(())
+    }
+
+    fn claim_mut(&mut self, claim_id: Uuid) -> Option<&mut HeldClaim> {
+        self.claim
+            .as_mut()
+            .filter(|c| c.candidate.claim_id == claim_id)
+    }
+
+    /// A maintenance tick at `now`: lets the claim go, if it may (see
+    /// [`SlotState::claim_can_go`]), when another gateway waits for it, or
+    /// when no one is in line and no lease has begun, been renewed or ended
+    /// for `idle_release`; else answers the claim that stays, with its lease.
+    pub fn tick(&mut self, now: Instant, idle_release: Duration) -> Effects<Tick> {
+        let idle_for = self
+            .last_used
+            .map_or(Duration::MAX, |t| now.duration_since(t));
+        let Some(claim) = &self.claim else {
+            return Effects::quiet(Tick::Unclaimed);
+        };
+        let goes = self.claim_can_go()
+            && (claim.handover || (self.queue.is_empty() && idle_for >= idle_release));
+        if !goes {
+            let held = Tick::Held(claim.candidate.claim_id, self.lease().cloned());
+            return Effects::quiet(held);
+        }
+        let claim = self.claim.take().expect("checked above");
+        Effects::waking(Tick::Gone(claim.candidate.claim_id))
+    }
+
+    /// Hands the claim back at shutdown: answers it, with the lease it ends
+    /// here (to record as handed over, for the next authority to adopt).
+    pub fn hand_back(&mut self) -> Effects<Option<(Uuid, Option<LocalLease>)>> {
+        let Some(claim) = self.claim.take() else {
+            return Effects::quiet(None);
+        };
+        Effects::quiet(Some((claim.candidate.claim_id, self.lease.take())))
+    }
+
+    /// A write goes out under the claim, and may land until `until`:
+    /// answers its number.
+    pub fn start_send(&mut self, until: Instant) -> u64 {
+        let number = self.next_send;
+        self.next_send += 1;
+        self.sending.insert(number, until);
+        number
+    }
+
+    /// Write `number` landed or failed: it holds no grant back any more.
+    pub fn send_done(&mut self, number: u64) -> Effects<()> {
+        self.sending.remove(&number);
+        Effects::waking(())
+    }
+
+    /// Write `number`'s outcome is unknown: it may land until `until`.
+    pub fn send_unknown(&mut self, number: u64, until: Instant) -> Effects<()> {
+        if let Some(end) = self.sending.get_mut(&number) {
+            *end = until;
+        }
+        Effects::quiet(())
+    }
+
+    /// The claim held here, if any: this gateway is then the id's authority.
+    pub fn claim_id(&self) -> Option<Uuid> {
+        self.claim.as_ref().map(|c| c.candidate.claim_id)
+    }
+
+    /// The current lease.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref().map(|l| &l.lease)
+    }
+
+    /// Whether no write sent under the claim may still land.
+    pub fn nothing_landing(&self) -> bool {
+        self.sending.is_empty()
+    }
+
+    /// Where a write admitted under `claim_id`, carrying `mine` (or no
+    /// lease), stands at `now`. Decided here alone: a claim past its
+    /// validity, or a lease past its deadline, has ended whether or not
+    /// anyone has looked since ([`SlotState::expire`]).
+    pub fn standing(&self, claim_id: Uuid, mine: Option<Uuid>, now: Instant) -> Standing {
+        let claim = self
+            .claim
+            .as_ref()
+            .filter(|c| c.candidate.claim_id == claim_id && now < c.valid_until);
+        let current = self
+            .lease
+            .as_ref()
+            .filter(|l| now < l.deadline)
+            .map(|l| &l.lease);
+        match (claim, current, mine) {
+            (Some(claim), None, None) => Standing::Until(claim.valid_until),
+            (Some(claim), Some(current), Some(mine)) if current.lease_id == mine => {
+                Standing::Until(claim.valid_until)
+            }
+            (Some(_), Some(holder), None) => Standing::Locked(holder.clone()),
+            _ => Standing::Gone,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use statehouse::domain::{LeaseInfo, StateId};
 use statehouse::locks::LockManager;
 use statehouse::metrics::Metrics;
-use statehouse::store::{ClickHouse, Store};
+use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
 use crate::helpers::{spawn_app_with, test_config, unique_schema};
@@ -28,8 +28,21 @@ async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
     config.locks.settle = settle;
     let metrics = Arc::new(Metrics::default());
     let ch = ClickHouse::new(&config.clickhouse, Duration::from_secs(10), metrics.clone());
-    let store = Store::new(ch, config.schema.clone(), &config.table, config.history);
+    // In the coordination mode of the run (STATEHOUSE_COORDINATION), with
+    // its claims table.
+    let layout = Layout {
+        coordination: config.locks.coordination,
+        cluster: None,
+    };
+    let store = Store::with_layout(
+        ch,
+        config.schema.clone(),
+        &config.table,
+        config.history,
+        layout,
+    );
     store.ensure_schema().await.expect("tables");
+    store.ensure_claims().await.expect("claims table");
     let locks = Arc::new(LockManager::new(
         config.locks.clone(),
         config.query_timeout,

@@ -158,10 +158,17 @@ async fn one_teams_waiters_leave_another_teams_acquire_and_read_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_teams_waiters_through_a_second_gateway_leave_another_team_answered() {
+    let (authority, entry) = authority_and_entry().await;
+    team_a_floods_waiters(&entry, &authority).await;
+}
+
+/// A gateway that will be the authority of the ids a test takes there, and
+/// a second one on the same database that forwards to it.
+async fn authority_and_entry() -> (TestApp, TestApp) {
     let schema = unique_schema();
     let authority = spawn_app_with_teams(&schema, true).await;
     let entry = spawn_app_with_teams(&schema, true).await;
-    team_a_floods_waiters(&entry, &authority).await;
+    (authority, entry)
 }
 
 async fn spawn_app_with_teams(schema: &str, peer: bool) -> TestApp {
@@ -243,9 +250,7 @@ async fn one_teams_slow_uploads_leave_another_team_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_teams_slow_uploads_through_a_second_gateway_leave_another_team_answered() {
-    let schema = unique_schema();
-    let authority = spawn_app_with_teams(&schema, true).await;
-    let entry = spawn_app_with_teams(&schema, true).await;
+    let (authority, entry) = authority_and_entry().await;
     team_a_uploads_slowly(&entry, &authority).await;
 }
 
@@ -519,16 +524,12 @@ async fn a_pattern_delete_leaves_a_state_whose_lease_another_holds() {
 
 #[tokio::test]
 async fn a_pattern_delete_through_a_second_gateway_leaves_the_authoritys_leased_state() {
-    let schema = unique_schema();
-    let authority = spawn_app_with_teams(&schema, true).await;
-    let entry = spawn_app_with_teams(&schema, true).await;
+    let (authority, entry) = authority_and_entry().await;
     pattern_delete_around_a_lease(&entry, &authority, false).await;
 }
 
 #[tokio::test]
 async fn a_forged_forwarding_header_does_not_keep_the_authority_from_hearing_of_a_delete() {
-    let schema = unique_schema();
-    let authority = spawn_app_with_teams(&schema, true).await;
-    let entry = spawn_app_with_teams(&schema, true).await;
+    let (authority, entry) = authority_and_entry().await;
     pattern_delete_around_a_lease(&entry, &authority, true).await;
 }

@@ -156,14 +156,10 @@ impl<'a> Scanner<'a> {
             Some(b'{') if self.depth < self.opened_depth => self
                 .nested(Self::object)
                 .map(|object| Json::Object(Box::new(object))),
-            Some(b'{') => {
+            // Deeper objects and every array: checked, kept as text.
+            Some(b'{' | b'[') => {
                 let mut text = String::new();
-                self.nested(|scanner| scanner.skim_object(&mut text))?;
-                raw(text)
-            }
-            Some(b'[') => {
-                let mut text = String::new();
-                self.nested(|scanner| scanner.skim_array(&mut text))?;
+                self.skim(&mut text)?;
                 raw(text)
             }
             Some(b'"') => raw(self.checked_string()?.to_owned()),

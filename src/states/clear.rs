@@ -4,6 +4,8 @@
 //! left as it is, and named. So `meltano state clear --all` never erases the
 //! bookmark of a run in progress.
 
+use std::collections::HashMap;
+
 use axum::http::HeaderValue;
 
 use super::group_commit::Submission;
@@ -13,7 +15,7 @@ use crate::domain::{
     AllowedRegressions, PageCursor, PageLimit, Provenance, Scope, StateId, StatePattern,
 };
 use crate::locks::LockError;
-use crate::store::now_ms;
+use crate::store::{StoredRow, now_ms};
 
 use super::StateError;
 
@@ -22,7 +24,7 @@ use super::StateError;
 const CHUNK: u32 = 500;
 
 /// How many of the ids left for their leases an answer names.
-pub const NAMED_LOCKED: usize = 100;
+const NAMED_LOCKED: usize = 100;
 
 /// What a delete by pattern did.
 #[derive(Debug, Default)]
@@ -32,6 +34,14 @@ pub struct Cleared {
     pub skipped_locked: u64,
     /// The first [`NAMED_LOCKED`] of them, in byte order.
     pub locked: Vec<StateId>,
+}
+
+/// What one chunk did.
+#[derive(Default)]
+struct Chunk {
+    deleted: u64,
+    /// Every match left because another holds its lease, in byte order.
+    locked: Vec<StateId>,
 }
 
 /// How often a chunk is tried again when a lease was granted on one of its
@@ -67,7 +77,7 @@ impl States {
                 }
             };
             cleared.deleted += chunk.deleted;
-            cleared.skipped_locked += chunk.skipped_locked;
+            cleared.skipped_locked += chunk.locked.len() as u64;
             let room = NAMED_LOCKED - cleared.locked.len().min(NAMED_LOCKED);
             cleared.locked.extend(chunk.locked.into_iter().take(room));
             if !more {
@@ -76,16 +86,17 @@ impl States {
         }
     }
 
-    /// Deletes those of `ids` whose lease no one holds.
+    /// Deletes those of `ids` whose lease no one holds; answers how many it
+    /// deleted and every id it left.
     async fn delete_chunk(
         &self,
         ids: &[StateId],
         provenance: &Provenance,
         authorization: Option<&HeaderValue>,
-    ) -> Result<Cleared, StateError> {
-        let mut cleared = Cleared::default();
+    ) -> Result<Chunk, StateError> {
+        let mut chunk = Chunk::default();
         if ids.is_empty() {
-            return Ok(cleared);
+            return Ok(chunk);
         }
         // Listed in byte order: the order every batch takes its writers in.
         let mut writing = Vec::with_capacity(ids.len());
@@ -102,16 +113,17 @@ impl States {
         for (id, admitted) in ids.iter().zip(admissions) {
             match admitted {
                 Some(admitted) => free.push((id.clone(), admitted)),
-                None => {
-                    cleared.skipped_locked += 1;
-                    if cleared.locked.len() < NAMED_LOCKED {
-                        cleared.locked.push(id.clone());
-                    }
-                }
+                None => chunk.locked.push(id.clone()),
             }
         }
         let free_ids: Vec<StateId> = free.iter().map(|(id, _)| id.clone()).collect();
-        let current = self.store.get_many(&free_ids).await?;
+        let current: HashMap<StateId, StoredRow> = self
+            .store
+            .get_many(&free_ids)
+            .await?
+            .into_iter()
+            .map(|row| (row.id.clone(), row))
+            .collect();
         let allowed = AllowedRegressions::default();
         let policy = Policy {
             if_match: None,
@@ -122,7 +134,7 @@ impl States {
         let now = now_ms();
         let (mut changes, mut admitted, mut deleting) = (Vec::new(), Vec::new(), Vec::new());
         for (id, admission) in free {
-            let row = current.iter().find(|row| row.id == id);
+            let row = current.get(&id);
             // A delete is never refused; None: gone meanwhile, nothing to do.
             if let Some(prepared) = prepare(&id, row, Change::DeleteByPattern, &policy, None, now)?
             {
@@ -131,9 +143,9 @@ impl States {
                 deleting.push(id);
             }
         }
-        cleared.deleted = changes.len() as u64;
+        chunk.deleted = changes.len() as u64;
         if changes.is_empty() {
-            return Ok(cleared);
+            return Ok(chunk);
         }
         let submission = Submission {
             changes,
@@ -145,7 +157,7 @@ impl States {
             .commit(submission)
             .await
             .map_err(|err| batch_error(err, &deleting))?;
-        Ok(cleared)
+        Ok(chunk)
     }
 }
 

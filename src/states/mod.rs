@@ -23,7 +23,7 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 use uuid::Uuid;
 
-pub use self::clear::{Cleared, NAMED_LOCKED};
+pub use self::clear::Cleared;
 pub use self::error::StateError;
 use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;

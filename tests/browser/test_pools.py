@@ -74,12 +74,13 @@ def test_both_holders_show_with_their_owner_and_info_and_each_row_is_whole(page,
 def test_a_waiting_acquire_is_counted(page, gateway: Gateway):
     pool = "api-quota"
     held = take(gateway, pool, "etl-1:4242", 1, {"host": "etl-1"})
-    # A second acquire waits in the gateway until the first lease is released.
+    # A second acquire waits in the gateway until the first lease is released;
+    # it gives up (409) before the client's own 10 s timeout would.
     waiter = threading.Thread(target=lambda: gateway.call(
-        "POST", f"/v1/pools/{pool}", json={"owner": "etl-2:77", "limit": 1, "ttl_seconds": 600, "wait_seconds": 20}))
+        "POST", f"/v1/pools/{pool}", json={"owner": "etl-2:77", "limit": 1, "ttl_seconds": 600, "wait_seconds": 8}))
     waiter.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 5
         while gateway.call("GET", f"/v1/pools/{pool}").json()["waiting"] != 1:
             assert time.monotonic() < deadline, "the second acquire never waited"
             time.sleep(0.1)

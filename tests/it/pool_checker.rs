@@ -1,0 +1,290 @@
+//! The pool checker (issue 37), as `lock_concurrency`'s is for locks: N
+//! workers take a slot of one pool of limit K (POST with a wait), record the
+//! interval they held it [after the 201, before the DELETE] and its fencing
+//! token, and give it back. The check: no instant has more than K live
+//! intervals, tokens are distinct and rise in grant order, holders did
+//! overlap when K >= 2, and every cycle is there. One gateway, two (with
+//! renewals through the other one), and two where the authority is killed.
+//! (`scripts/test` runs these in keeper mode too.)
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+
+use crate::helpers::{
+    Api, TestApp, clickhouse_url, peer_config, spawn_app, spawn_configured, spawn_peer_process,
+    unique_schema,
+};
+use crate::pools::{Grant, ask, pool_acquire, pool_release, pool_renew, pool_view, take};
+
+/// What a worker saw of one slot: a sub-interval of its lease, so K leases
+/// at most means K intervals at most, whatever the network did.
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub start: Instant,
+    pub end: Instant,
+    pub token: u64,
+    /// The server's grant time (ms), for grant order among overlapping slots.
+    pub acquired_ms: i64,
+}
+
+impl Slot {
+    pub fn of(grant: &Grant, start: Instant, end: Instant) -> Self {
+        Self {
+            start,
+            end,
+            token: grant.token,
+            acquired_ms: grant.acquired_ms,
+        }
+    }
+}
+
+pub type SlotLog = Arc<Mutex<Vec<Slot>>>;
+
+/// The checker; answers the most slots live at once.
+pub fn check_slots(log: &SlotLog, limit: usize, cycles: usize) -> usize {
+    let slots = log.lock().unwrap().clone();
+    assert_eq!(slots.len(), cycles, "every cycle recorded");
+
+    // Sweep the starts and ends in time order; at a tie an end goes first
+    // (-1 sorts before +1): the intervals are closed inside their leases.
+    let mut events: Vec<(Instant, i32)> = slots
+        .iter()
+        .flat_map(|s| [(s.start, 1), (s.end, -1)])
+        .collect();
+    events.sort();
+    let (mut live, mut peak) = (0_i32, 0_i32);
+    for (at, step) in events {
+        live += step;
+        if live > limit as i32 {
+            let holding: Vec<_> = slots
+                .iter()
+                .filter(|s| s.start <= at && at < s.end)
+                .collect();
+            panic!("{live} slots live at once, limit {limit}: {holding:#?}");
+        }
+        peak = peak.max(live);
+    }
+    if limit >= 2 {
+        assert!(peak >= 2, "no two holders ever overlapped (limit {limit})");
+    }
+
+    // Grant order: the token order, which the server's grant times follow.
+    let mut by_token = slots.clone();
+    by_token.sort_by_key(|s| s.token);
+    for pair in by_token.windows(2) {
+        assert!(pair[0].token < pair[1].token, "a token twice: {:?}", pair);
+        assert!(
+            pair[0].acquired_ms <= pair[1].acquired_ms,
+            "a greater token granted earlier: {pair:?}"
+        );
+    }
+    // And what the workers saw: a slot taken after another was given back
+    // was granted after it, so it has the greater token.
+    for a in &slots {
+        for b in slots.iter().filter(|b| a.end < b.start) {
+            assert!(a.token < b.token, "token went backwards: {a:?} then {b:?}");
+        }
+    }
+    peak as usize
+}
+
+/// One worker: takes a slot through `via`, holds it a moment (so that
+/// holders overlap), renews it through `renew_via`, gives it back.
+async fn worker(
+    via: Api,
+    renew_via: Api,
+    pool: &'static str,
+    limit: u64,
+    owner: String,
+    cycles: usize,
+    log: SlotLog,
+) {
+    for _ in 0..cycles {
+        let grant = take(&via, pool, &owner, limit, 30, 120.0).await;
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let renewed = pool_renew(&renew_via, pool, &grant.lease_id, 30).await;
+        let renewed = Grant::from_reply(&renewed, StatusCode::OK);
+        assert_eq!(
+            (renewed.lease_id.as_str(), renewed.token),
+            (grant.lease_id.as_str(), grant.token),
+            "{owner}: the renewal is of the same lease"
+        );
+        let end = Instant::now();
+        let released = pool_release(&via, pool, &grant.lease_id).await;
+        assert_eq!(
+            released.status,
+            StatusCode::NO_CONTENT,
+            "{owner}: {}",
+            released.text
+        );
+        log.lock().unwrap().push(Slot::of(&grant, start, end));
+    }
+}
+
+/// Runs `workers` workers of `cycles` each, worker w through gateway
+/// w % n and renewing through the next one, and checks them.
+async fn run(gateways: &[Api], pool: &'static str, limit: u64, workers: usize, cycles: usize) {
+    let log = SlotLog::default();
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let via = gateways[w % gateways.len()].clone();
+            let renew_via = gateways[(w + 1) % gateways.len()].clone();
+            tokio::spawn(worker(
+                via,
+                renew_via,
+                pool,
+                limit,
+                format!("worker-{w}"),
+                cycles,
+                log.clone(),
+            ))
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    check_slots(&log, limit as usize, workers * cycles);
+    // Every slot given back: nobody holds or waits.
+    assert_eq!(
+        pool_view(&gateways[0], pool).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_gateway_8_workers_on_3_slots() {
+    let app = spawn_app().await;
+    run(&[app.api.clone()], "one-gateway", 3, 8, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_gateway_6_workers_on_1_slot() {
+    let app = spawn_app().await;
+    run(&[app.api.clone()], "one-slot", 1, 6, 5).await;
+}
+
+/// Two gateways on one database that forward to each other.
+async fn two_peers() -> (TestApp, TestApp) {
+    let schema = unique_schema();
+    let a = spawn_configured(peer_config(&schema)).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    (a, b)
+}
+
+/// Acceptance 5: two gateways act as one pool, and a lease renews through
+/// the gateway that did not grant it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_8_workers_on_2_slots_renewing_through_the_other() {
+    let (a, b) = two_peers().await;
+    run(&[a.api.clone(), b.api.clone()], "two-gateways", 2, 8, 5).await;
+}
+
+/// Acquires through `api` with a wait, retrying while the dead authority's
+/// claim has not lapsed (503); the 20 s is a give-up, not a bound under test.
+async fn take_after_takeover(api: &Api, pool: &str, owner: &str, limit: u64) -> Grant {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = pool_acquire(api, pool, &ask(owner, limit, 30, 10.0)).await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            return Grant::from_reply(&reply, StatusCode::CREATED);
+        }
+        assert!(
+            Instant::now() < give_up,
+            "still unavailable: {}",
+            reply.text
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Acceptance 6: the authority holds both slots of a pool of 2 and is killed
+/// -9. Its leases keep their slots until they would have expired: the
+/// survivor grants the first slot no earlier than the first of them expires,
+/// the second no earlier than the second, each with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
+    let schema = unique_schema();
+    let pool = "killed-authority";
+    // A claim TTL (1 s) well below the leases' (3 s): once the survivor can
+    // take the pool's claim, the dead leases still have time left, so a
+    // survivor that forgot them would grant too early.
+    let start = |gateway_id: String| {
+        let schema = schema.clone();
+        async move {
+            let flags = [
+                "--schema",
+                &schema,
+                "--gateway-id",
+                &gateway_id,
+                "--claim-ttl",
+                "1s",
+                "--claim-settle",
+                "200ms",
+            ];
+            (
+                gateway_id.clone(),
+                spawn_peer_process(&clickhouse_url(), &flags).await,
+            )
+        }
+    };
+    let mut gateways = vec![
+        start(uuid::Uuid::new_v4().to_string()).await,
+        start(uuid::Uuid::new_v4().to_string()).await,
+    ];
+    let first = gateways[0].1.api();
+    let dead = [
+        take(&first, pool, "dead-1", 2, 3, 0.0).await,
+        take(&first, pool, "dead-2", 2, 3, 0.0).await,
+    ];
+    let view = pool_view(&first, pool).await.json();
+    let authority = view["holders"][0]["gateway_id"]
+        .as_str()
+        .expect("gateway_id")
+        .to_owned();
+    assert_eq!(
+        view["holders"][1]["gateway_id"],
+        authority.as_str(),
+        "one authority: {view}"
+    );
+    let index = gateways
+        .iter()
+        .position(|(id, _)| *id == authority)
+        .unwrap_or_else(|| panic!("the authority {authority} is one of ours"));
+    // The grants' rows are written behind the grants (as for locks, see
+    // lock_delay.rs): give them the time to land before the crash.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, mut killed) = gateways.remove(index);
+    killed.child.kill().await.expect("kill -9");
+    let survivor = gateways[0].1.api();
+
+    let next = take_after_takeover(&survivor, pool, "after-1", 2).await;
+    let then = take_after_takeover(&survivor, pool, "after-2", 2).await;
+    let first_expiry = dead.iter().map(|d| d.expires_ms).min().unwrap();
+    let last_expiry = dead.iter().map(|d| d.expires_ms).max().unwrap();
+    let last_token = dead.iter().map(|d| d.token).max().unwrap();
+    assert!(
+        next.acquired_ms >= first_expiry,
+        "granted before a dead lease expired: {} while {:?} held",
+        next.body,
+        dead.iter().map(|d| &d.body).collect::<Vec<_>>()
+    );
+    assert!(
+        then.acquired_ms >= last_expiry,
+        "a second slot granted before both dead leases expired: {} while {:?} held",
+        then.body,
+        dead.iter().map(|d| &d.body).collect::<Vec<_>>()
+    );
+    assert!(
+        next.token > last_token && then.token > next.token,
+        "{} {} after {last_token}",
+        next.token,
+        then.token
+    );
+    // The survivor's two hold the pool: no third slot.
+    let full = pool_acquire(&survivor, pool, &ask("third", 2, 30, 0.0)).await;
+    assert_eq!(full.status, StatusCode::CONFLICT, "{}", full.text);
+    assert_eq!(full.problem_type(), "pool-full");
+}

@@ -5,18 +5,132 @@
 //! intervals, tokens are distinct and rise in grant order, holders did
 //! overlap when K >= 2, and every cycle is there. One gateway, two (with
 //! renewals through the other one), and two where the authority is killed.
-//! (`scripts/test` runs these in keeper mode too.)
+//! (`scripts/test` runs these in keeper mode too.) The pool API as the
+//! tests call it is here too, shared with `pools`, as `lock_concurrency`
+//! shares its lock worker.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, TestApp, clickhouse_url, peer_config, spawn_app, spawn_configured, spawn_peer_process,
-    unique_schema,
+    Api, Reply, TestApp, clickhouse_url, encode_id, peer_config, spawn_app, spawn_configured,
+    spawn_peer_process, unique_schema,
 };
-use crate::pools::{Grant, ask, pool_acquire, pool_release, pool_renew, pool_view, take};
+use crate::lock_faults::millis;
+
+pub fn pool_path(name: &str) -> String {
+    format!("/v1/pools/{}", encode_id(name))
+}
+
+/// An acquire body with the fields every test sets.
+pub fn ask(owner: &str, limit: u64, ttl: u64, wait: f64) -> Value {
+    json!({"owner": owner, "limit": limit, "ttl_seconds": ttl, "wait_seconds": wait})
+}
+
+/// POST /v1/pools/{name}, as sent; `Api::request` checks the answer against openapi.yaml.
+pub async fn pool_acquire(api: &Api, name: &str, body: &Value) -> Reply {
+    api.request(Method::POST, &pool_path(name), Some(&body.to_string()), &[])
+        .await
+}
+
+pub async fn pool_renew(api: &Api, name: &str, lease_id: &str, ttl: u64) -> Reply {
+    let body = json!({ "ttl_seconds": ttl }).to_string();
+    let path = format!("{}/{lease_id}", pool_path(name));
+    api.request(Method::PUT, &path, Some(&body), &[]).await
+}
+
+pub async fn pool_release(api: &Api, name: &str, lease_id: &str) -> Reply {
+    let path = format!("{}/{lease_id}", pool_path(name));
+    api.request(Method::DELETE, &path, None, &[]).await
+}
+
+pub async fn pool_view(api: &Api, name: &str) -> Reply {
+    api.get(&pool_path(name)).await
+}
+
+/// A pool lease as its 201 (or a renewal's 200) tells it.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub lease_id: String,
+    pub token: u64,
+    pub acquired_ms: i64,
+    pub expires_ms: i64,
+    pub body: Value,
+}
+
+impl Grant {
+    pub fn from_reply(reply: &Reply, status: StatusCode) -> Self {
+        assert_eq!(reply.status, status, "{}", reply.text);
+        let body = reply.json();
+        let time = |field: &str| {
+            millis(
+                body[field]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{field} in {body}")),
+            )
+        };
+        Self {
+            lease_id: body["lease_id"].as_str().expect("lease_id").to_owned(),
+            token: body["fencing_token"].as_u64().expect("fencing_token"),
+            acquired_ms: time("acquired_at"),
+            expires_ms: time("expires_at"),
+            body,
+        }
+    }
+}
+
+/// Acquires with `body` or panics.
+pub async fn take_with(api: &Api, name: &str, body: &Value) -> Grant {
+    Grant::from_reply(&pool_acquire(api, name, body).await, StatusCode::CREATED)
+}
+
+pub async fn take(api: &Api, name: &str, owner: &str, limit: u64, ttl: u64, wait: f64) -> Grant {
+    take_with(api, name, &ask(owner, limit, ttl, wait)).await
+}
+
+/// The 409 of an acquire on a full pool: checks its problem type, and that
+/// no lease id (the key, or any of `leases`) is anywhere in it: a lease id
+/// is what renews and releases, so only its holder may know it.
+pub fn refused(reply: &Reply, kind: &str, leases: &[&Grant]) -> Value {
+    problem(reply, StatusCode::CONFLICT, kind);
+    let body = reply.json();
+    assert_shows_no_lease_id(&body, leases);
+    body
+}
+
+pub fn assert_shows_no_lease_id(body: &Value, leases: &[&Grant]) {
+    fn has_key(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => map.contains_key("lease_id") || map.values().any(has_key),
+            Value::Array(items) => items.iter().any(has_key),
+            _ => false,
+        }
+    }
+    assert!(!has_key(body), "a lease_id is shown: {body}");
+    let text = body.to_string();
+    for lease in leases {
+        assert!(
+            !text.contains(&lease.lease_id),
+            "{} shown: {text}",
+            lease.lease_id
+        );
+    }
+}
+
+/// Releases `lease`, which must be current.
+pub async fn give_back(api: &Api, name: &str, lease: &Grant) {
+    let reply = pool_release(api, name, &lease.lease_id).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text);
+}
+
+/// Asserts an answer's status and problem type.
+pub fn problem(reply: &Reply, status: StatusCode, kind: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text);
+    assert_eq!(reply.problem_type(), kind, "{}", reply.text);
+}
 
 /// What a worker saw of one slot: a sub-interval of its lease, so K leases
 /// at most means K intervals at most, whatever the network did.
@@ -157,13 +271,13 @@ async fn run(gateways: &[Api], pool: &'static str, limit: u64, workers: usize, c
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_gateway_8_workers_on_3_slots() {
     let app = spawn_app().await;
-    run(&[app.api.clone()], "one-gateway", 3, 8, 6).await;
+    run(std::slice::from_ref(&app.api), "one-gateway", 3, 8, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_gateway_6_workers_on_1_slot() {
     let app = spawn_app().await;
-    run(&[app.api.clone()], "one-slot", 1, 6, 5).await;
+    run(std::slice::from_ref(&app.api), "one-slot", 1, 6, 5).await;
 }
 
 /// Two gateways on one database that forward to each other.

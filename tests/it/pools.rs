@@ -2,8 +2,7 @@
 //! FIFO for the rest, a 409 that says who holds the slots, limits that
 //! must agree, info shown wherever a holder is, token scopes, renew,
 //! release, the admin's end of a pool and a lock-delay that keeps its slot.
-//! (`scripts/test` runs these in keeper mode too.) The pool API helpers
-//! here are shared with `pool_checker`.
+//! (`scripts/test` runs these in keeper mode too.)
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,106 +14,28 @@ use statehouse::auth::Tokens;
 
 use crate::helpers::{Api, Reply, encode_id, spawn_app, spawn_app_with};
 use crate::lock_faults::millis;
-use crate::pool_checker::{Slot, SlotLog, check_slots};
+use crate::pool_checker::{
+    Grant, Slot, SlotLog, ask, assert_shows_no_lease_id, check_slots, give_back, pool_acquire,
+    pool_path, pool_release, pool_renew, pool_view, problem, refused, take, take_with,
+};
 
-pub fn pool_path(name: &str) -> String {
-    format!("/v1/pools/{}", encode_id(name))
+/// An acquire that cannot wait, refused with `kind` (see [`refused`]).
+async fn no_slot(api: &Api, name: &str, limit: u64, kind: &str, leases: &[&Grant]) -> Value {
+    refused(
+        &pool_acquire(api, name, &ask("turned-away", limit, 60, 0.0)).await,
+        kind,
+        leases,
+    )
 }
 
-/// An acquire body with the fields every test sets.
-pub fn ask(owner: &str, limit: u64, ttl: u64, wait: f64) -> Value {
-    json!({"owner": owner, "limit": limit, "ttl_seconds": ttl, "wait_seconds": wait})
-}
-
-/// POST /v1/pools/{name}, as sent; `Api::request` checks the answer against openapi.yaml.
-pub async fn pool_acquire(api: &Api, name: &str, body: &Value) -> Reply {
-    api.request(Method::POST, &pool_path(name), Some(&body.to_string()), &[])
-        .await
-}
-
-pub async fn pool_renew(api: &Api, name: &str, lease_id: &str, ttl: u64) -> Reply {
-    let body = json!({ "ttl_seconds": ttl }).to_string();
-    let path = format!("{}/{lease_id}", pool_path(name));
-    api.request(Method::PUT, &path, Some(&body), &[]).await
-}
-
-pub async fn pool_release(api: &Api, name: &str, lease_id: &str) -> Reply {
-    let path = format!("{}/{lease_id}", pool_path(name));
+/// The admin's DELETE /v1/pools/{name}?reason=...
+async fn end_pool(api: &Api, name: &str, reason: &str) -> Reply {
+    let path = format!("{}?reason={}", pool_path(name), encode_id(reason));
     api.request(Method::DELETE, &path, None, &[]).await
 }
 
-pub async fn pool_view(api: &Api, name: &str) -> Reply {
-    api.get(&pool_path(name)).await
-}
-
-/// A pool lease as its 201 (or a renewal's 200) tells it.
-#[derive(Clone, Debug)]
-pub struct Grant {
-    pub lease_id: String,
-    pub token: u64,
-    pub acquired_ms: i64,
-    pub expires_ms: i64,
-    pub body: Value,
-}
-
-impl Grant {
-    pub fn from_reply(reply: &Reply, status: StatusCode) -> Self {
-        assert_eq!(reply.status, status, "{}", reply.text);
-        let body = reply.json();
-        let time = |field: &str| {
-            millis(
-                body[field]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{field} in {body}")),
-            )
-        };
-        Self {
-            lease_id: body["lease_id"].as_str().expect("lease_id").to_owned(),
-            token: body["fencing_token"].as_u64().expect("fencing_token"),
-            acquired_ms: time("acquired_at"),
-            expires_ms: time("expires_at"),
-            body,
-        }
-    }
-}
-
-/// Acquires with `body` or panics.
-pub async fn take_with(api: &Api, name: &str, body: &Value) -> Grant {
-    Grant::from_reply(&pool_acquire(api, name, body).await, StatusCode::CREATED)
-}
-
-pub async fn take(api: &Api, name: &str, owner: &str, limit: u64, ttl: u64, wait: f64) -> Grant {
-    take_with(api, name, &ask(owner, limit, ttl, wait)).await
-}
-
-/// The 409 of an acquire on a full pool: checks its problem type, and that
-/// no lease id (the key, or any of `leases`) is anywhere in it: a lease id
-/// is what renews and releases, so only its holder may know it.
-pub fn refused(reply: &Reply, kind: &str, leases: &[&Grant]) -> Value {
-    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.text);
-    assert_eq!(reply.problem_type(), kind, "{}", reply.text);
-    let body = reply.json();
-    assert_shows_no_lease_id(&body, leases);
-    body
-}
-
-pub fn assert_shows_no_lease_id(body: &Value, leases: &[&Grant]) {
-    fn has_key(value: &Value) -> bool {
-        match value {
-            Value::Object(map) => map.contains_key("lease_id") || map.values().any(has_key),
-            Value::Array(items) => items.iter().any(has_key),
-            _ => false,
-        }
-    }
-    assert!(!has_key(body), "a lease_id is shown: {body}");
-    let text = body.to_string();
-    for lease in leases {
-        assert!(
-            !text.contains(&lease.lease_id),
-            "{} shown: {text}",
-            lease.lease_id
-        );
-    }
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| (*n).to_owned()).collect()
 }
 
 /// The owners of a view's (or a 409's) holders.
@@ -170,8 +91,7 @@ async fn six_workers_on_three_slots_hold_at_most_three_and_finish_in_4_5_s() {
                 let start = Instant::now();
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let end = Instant::now();
-                let released = pool_release(&api, "source-db", &grant.lease_id).await;
-                assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+                give_back(&api, "source-db", &grant).await;
                 log.lock().unwrap().push(Slot::of(&grant, start, end));
             })
         })
@@ -209,18 +129,11 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
     .await;
     assert_eq!(a.body["limit"], 2);
 
-    let full = refused(
-        &pool_acquire(&app, name, &ask("run-c", 2, 60, 0.0)).await,
-        "pool-full",
-        &[&a, &b],
-    );
+    let full = no_slot(&app, name, 2, "pool-full", &[&a, &b]).await;
     assert_eq!(full["pool"], name);
     assert_eq!(full["limit"], 2);
     assert_eq!(full["waiting"], 0, "{full}");
-    assert_eq!(
-        owners(&full),
-        BTreeSet::from(["run-a".into(), "run-b".into()])
-    );
+    assert_eq!(owners(&full), set(&["run-a", "run-b"]));
     for holder in full["holders"].as_array().unwrap() {
         let (grant, info) = if holder["owner"] == "run-a" {
             (&a, &info_a)
@@ -258,32 +171,19 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
     );
     assert_eq!(owners(&entry), owners(&full), "{entry}");
     assert_shows_no_lease_id(&entry, &[&a, &b]);
-    let full = refused(
-        &pool_acquire(&app, name, &ask("run-e", 2, 60, 0.0)).await,
-        "pool-full",
-        &[&a, &b],
-    );
+    let full = no_slot(&app, name, 2, "pool-full", &[&a, &b]).await;
     assert_eq!(full["waiting"], 1, "{full}");
 
     // A release gives the waiter the slot.
-    assert_eq!(
-        pool_release(&app, name, &a.lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    give_back(&app, name, &a).await;
     let d = waiter.await.unwrap();
     assert!(d.token > b.token, "{} after {}", d.token, b.token);
     let view = pool_view(&app, name).await.json();
-    assert_eq!(
-        owners(&view),
-        BTreeSet::from(["run-b".into(), "run-d".into()])
-    );
+    assert_eq!(owners(&view), set(&["run-b", "run-d"]));
     assert_eq!(view["waiting"], 0, "{view}");
 
     for lease in [&b, &d] {
-        assert_eq!(
-            pool_release(&app, name, &lease.lease_id).await.status,
-            StatusCode::NO_CONTENT
-        );
+        give_back(&app, name, lease).await;
     }
     let gone = pool_view(&app, name).await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
@@ -301,11 +201,7 @@ async fn another_limit_is_refused_while_held_and_accepted_once_empty() {
     let app = spawn_app().await;
     let name = "api-quota";
     let held = take(&app, name, "first", 2, 60, 0.0).await;
-    let mismatch = refused(
-        &pool_acquire(&app, name, &ask("second", 3, 60, 0.0)).await,
-        "pool-limit-mismatch",
-        &[&held],
-    );
+    let mismatch = no_slot(&app, name, 3, "pool-limit-mismatch", &[&held]).await;
     assert_eq!(mismatch["pool"], name);
     assert_eq!(mismatch["limit"], 2, "names the pool's limit: {mismatch}");
     let view = pool_view(&app, name).await.json();
@@ -315,10 +211,7 @@ async fn another_limit_is_refused_while_held_and_accepted_once_empty() {
         "nothing changed: {view}"
     );
 
-    assert_eq!(
-        pool_release(&app, name, &held.lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    give_back(&app, name, &held).await;
     let again = take(&app, name, "second", 3, 60, 0.0).await;
     assert_eq!(again.body["limit"], 3);
     assert_eq!(pool_view(&app, name).await.json()["limit"], 3);
@@ -335,18 +228,14 @@ async fn waiters_are_granted_in_arrival_order() {
         let api = app.api.clone();
         waiters.push(tokio::spawn(async move {
             let grant = take(&api, name, &format!("waiter-{i}"), 1, 60, 30.0).await;
-            let released = pool_release(&api, name, &grant.lease_id).await;
-            assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+            give_back(&api, name, &grant).await;
             (i, grant)
         }));
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Arrival is what the gateway saw: wait until it has this one in line.
         until_waiting(&app, name, i + 1).await;
     }
-    assert_eq!(
-        pool_release(&app, name, &holder.lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    give_back(&app, name, &holder).await;
     let mut granted = Vec::new();
     for waiter in waiters {
         granted.push(waiter.await.unwrap());
@@ -382,18 +271,13 @@ async fn a_pool_leases_info_shows_everywhere_and_over_4_kib_is_refused() {
         view["holders"][0]["info"], info,
         "GET /v1/pools/{{name}}: {view}"
     );
-    let full = refused(
-        &pool_acquire(&app, name, &ask("other", 1, 60, 0.0)).await,
-        "pool-full",
-        &[&held],
-    );
+    let full = no_slot(&app, name, 1, "pool-full", &[&held]).await;
     assert_eq!(full["holders"][0]["info"], info, "the 409: {full}");
 
     // {"k":"…"} is 8 bytes around the value: 4097 in all, as for locks.
     let over = json!({"owner": "w", "limit": 1, "info": {"k": "x".repeat(4089)}});
     let reply = pool_acquire(&app, "big-info", &over).await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
-    assert_eq!(reply.problem_type(), "invalid-body");
+    problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
     assert_eq!(
         pool_view(&app, "big-info").await.status,
         StatusCode::NOT_FOUND,
@@ -436,24 +320,16 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
     })
     .await;
     let outside = "team-b-src";
-    let held = call(
-        &app,
-        Method::POST,
-        &pool_path(outside),
-        Some(&ask("team-b", 1, 600, 0.0)),
-        ROOT,
-    )
-    .await;
-    let held = Grant::from_reply(&held, StatusCode::CREATED);
-    let mine = call(
-        &app,
-        Method::POST,
-        &pool_path("team-a-src"),
-        Some(&ask("team-a", 2, 600, 0.0)),
-        WRITE_A,
-    )
-    .await;
-    assert_eq!(mine.status, StatusCode::CREATED, "{}", mine.text);
+    let post = |name: &str, owner: &str, token: &'static str| {
+        let (path, body) = (pool_path(name), ask(owner, 1, 600, 0.0));
+        let api = app.api.clone();
+        async move { call(&api, Method::POST, &path, Some(&body), token).await }
+    };
+    let held = Grant::from_reply(&post(outside, "team-b", ROOT).await, StatusCode::CREATED);
+    Grant::from_reply(
+        &post("team-a-src", "team-a", WRITE_A).await,
+        StatusCode::CREATED,
+    );
 
     let lease_path = format!("{}/{}", pool_path(outside), held.lease_id);
     let renew = json!({"ttl_seconds": 30});
@@ -467,7 +343,7 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
         (Method::GET, pool_path(outside), None, READ_A),
         (Method::GET, pool_path(outside), None, WRITE_A),
         (Method::PUT, lease_path.clone(), Some(renew), WRITE_A),
-        (Method::DELETE, lease_path, None, WRITE_A),
+        (Method::DELETE, lease_path.clone(), None, WRITE_A),
         (
             Method::DELETE,
             format!("{}?reason=mine", pool_path(outside)),
@@ -477,13 +353,7 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
     ];
     for (method, path, body, token) in tries {
         let reply = call(&app, method.clone(), &path, body.as_ref(), token).await;
-        assert_eq!(
-            reply.status,
-            StatusCode::FORBIDDEN,
-            "{method} {path}: {}",
-            reply.text
-        );
-        assert_eq!(reply.problem_type(), "out-of-scope", "{method} {path}");
+        problem(&reply, StatusCode::FORBIDDEN, "out-of-scope");
     }
     // Nothing changed: the same lease holds the only slot.
     let view = call(&app, Method::GET, &pool_path(outside), None, ROOT)
@@ -495,20 +365,9 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
         (Some(0), 1),
         "{view}"
     );
-    let renewed = call(
-        &app,
-        Method::PUT,
-        &format!("{}/{}", pool_path(outside), held.lease_id),
-        Some(&json!({"ttl_seconds": 600})),
-        ROOT,
-    )
-    .await;
-    assert_eq!(
-        renewed.status,
-        StatusCode::OK,
-        "still current: {}",
-        renewed.text
-    );
+    let renew = json!({"ttl_seconds": 60});
+    let renewed = call(&app, Method::PUT, &lease_path, Some(&renew), ROOT).await;
+    Grant::from_reply(&renewed, StatusCode::OK);
 
     let names = |reply: Reply| -> BTreeSet<String> {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
@@ -521,13 +380,10 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
     };
     for token in [READ_A, WRITE_A, ADMIN_A] {
         let seen = names(call(&app, Method::GET, "/v1/pools", None, token).await);
-        assert_eq!(seen, BTreeSet::from(["team-a-src".to_owned()]), "{token}");
+        assert_eq!(seen, set(&["team-a-src"]), "{token}");
     }
     let all = names(call(&app, Method::GET, "/v1/pools", None, ROOT).await);
-    assert_eq!(
-        all,
-        BTreeSet::from(["team-a-src".to_owned(), outside.to_owned()])
-    );
+    assert_eq!(all, set(&["team-a-src", outside]));
 }
 
 #[tokio::test]
@@ -561,17 +417,13 @@ async fn a_lease_that_is_not_current_cannot_be_released_or_renewed() {
     let name = "released";
     let gone = take(&app, name, "w", 2, 60, 0.0).await;
     let other = take(&app, name, "v", 2, 60, 0.0).await;
-    assert_eq!(
-        pool_release(&app, name, &gone.lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    give_back(&app, name, &gone).await;
     for reply in [
         pool_release(&app, name, &gone.lease_id).await,
         pool_renew(&app, name, &gone.lease_id, 60).await,
         pool_release(&app, name, &uuid::Uuid::new_v4().to_string()).await,
     ] {
-        assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.text);
-        assert_eq!(reply.problem_type(), "lease-not-current");
+        problem(&reply, StatusCode::CONFLICT, "lease-not-current");
     }
     let view = pool_view(&app, name).await.json();
     assert_eq!(
@@ -589,40 +441,19 @@ async fn an_admin_delete_ends_every_lease_of_the_pool() {
         take(&app, name, "a", 2, 600, 0.0).await,
         take(&app, name, "b", 2, 600, 0.0).await,
     ];
-    let too_long = app
-        .request(
-            Method::DELETE,
-            &format!("{}?reason={}", pool_path(name), "r".repeat(513)),
-            None,
-            &[],
-        )
-        .await;
-    assert_eq!(
-        too_long.status,
-        StatusCode::BAD_REQUEST,
-        "{}",
-        too_long.text
-    );
-    assert_eq!(too_long.problem_type(), "invalid-query");
+    let too_long = end_pool(&app, name, &"r".repeat(513)).await;
+    problem(&too_long, StatusCode::BAD_REQUEST, "invalid-query");
     assert_eq!(
         owners(&pool_view(&app, name).await.json()).len(),
         2,
         "nothing ended"
     );
 
-    let ended = app
-        .request(
-            Method::DELETE,
-            &format!("{}?reason=source%20migration", pool_path(name)),
-            None,
-            &[],
-        )
-        .await;
+    let ended = end_pool(&app, name, "source migration").await;
     assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
     for lease in &leases {
         let renew = pool_renew(&app, name, &lease.lease_id, 600).await;
-        assert_eq!(renew.status, StatusCode::CONFLICT, "{}", renew.text);
-        assert_eq!(renew.problem_type(), "lease-not-current");
+        problem(&renew, StatusCode::CONFLICT, "lease-not-current");
     }
     assert_eq!(pool_view(&app, name).await.status, StatusCode::NOT_FOUND);
     let next = take(&app, name, "c", 2, 60, 0.0).await;
@@ -639,13 +470,7 @@ async fn a_limit_outside_1_to_1000_is_refused() {
     let app = spawn_app().await;
     for limit in [0, 1001] {
         let reply = pool_acquire(&app, "limits", &ask("w", limit, 60, 0.0)).await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{limit}: {}",
-            reply.text
-        );
-        assert_eq!(reply.problem_type(), "invalid-body", "{limit}");
+        problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
     }
     assert_eq!(
         pool_view(&app, "limits").await.status,
@@ -666,14 +491,7 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     let body = json!({"owner": "w", "limit": 1, "ttl_seconds": 600, "lock_delay_seconds": 2});
     let held = take_with(&app, name, &body).await;
     assert_eq!(held.body["lock_delay_seconds"], 2);
-    let ended = app
-        .request(
-            Method::DELETE,
-            &format!("{}?reason=stuck", pool_path(name)),
-            None,
-            &[],
-        )
-        .await;
+    let ended = end_pool(&app, name, "stuck").await;
     assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
 
     // The spec leaves the 409's type open: a full pool or a lock-delay.
@@ -686,9 +504,8 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     );
     let kind = busy.problem_type();
     assert!(
-        kind == "pool-full" || kind == "lock-delay",
-        "{kind}: {}",
-        busy.text
+        ["pool-full", "lock-delay"].contains(&kind.as_str()),
+        "{kind}"
     );
     let free_at = busy.json()["free_at"].as_str().map(millis);
 

@@ -39,7 +39,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 }
 
 /// The owners of a view's (or a 409's) holders.
-pub fn owners(body: &Value) -> BTreeSet<String> {
+fn owners(body: &Value) -> BTreeSet<String> {
     body["holders"]
         .as_array()
         .unwrap_or_else(|| panic!("holders in {body}"))
@@ -50,7 +50,7 @@ pub fn owners(body: &Value) -> BTreeSet<String> {
 
 /// Waits until the pool shows `n` waiters: a waiter is only in line once
 /// the gateway says so. The 10 s is a give-up, not a bound under test.
-pub async fn until_waiting(api: &Api, name: &str, n: u64) {
+async fn until_waiting(api: &Api, name: &str, n: u64) {
     let give_up = Instant::now() + Duration::from_secs(10);
     loop {
         let view = pool_view(api, name).await;
@@ -87,12 +87,15 @@ async fn six_workers_on_three_slots_hold_at_most_three_and_finish_in_4_5_s() {
             let (api, log, gate) = (app.api.clone(), log.clone(), gate.clone());
             tokio::spawn(async move {
                 gate.wait().await;
+                let asked = Instant::now();
                 let grant = take(&api, "source-db", &format!("worker-{w}"), 3, 30, 10.0).await;
                 let start = Instant::now();
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let end = Instant::now();
                 give_back(&api, "source-db", &grant).await;
-                log.lock().unwrap().push(Slot::of(&grant, start, end));
+                log.lock()
+                    .unwrap()
+                    .push(Slot::of(&grant, asked, start, end));
             })
         })
         .collect();

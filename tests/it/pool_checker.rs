@@ -409,3 +409,46 @@ async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
     let full = pool_acquire(&survivor, pool, &ask("third", 2, 30, 0.0)).await;
     problem(&full, StatusCode::CONFLICT, "pool-full");
 }
+
+/// The checker itself can fail: more than K live, a token out of grant
+/// order, and holders of a K >= 2 pool that never overlapped.
+#[test]
+fn the_checker_catches_each_violation() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    // [asked, start, end) in ms, token, server grant time in ms.
+    let slot = |asked, start, end, token, acquired_ms| Slot {
+        asked: at(asked),
+        start: at(start),
+        end: at(end),
+        token,
+        acquired_ms,
+    };
+    let fails = |slots: Vec<Slot>, limit: usize| {
+        let n = slots.len();
+        let log: SlotLog = Arc::new(Mutex::new(slots));
+        std::panic::catch_unwind(|| check_slots(&log, limit, n)).is_err()
+    };
+    let good = vec![
+        slot(0, 1, 10, 1, 1),
+        slot(0, 2, 12, 2, 2),
+        slot(11, 12, 20, 3, 12),
+    ];
+    assert!(!fails(good.clone(), 2));
+    assert!(fails(good.clone(), 1), "two live, limit 1");
+    let mut three = good.clone();
+    three.push(slot(0, 3, 9, 4, 3));
+    assert!(fails(three, 2), "three live, limit 2");
+    let mut backwards = good.clone();
+    // Its grant time agrees with the token: only the workers' view catches it.
+    (backwards[2].token, backwards[2].acquired_ms) = (0, 0);
+    assert!(fails(backwards, 2), "asked after a 201, smaller token");
+    let mut early = good.clone();
+    early[1].acquired_ms = 0;
+    assert!(
+        fails(early, 2),
+        "a greater token with an earlier grant time"
+    );
+    let apart = vec![slot(0, 1, 5, 1, 1), slot(6, 7, 9, 2, 7)];
+    assert!(fails(apart, 2), "limit 2 and never two at once");
+}

@@ -436,8 +436,11 @@ fn the_checker_catches_each_violation() {
     ];
     assert!(!fails(good.clone(), 2));
     assert!(fails(good.clone(), 1), "two live, limit 1");
+    // Consistent tokens and grant times: only the live count catches it.
     let mut three = good.clone();
-    three.push(slot(0, 3, 9, 4, 3));
+    three[2].token = 4;
+    three.push(slot(0, 3, 9, 3, 3));
+    assert!(!fails(three.clone(), 3));
     assert!(fails(three, 2), "three live, limit 2");
     let mut backwards = good.clone();
     // Its grant time agrees with the token: only the workers' view catches it.

@@ -4,7 +4,8 @@
 //! token, and give it back. The check: no instant has more than K live
 //! intervals, tokens are distinct and rise in grant order, holders did
 //! overlap when K >= 2, and every cycle is there. One gateway, two (with
-//! renewals through the other one), and two where the authority is killed.
+//! renewals through the other one), two in keeper mode on two ClickHouse
+//! nodes, and two where the authority is killed.
 //! (`scripts/test` runs these in keeper mode too.) The pool API as the
 //! tests call it is here too, shared with `pools`, as `lock_concurrency`
 //! shares its lock worker.
@@ -14,10 +15,12 @@ use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use statehouse::config::parse_clickhouse_url;
+use statehouse::domain::Coordination;
 
 use crate::helpers::{
-    Api, Reply, TestApp, clickhouse_url, encode_id, peer_config, spawn_app, spawn_configured,
-    spawn_peer_process, unique_schema,
+    Api, Reply, TestApp, clickhouse_url, encode_id, node_b_url, peer_config, spawn_app,
+    spawn_configured, spawn_peer_process, unique_schema,
 };
 use crate::lock_faults::millis;
 
@@ -302,6 +305,22 @@ async fn two_peers() -> (TestApp, TestApp) {
 async fn two_gateways_8_workers_on_2_slots_renewing_through_the_other() {
     let (a, b) = two_peers().await;
     run(&[a.api.clone(), b.api.clone()], "two-gateways", 2, 8, 5).await;
+}
+
+/// Keeper mode with the two gateways on different ClickHouse nodes: they
+/// share only Keeper (as in keeper_locks.rs), and still act as one pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keeper_mode_gateways_on_two_clickhouse_nodes_share_one_pool() {
+    let schema = unique_schema();
+    let mut gateways = Vec::new();
+    for url in [clickhouse_url(), node_b_url()] {
+        let mut config = peer_config(&schema);
+        config.clickhouse = parse_clickhouse_url(&url).unwrap();
+        config.locks.coordination = Coordination::Keeper;
+        gateways.push(spawn_configured(config).await);
+    }
+    let apis: Vec<Api> = gateways.iter().map(|g| g.api.clone()).collect();
+    run(&apis, "two-nodes", 2, 8, 4).await;
 }
 
 /// Acquires through `api` with a wait, retrying while the dead authority's

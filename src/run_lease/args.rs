@@ -89,6 +89,7 @@ pub struct LockArgs {
 
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
     /// May be left out when --pool is given.
+    // A run that holds nothing would guard nothing.
     #[arg(required_unless_present = "pools")]
     pub state_id: Option<String>,
 

@@ -48,6 +48,12 @@ pub fn lock(
     dir: &Path,
     script: &str,
 ) -> tokio::process::Child {
+    lock_with(base, &[flags, &[id]].concat(), dir, script)
+}
+
+/// `statehouse lock --url BASE ARGS... -- sh -c SCRIPT`, as [`lock`] runs
+/// it: ARGS are the flags and, if any, the state_id.
+pub fn lock_with(base: &str, args: &[&str], dir: &Path, script: &str) -> tokio::process::Child {
     let mut runner = tokio::process::Command::new(BIN);
     // Tests started in the background (`nohup scripts/test &`) inherit SIGINT
     // and SIGHUP ignored from the shell, and the runner rightly keeps an
@@ -65,8 +71,8 @@ pub fn lock(
     }
     runner
         .args(["lock", "--url", base])
-        .args(flags)
-        .args([id, "--", "sh", "-c", script])
+        .args(args)
+        .args(["--", "sh", "-c", script])
         .current_dir(dir)
         .env_remove("STATEHOUSE_TOKEN")
         .env_remove("STATEHOUSE_LOCK_OWNER")

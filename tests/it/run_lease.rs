@@ -659,6 +659,10 @@ fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
     for code in ["75", "76"] {
         assert!(help.contains(code), "exit code {code} missing from --help");
     }
+    assert!(
+        help.contains("--pool <NAME=LIMIT>"),
+        "--pool missing from --help"
+    );
     for meltano in [
         "MELTANO_STATE_BACKEND_URI",
         "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN",

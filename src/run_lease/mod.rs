@@ -54,6 +54,7 @@ use self::watchdog::Watchdog;
 /// After a signal while acquiring, how long an acquire already sent may
 /// take to answer with a grant that is then released.
 const SETTLE: Duration = Duration::from_secs(1);
+
 /// Runs `statehouse lock` and answers its exit status.
 pub fn run(args: LockArgs) -> ExitCode {
     // One thread: the command is started from the thread that lives as long

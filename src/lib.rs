@@ -146,6 +146,13 @@ impl App {
             store.claims,
             metrics.clone(),
         ));
+        let pools = Arc::new(LockManager::new(
+            config.locks.clone(),
+            config.query_timeout,
+            store.pool_leases,
+            store.pool_claims,
+            metrics.clone(),
+        ));
         match &config.locks.advertise_url {
             Some(url) => {
                 tracing::info!(advertise_url = %url, "peers forward lock operations to this gateway")
@@ -183,6 +190,7 @@ impl App {
                     config.bookmark_regression,
                 )),
                 locks,
+                pools,
                 readiness: Arc::new(Readiness::new(clickhouse.clone())),
                 lease_history: store.lease_history,
                 clickhouse,
@@ -236,8 +244,9 @@ impl App {
             tracing::info!("shutting down: draining in-flight requests");
             let _ = begin_drain.send(());
         };
-        let locks = self.ctx.locks.clone();
+        let (locks, pools) = (self.ctx.locks.clone(), self.ctx.pools.clone());
         let maintenance = tokio::spawn(locks.clone().maintain());
+        let pool_maintenance = tokio::spawn(pools.clone().maintain());
         let heartbeat = self
             .registration
             .clone()
@@ -283,6 +292,7 @@ impl App {
             }
         };
         maintenance.abort();
+        pool_maintenance.abort();
         if let Some(heartbeat) = heartbeat {
             heartbeat.abort();
         }
@@ -292,7 +302,10 @@ impl App {
         drop(hangups);
         // Hand the claims back so other gateways need not wait for them to
         // lapse; the next claim holder adopts the leases.
-        let handed_back = tokio::time::timeout(self.shutdown_timeout, locks.hand_back()).await;
+        let handed_back = tokio::time::timeout(self.shutdown_timeout, async {
+            tokio::join!(locks.hand_back(), pools.hand_back())
+        })
+        .await;
         if handed_back.is_err() {
             tracing::warn!("claims not all handed back at shutdown; the rest lapse by themselves");
         }

@@ -4,6 +4,7 @@ use axum::http::Method;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -29,6 +30,16 @@ struct QueryLabels {
 struct ReadLabels {
     read: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+/// The most pools `/metrics` shows, first by name: a pool exists only while
+/// leases hold it or acquires wait on it, and this bounds the page whatever
+/// clients name them.
+pub const MAX_POOL_SERIES: usize = 500;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShedLabels {
@@ -142,6 +153,8 @@ pub struct Metrics {
     read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
     auth_denied: Family<DeniedLabels, Counter>,
+    pool_holders: Family<PoolLabels, Gauge>,
+    pool_waiting: Family<PoolLabels, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -163,6 +176,18 @@ impl Default for Metrics {
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         let bookmark_regressions = Counter::default();
         let auth_denied = Family::<DeniedLabels, Counter>::default();
+        let pool_holders = Family::<PoolLabels, Gauge>::default();
+        let pool_waiting = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_holders",
+            "Leases held on each pool this gateway is the authority for",
+            pool_holders.clone(),
+        );
+        registry.register(
+            "pool_waiting",
+            "Acquires waiting on each pool this gateway is the authority for",
+            pool_waiting.clone(),
+        );
         registry.register(
             "auth_denied",
             "Requests refused for their token, by reason (unknown: none or not ours, expired, role: too weak, scope: a state_id outside the token's scope)",
@@ -244,6 +269,8 @@ impl Default for Metrics {
         }
         Self {
             auth_denied,
+            pool_holders,
+            pool_waiting,
             write_batch_rows,
             read_batch_keys,
             bookmark_regressions,
@@ -329,6 +356,21 @@ impl Metrics {
         self.auth_denied
             .get_or_create(&DeniedLabels { reason })
             .inc();
+    }
+
+    /// The pools as they are now, (name, holders, waiting) in name order:
+    /// those gone since the last look leave the page.
+    pub fn pools(&self, pools: &[(&str, usize, usize)]) {
+        self.pool_holders.clear();
+        self.pool_waiting.clear();
+        for (pool, holders, waiting) in pools.iter().take(MAX_POOL_SERIES) {
+            let labels = PoolLabels {
+                pool: (*pool).to_owned(),
+            };
+            let count = |n: &usize| i64::try_from(*n).unwrap_or(i64::MAX);
+            self.pool_holders.get_or_create(&labels).set(count(holders));
+            self.pool_waiting.get_or_create(&labels).set(count(waiting));
+        }
     }
 
     /// The OpenMetrics text exposition.

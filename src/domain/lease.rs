@@ -24,6 +24,8 @@ pub struct Lease {
     pub lock_delay: Duration,
     /// What its holder said of itself on acquire (host, pid, command...).
     pub info: LeaseInfo,
+    /// How many leases its id admits at once: 1 on a state_id, a pool's limit.
+    pub limit: usize,
 }
 
 impl Lease {

@@ -1,10 +1,9 @@
 //! The bearer-token guard in front of every operation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
@@ -13,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use super::admission::Sharer;
 use super::context::AppContext;
 use super::error::{ApiError, ProblemType, problem};
+use super::extract::path_id;
 use super::server::TlsSession;
 use crate::auth::{Actor, Identified, Role};
 use crate::domain::{Scope, StateId};
@@ -97,7 +97,7 @@ pub async fn guard(
         parts.extensions.insert(Role::Admin);
         return next.run(Request::from_parts(parts, body)).await;
     }
-    let state_id = path_state_id(&mut parts).await;
+    let state_id = path_id(&mut parts).await;
     let denial = Denial {
         ctx: &ctx,
         parts: &parts,
@@ -144,15 +144,6 @@ pub async fn guard(
     parts.extensions.insert(grant.scope);
     parts.extensions.insert(grant.role);
     next.run(Request::from_parts(parts, body)).await
-}
-
-/// The route's `{state_id}`, if it has one and it is valid (an invalid one
-/// is the handler's 400 to give).
-async fn path_state_id(parts: &mut Parts) -> Option<StateId> {
-    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, &())
-        .await
-        .ok()?;
-    StateId::parse(params.get("state_id")?.clone()).ok()
 }
 
 /// Why a token was refused, as `statehouse_auth_denied_total{reason}` counts it.

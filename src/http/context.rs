@@ -19,6 +19,8 @@ use crate::store::{ClickHouse, LeaseHistoryStore};
 pub struct AppContext {
     pub states: Arc<States>,
     pub locks: Arc<LockManager>,
+    /// The pools' leases: the same lock core over the pool tables.
+    pub pools: Arc<LockManager>,
     /// Each id's leases; none when history is off.
     pub lease_history: Option<LeaseHistoryStore>,
     pub clickhouse: ClickHouse,
@@ -41,11 +43,5 @@ pub struct AppContext {
 impl FromRef<AppContext> for Arc<Readiness> {
     fn from_ref(ctx: &AppContext) -> Self {
         ctx.readiness.clone()
-    }
-}
-
-impl FromRef<AppContext> for Arc<Metrics> {
-    fn from_ref(ctx: &AppContext) -> Self {
-        ctx.metrics.clone()
     }
 }

@@ -27,6 +27,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         JS,
         include_str!("dashboard/regressions.js"),
     ),
+    ("pools.js", JS, include_str!("dashboard/pools.js")),
     ("app.css", CSS, include_str!("dashboard/app.css")),
     (
         "uPlot.iife.min.js",

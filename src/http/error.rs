@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::lock_view::LockView;
+use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
 use crate::domain::{DocumentError, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
@@ -66,6 +67,11 @@ pub enum ApiError {
     AuthorityMoving,
     #[error("{0}")]
     BookmarkRegression(String, Vec<Regression>),
+    /// No slot of the pool within the acquire's wait: who holds it.
+    #[error("pool {name:?} is full ({} of {} held) and the wait ran out", .view.holders_len(), .view.limit())]
+    PoolFull { name: String, view: Box<PoolView> },
+    #[error("nobody holds or waits on pool {0:?}")]
+    PoolNotFound(String),
     /// The state_id is outside the token's scope.
     #[error("this token's scope ({0}) does not cover this state_id")]
     OutOfScope(String),
@@ -106,6 +112,7 @@ problem_types! {
     NotFound => NOT_FOUND, "not-found", "Not found";
     StateNotFound => NOT_FOUND, "state-not-found", "State not found";
     LockNotFound => NOT_FOUND, "lock-not-found", "No lock held";
+    PoolNotFound => NOT_FOUND, "pool-not-found", "No such pool";
     VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
     BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
@@ -113,6 +120,8 @@ problem_types! {
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
     LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
     LockDelay => CONFLICT, "lock-delay", "Lock in its lock-delay";
+    PoolFull => CONFLICT, "pool-full", "Pool full";
+    PoolLimitMismatch => CONFLICT, "pool-limit-mismatch", "Pool in use with another limit";
     LeaseNotCurrent => CONFLICT, "lease-not-current", "Lease is not current";
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
@@ -179,6 +188,18 @@ struct ProblemBody<'a> {
     /// A lock-delay says when the id is free again.
     #[serde(skip_serializing_if = "Option::is_none")]
     free_at: Option<String>,
+    /// A full pool says who holds it and how many wait.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pool: Option<&'a PoolView>,
+    /// A limit mismatch names the pool and its limit.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pool_limit: Option<PoolLimit<'a>>,
+}
+
+#[derive(Serialize)]
+struct PoolLimit<'a> {
+    pool: &'a str,
+    limit: usize,
 }
 
 /// Builds a problem+json response, with the problem type's status.
@@ -202,6 +223,8 @@ struct Extras<'a> {
     holder: Option<Option<LockView>>,
     regressions: Option<&'a [Regression]>,
     free_at: Option<String>,
+    pool: Option<&'a PoolView>,
+    pool_limit: Option<PoolLimit<'a>>,
 }
 
 fn problem_with(
@@ -218,6 +241,8 @@ fn problem_with(
         holder: extras.holder,
         regressions: extras.regressions,
         free_at: extras.free_at,
+        pool: extras.pool,
+        pool_limit: extras.pool_limit,
     };
     let mut response = (status, Json(body)).into_response();
     response
@@ -250,6 +275,9 @@ impl ApiError {
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::OutOfScope(_) => ProblemType::OutOfScope,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
+            Self::PoolNotFound(_) => ProblemType::PoolNotFound,
+            Self::PoolFull { .. } => ProblemType::PoolFull,
+            Self::Lock(LockError::LimitMismatch { .. }) => ProblemType::PoolLimitMismatch,
             Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
             Self::Lock(LockError::Delayed { .. }) => ProblemType::LockDelay,
@@ -298,10 +326,23 @@ impl IntoResponse for ApiError {
             Self::Lock(LockError::Delayed { free_at_ms, .. }) => Some(rfc3339_millis(*free_at_ms)),
             _ => None,
         };
+        let pool = match &self {
+            Self::PoolFull { view, .. } => Some(view.as_ref()),
+            _ => None,
+        };
+        let pool_limit = match &self {
+            Self::Lock(LockError::LimitMismatch { state_id, limit }) => Some(PoolLimit {
+                pool: state_id.as_str(),
+                limit: *limit,
+            }),
+            _ => None,
+        };
         let extras = Extras {
             holder,
             regressions,
             free_at,
+            pool,
+            pool_limit,
         };
         let mut response = problem_with(status, kind, &self.to_string(), extras);
         if let Self::BodyTimeout(_) = self {

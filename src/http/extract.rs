@@ -1,6 +1,8 @@
 //! Extractors that parse requests into domain types and turn every rejection
 //! into an [`ApiError`], so no plain-text axum error ever reaches a client.
 
+use std::collections::HashMap;
+
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
@@ -39,6 +41,17 @@ impl<S: Send + Sync> FromRequestParts<S> for StatePath {
             })?;
         Ok(Self(StateId::parse(raw)?))
     }
+}
+
+/// The id a route is about, its `{state_id}` or a pool's `{name}`, if it
+/// has one and it is valid (an invalid one is the handler's 400 to give):
+/// token scopes and forwarding to the id's authority go by it.
+pub async fn path_id(parts: &mut Parts) -> Option<StateId> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, &())
+        .await
+        .ok()?;
+    let raw = params.get("state_id").or_else(|| params.get("name"))?;
+    StateId::parse(raw.clone()).ok()
 }
 
 /// A page's `limit` query parameter: 1 to 1000, 100 when absent.

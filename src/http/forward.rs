@@ -2,11 +2,10 @@
 //! that is the id's authority (see `locks::forward`), so that a client never
 //! needs to know which gateway granted its lease.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -14,10 +13,9 @@ use axum::response::{IntoResponse, Response};
 
 use super::context::AppContext;
 use super::error::{ApiError, Misrouted};
-use super::extract::{LOCK_BODY_LIMIT, read_body};
+use super::extract::{LOCK_BODY_LIMIT, path_id, read_body};
 use super::locks::MAX_WAIT_SECONDS;
-use crate::domain::StateId;
-use crate::locks::{FORWARDED_BY, LockError, Peer, Route};
+use crate::locks::{FORWARDED_BY, LockError, LockManager, Peer, Route};
 
 /// How long a forwarded request may take, beyond an acquire's own wait.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
@@ -32,14 +30,15 @@ const ATTEMPTS: usize = 3;
 /// that was itself forwarded is never forwarded again.
 pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
-    let Some(id) = state_id_of(&mut parts).await else {
+    let Some(id) = path_id(&mut parts).await else {
         // A malformed id: the handler answers why.
         return next.run(Request::from_parts(parts, body)).await;
     };
     let forwarded = parts.headers.contains_key(FORWARDED_BY);
+    let locks = lock_manager(&ctx, &parts);
     // Kept whole: the request may be sent on after it was looked at.
     // Lock requests have a small body limit of their own (`LOCK_BODY_LIMIT`).
-    let limit = if parts.uri.path().starts_with("/v1/locks/") {
+    let limit = if is_lock_path(&parts) {
         LOCK_BODY_LIMIT.min(ctx.body_limit)
     } else {
         ctx.body_limit
@@ -56,7 +55,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     };
     // The loop guard's side trusts no remembered authority: it answers 421
     // only when ClickHouse names another gateway.
-    let mut route = ctx.locks.route(&id, !forwarded).await;
+    let mut route = locks.route(&id, !forwarded).await;
     for attempt in 1..=ATTEMPTS {
         let peer = match route {
             Err(err) => return ApiError::from(err).into_response(),
@@ -79,25 +78,40 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 continue;
             }
         };
-        let response = send(&ctx, &peer, rebuild(&parts), deadline).await;
+        let response = send(locks, &peer, rebuild(&parts), deadline).await;
         if response.status() == StatusCode::CREATED && is_acquire(&parts) {
-            return confirm_grant(&ctx, &peer, &parts, &body, response).await;
+            return confirm_grant(locks, &peer, &parts, &body, response).await;
         }
         if response.status() != StatusCode::MISDIRECTED_REQUEST {
             return response;
         }
         // The peer is not the authority (any more): look it up afresh.
-        ctx.locks.forget_authority(&id);
+        locks.forget_authority(&id);
         if attempt == ATTEMPTS {
             return moving(response, false);
         }
-        route = ctx.locks.route(&id, false).await;
+        route = locks.route(&id, false).await;
     }
     unreachable!("every attempt returns or continues")
 }
 
+/// A pool's requests go by the pools' lock handle, a state_id's by the locks'.
+fn lock_manager<'a>(ctx: &'a AppContext, parts: &Parts) -> &'a LockManager {
+    if parts.uri.path().starts_with("/v1/pools/") {
+        &ctx.pools
+    } else {
+        &ctx.locks
+    }
+}
+
+/// A lease operation, on a state_id or a pool.
+fn is_lock_path(parts: &Parts) -> bool {
+    let path = parts.uri.path();
+    path.starts_with("/v1/locks/") || path.starts_with("/v1/pools/")
+}
+
 fn is_acquire(parts: &Parts) -> bool {
-    parts.method == Method::POST && parts.uri.path().starts_with("/v1/locks/")
+    parts.method == Method::POST && is_lock_path(parts)
 }
 
 /// The authority grants a forwarded acquire for a few seconds only
@@ -105,7 +119,7 @@ fn is_acquire(parts: &Parts) -> bool {
 /// lease to the TTL its client asked for and answers with that. A client
 /// gone meanwhile (its future dropped here) leaves a lease that ends soon.
 async fn confirm_grant(
-    ctx: &AppContext,
+    locks: &LockManager,
     peer: &Peer,
     acquire: &Parts,
     acquire_body: &Bytes,
@@ -131,7 +145,7 @@ async fn confirm_grant(
         None => Body::empty(),
     };
     let confirmed = send(
-        ctx,
+        locks,
         peer,
         Request::from_parts(renew, body),
         FORWARD_DEADLINE,
@@ -172,8 +186,8 @@ fn moving(response: Response, forwarded: bool) -> Response {
     ApiError::AuthorityMoving.into_response()
 }
 
-async fn send(ctx: &AppContext, peer: &Peer, request: Request, deadline: Duration) -> Response {
-    match ctx.locks.forward(peer, request, deadline).await {
+async fn send(locks: &LockManager, peer: &Peer, request: Request, deadline: Duration) -> Response {
+    match locks.forward(peer, request, deadline).await {
         Ok(response) => response,
         Err(err) => {
             let mut response = ApiError::AuthorityUnreachable(err).into_response();
@@ -195,12 +209,4 @@ fn retry_after(response: &mut Response, wait: Duration) {
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-}
-
-/// The request's `{state_id}`, if it is a valid one.
-async fn state_id_of(parts: &mut Parts) -> Option<StateId> {
-    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, &())
-        .await
-        .ok()?;
-    StateId::parse(params.get("state_id")?.clone()).ok()
 }

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::error::ProblemType;
-use crate::metrics::Metrics;
 use crate::store::ClickHouse;
 use crate::telemetry::ClientText;
 
@@ -48,15 +47,6 @@ pub async fn readyz(State(readiness): State<Arc<Readiness>>) -> Response {
         "components": { "clickhouse": clickhouse },
     });
     (status, Json(body)).into_response()
-}
-
-pub async fn metrics(State(metrics): State<Arc<Metrics>>) -> Response {
-    let mut response = metrics.render().into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-    );
-    response
 }
 
 /// What one readiness check found.

@@ -14,7 +14,7 @@ use super::extract::{ApiQuery, LeasePath, OptionalJson, StatePath};
 use super::lock_view::LockView;
 use super::wire::rfc3339_millis;
 use crate::domain::{Forced, LeaseInfo, MAX_REASON_BYTES, Provenance, Scope, parse_reason};
-use crate::locks::{FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
+use crate::locks::{Ask, FORWARDED_BY, Lease, SeenLease, UNCONFIRMED_GRANT};
 use crate::telemetry::ClientText;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 30;
@@ -22,6 +22,7 @@ pub const MAX_TTL_SECONDS: u64 = 3600;
 pub const MAX_WAIT_SECONDS: f64 = 300.0;
 pub const MAX_OWNER_BYTES: usize = 256;
 
+/// The body of an acquire, on a state_id or a pool.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
@@ -30,12 +31,53 @@ pub struct AcquireRequest {
     wait_seconds: Option<f64>,
     lock_delay_seconds: Option<f64>,
     info: Option<serde_json::Value>,
+    /// A pool's only: how many may hold it at once.
+    pub limit: Option<f64>,
+}
+
+impl AcquireRequest {
+    /// The lease asked for, on an id of `limit` places. A forwarded acquire
+    /// is granted for a few seconds until the forwarding gateway confirms it
+    /// (`http::forward`).
+    pub fn into_ask(self, limit: usize, headers: &HeaderMap) -> Result<Ask, ApiError> {
+        let owner = self.owner.unwrap_or_default();
+        if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
+            return Err(ApiError::InvalidBody(format!(
+                "owner is required: who takes the lease, 1 to {MAX_OWNER_BYTES} bytes"
+            )));
+        }
+        let mut ttl = ttl(self.ttl_seconds)?;
+        if headers.contains_key(FORWARDED_BY) {
+            ttl = ttl.min(UNCONFIRMED_GRANT);
+        }
+        let lock_delay = lock_delay(self.lock_delay_seconds)?;
+        let wait = self.wait_seconds.unwrap_or(0.0);
+        if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {
+            return Err(ApiError::InvalidBody(format!(
+                "wait_seconds must be between 0 and {MAX_WAIT_SECONDS}"
+            )));
+        }
+        let info = match self.info {
+            Some(value) => {
+                LeaseInfo::parse(value).map_err(|e| ApiError::InvalidBody(e.to_string()))?
+            }
+            None => LeaseInfo::default(),
+        };
+        Ok(Ask {
+            owner,
+            limit,
+            ttl,
+            wait: Duration::from_secs_f64(wait),
+            lock_delay,
+            info,
+        })
+    }
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RenewRequest {
-    ttl_seconds: Option<f64>,
+    pub ttl_seconds: Option<f64>,
 }
 
 /// A lease as its holder sees it: with the `lease_id` that proves holding it.
@@ -65,7 +107,7 @@ fn lease_body(lease: &Lease) -> LeaseBody<'_> {
 }
 
 /// A whole number of seconds, 1 to 3600; JSON's `30.0` is the integer 30.
-fn ttl(raw: Option<f64>) -> Result<Duration, ApiError> {
+pub fn ttl(raw: Option<f64>) -> Result<Duration, ApiError> {
     let seconds = raw.unwrap_or(DEFAULT_TTL_SECONDS as f64);
     if seconds.fract() != 0.0 || !(1.0..=MAX_TTL_SECONDS as f64).contains(&seconds) {
         return Err(ApiError::InvalidBody(format!(
@@ -94,37 +136,14 @@ pub async fn acquire(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
-    let owner = request.owner.unwrap_or_default();
-    if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
-        return Err(ApiError::InvalidBody(format!(
-            "owner is required: who takes the lock, 1 to {MAX_OWNER_BYTES} bytes"
-        )));
+    if request.limit.is_some() {
+        return Err(ApiError::InvalidBody(
+            "limit is a pool's (POST /v1/pools/{name}); a state_id has one lease at a time".into(),
+        ));
     }
-    let mut ttl = ttl(request.ttl_seconds)?;
-    if headers.contains_key(FORWARDED_BY) {
-        ttl = ttl.min(UNCONFIRMED_GRANT);
-    }
-    let lock_delay = lock_delay(request.lock_delay_seconds)?;
-    let wait = request.wait_seconds.unwrap_or(0.0);
-    if !(0.0..=MAX_WAIT_SECONDS).contains(&wait) {
-        return Err(ApiError::InvalidBody(format!(
-            "wait_seconds must be between 0 and {MAX_WAIT_SECONDS}"
-        )));
-    }
-    let info = match request.info {
-        Some(value) => LeaseInfo::parse(value).map_err(|e| ApiError::InvalidBody(e.to_string()))?,
-        None => LeaseInfo::default(),
-    };
     let lease = ctx
         .locks
-        .acquire(
-            &id,
-            &owner,
-            ttl,
-            Duration::from_secs_f64(wait),
-            lock_delay,
-            info,
-        )
+        .acquire(&id, request.into_ask(1, &headers)?)
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }
@@ -185,6 +204,19 @@ pub struct ForceUnlockParams {
     reason: Option<String>,
 }
 
+/// Who forces a lease's end and why: the token's name, and `?reason=`.
+pub fn forced_by(provenance: Provenance, params: ForceUnlockParams) -> Result<Forced, ApiError> {
+    let reason = parse_reason(params.reason).map_err(|bytes| {
+        ApiError::InvalidQuery(format!(
+            "reason takes at most {MAX_REASON_BYTES} bytes, got {bytes}"
+        ))
+    })?;
+    Ok(Forced {
+        actor: provenance.actor,
+        reason,
+    })
+}
+
 /// Admin: ends the lease on `state_id` whoever holds it; succeeds when there
 /// is none. The id's history keeps who did it (the token's name) and why.
 pub async fn force_unlock(
@@ -193,15 +225,7 @@ pub async fn force_unlock(
     provenance: Provenance,
     ApiQuery(params): ApiQuery<ForceUnlockParams>,
 ) -> Result<StatusCode, ApiError> {
-    let reason = parse_reason(params.reason).map_err(|bytes| {
-        ApiError::InvalidQuery(format!(
-            "reason takes at most {MAX_REASON_BYTES} bytes, got {bytes}"
-        ))
-    })?;
-    let forced = Forced {
-        actor: provenance.actor,
-        reason,
-    };
+    let forced = forced_by(provenance, params)?;
     let released = ctx.locks.force_unlock(&id, forced.clone()).await?;
     tracing::warn!(
         state_id = %id,

@@ -14,6 +14,9 @@ mod history;
 mod lock_history;
 mod lock_view;
 mod locks;
+mod metrics_page;
+mod pool_view;
+mod pools;
 mod regressions;
 mod server;
 mod states;
@@ -115,13 +118,19 @@ fn operations() -> Vec<Operation> {
         op!(GET "/v1/locks/{state_id}/history" => lock_history::list, Needs(Read), Request, Anywhere),
         op!(PUT "/v1/locks/{state_id}/{lease_id}" => locks::renew, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/locks/{state_id}/{lease_id}" => locks::release, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/pools" => pools::list, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/pools/{name}" => pools::acquire, Needs(Write), LockWaiter, ByAuthority),
+        op!(GET "/v1/pools/{name}" => pools::get, Needs(Read), Request, ByAuthority),
+        op!(DELETE "/v1/pools/{name}" => pools::force_release, Needs(Admin), Request, ByAuthority),
+        op!(PUT "/v1/pools/{name}/{lease_id}" => pools::renew, Needs(Write), Request, ByAuthority),
+        op!(DELETE "/v1/pools/{name}/{lease_id}" => pools::release, Needs(Write), Request, ByAuthority),
         op!(POST "/v1/internal/tickets" => tickets::issue, Needs(Write), Request, Anywhere),
         op!(DELETE "/v1/internal/tickets/{ticket}" => tickets::settle, Needs(Write), Request, Anywhere),
         op!(GET "/" => dashboard::page, Open, Request, Anywhere),
         op!(GET "/assets/{file}" => dashboard::asset, Open, Request, Anywhere),
         op!(GET "/healthz" => health::healthz, Open, Nothing, Anywhere),
         op!(GET "/readyz" => health::readyz, Open, Nothing, Anywhere),
-        op!(GET "/metrics" => health::metrics, Metrics, Nothing, Anywhere),
+        op!(GET "/metrics" => metrics_page::metrics, Metrics, Nothing, Anywhere),
     ]
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::Recorder;
-use super::slot::{Adopted, ClaimAttempt, Effects, Grant, InLine, Rules, Step, Waiter};
+use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Rules, Step, Waiter};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseInfo, StateId};
@@ -22,6 +22,20 @@ use crate::store::now_ms;
 /// moment ago (see [`Acquirer::held_elsewhere`]).
 const HOLDER_POLL: Duration = Duration::from_millis(25);
 
+/// What an acquire asks for.
+pub struct Ask {
+    /// Who takes the lease.
+    pub owner: String,
+    /// How many leases the id admits at once: 1 on a state_id, a pool's limit.
+    pub limit: usize,
+    pub ttl: Duration,
+    /// How long to wait behind earlier waiters.
+    pub wait: Duration,
+    /// Cut to `--max-lock-delay` by the lock handle.
+    pub lock_delay: Duration,
+    pub info: LeaseInfo,
+}
+
 /// One acquire, with the parts of the lock core it uses.
 pub(super) struct Acquirer<'a> {
     pub slots: &'a Slots,
@@ -31,30 +45,39 @@ pub(super) struct Acquirer<'a> {
 }
 
 impl Acquirer<'_> {
-    /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
-    /// waiters; a first acquire still runs one claim attempt (settle included)
-    /// even with no wait at all.
-    pub async fn acquire(
-        self,
-        id: &StateId,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-        lock_delay: Duration,
-        info: LeaseInfo,
-    ) -> Result<Lease, LockError> {
-        let deadline = Instant::now() + wait;
-        let in_line = InLine::join(self.slots.get_or_make(id));
+    /// Grants a lease on `id` as `ask` says, one of `ask.limit` at a time,
+    /// waiting up to `ask.wait` behind earlier waiters; a first acquire still
+    /// runs one claim attempt (settle included) even with no wait at all.
+    pub async fn acquire(self, id: &StateId, ask: Ask) -> Result<Lease, LockError> {
+        let deadline = Instant::now() + ask.wait;
+        let in_line = InLine::join(self.slots.get_or_make(id), ask.limit).map_err(|held| {
+            LockError::LimitMismatch {
+                state_id: id.clone(),
+                limit: held,
+            }
+        })?;
         let waiter = Waiter {
             ticket: in_line.ticket,
-            owner,
-            ttl,
+            owner: &ask.owner,
+            ttl: ask.ttl,
             deadline,
             attempted_claim: false,
-            lock_delay,
-            info,
+            lock_delay: ask.lock_delay,
+            info: ask.info,
         };
-        let result = self.wait_for_grant(id, &in_line, waiter).await;
+        let mut result = self.wait_for_grant(id, &in_line, waiter).await;
+        if let Ok(lease) = &result
+            && let Err(err) = self.recorder.landed().await
+        {
+            // A pool's holders are known to a next authority only by their
+            // rows: a grant whose row did not land is taken back.
+            drop(
+                in_line
+                    .slot()
+                    .apply(|st, now| st.release(lease.lease_id, now)),
+            );
+            result = Err(err.into());
+        }
         match &result {
             Ok(_) => self.slots.metrics().lock_event(LockEvent::Grant),
             Err(LockError::Held { .. }) => self.slots.metrics().lock_event(LockEvent::Timeout),
@@ -78,16 +101,12 @@ impl Acquirer<'_> {
             tokio::pin!(notified);
             notified.as_mut().enable();
 
-            let mut attempt = None;
-            let decision = {
-                let now = Instant::now();
-                let mut st = slot.current(id, now, self.slots.metrics());
-                let decision = st.next_step(id, &waiter, &rules, now, now_ms());
-                if decision.step == Step::Claim {
-                    attempt = Some(ClaimAttempt::begin(&mut st, slot));
-                }
-                decision
-            };
+            let metrics = self.slots.metrics();
+            let decision = slot.apply(|st, now| {
+                st.expire(id, now, metrics);
+                st.next_step(id, &waiter, &rules, now, now_ms())
+            });
+            let attempt = (decision.step == Step::Claim).then(|| ClaimAttempt::under_way(slot));
             if let Some(candidate) = decision.withdraw {
                 self.coordinator
                     .withdraw_in_background(id.clone(), candidate);
@@ -115,10 +134,7 @@ impl Acquirer<'_> {
                     let block = self.coordinator.reserve_tokens(id, claim_id, first).await?;
                     let metrics = self.slots.metrics();
                     slot.apply(|st, _| match block {
-                        Some(block) => {
-                            st.add_tokens(claim_id, block);
-                            Effects::quiet(())
-                        }
+                        Some(block) => st.add_tokens(claim_id, block),
                         None => st.claim_refused(id, claim_id, metrics),
                     });
                 }
@@ -140,7 +156,7 @@ impl Acquirer<'_> {
                                 };
                                 st.claim_won(*won, grant, write_budget)
                             });
-                            if let Some((lease, version)) = adopted {
+                            for (lease, version) in adopted {
                                 self.recorder.held(&lease, version);
                             }
                             if let Some((lease, version)) = granted {

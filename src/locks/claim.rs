@@ -20,7 +20,9 @@ use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, LeaseState, StateId};
 use crate::metrics::Metrics;
-use crate::store::{Candidate, KeeperClaimStore, LeaseStore, StoreError, StoredLease, now_ms};
+use crate::store::{
+    Candidate, IdLocks, KeeperClaimStore, LeaseRows, LeaseStore, StoreError, StoredLease, now_ms,
+};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
@@ -242,8 +244,8 @@ impl Coordinator {
             Claims::Table => {
                 let locks = self.leases.id_locks(id).await?;
                 Ok(Authority {
+                    lease: locks.latest().cloned(),
                     claims: locks.candidates,
-                    lease: locks.lease,
                 })
             }
             Claims::Keeper(store) => {
@@ -262,7 +264,7 @@ impl Coordinator {
                     });
                 Ok(Authority {
                     claims: holder.into_iter().collect(),
-                    lease: locks?.lease,
+                    lease: locks?.latest().cloned(),
                 })
             }
         }
@@ -292,7 +294,7 @@ impl Coordinator {
             Claims::Keeper(store) => {
                 let ids: Vec<StateId> = unexpired
                     .iter()
-                    .filter_map(|l| l.lease.as_ref())
+                    .filter_map(|l| l.latest())
                     .map(|l| l.record.lease.state_id.clone())
                     .collect();
                 store
@@ -306,16 +308,19 @@ impl Coordinator {
                     .collect()
             }
         };
+        let keeper_holders = &keeper_holders;
         Ok(unexpired
             .into_iter()
-            .filter_map(|locks| {
-                let stored = locks.lease?;
-                let id = &stored.record.lease.state_id;
-                let has_claim = |gateway: Uuid| match &self.claims {
-                    Claims::Table => locks.candidates.iter().any(|c| c.gateway_id == gateway),
-                    Claims::Keeper(_) => keeper_holders.get(id) == Some(&gateway),
-                };
-                in_force(&stored, has_claim).then(|| stored.record.lease.clone())
+            .flat_map(|locks| {
+                let IdLocks { candidates, leases } = locks;
+                leases.into_iter().filter_map(move |stored| {
+                    let id = &stored.record.lease.state_id;
+                    let has_claim = |gateway: Uuid| match &self.claims {
+                        Claims::Table => candidates.iter().any(|c| c.gateway_id == gateway),
+                        Claims::Keeper(_) => keeper_holders.get(id) == Some(&gateway),
+                    };
+                    in_force(&stored, has_claim).then(|| stored.record.lease.clone())
+                })
             })
             .collect())
     }
@@ -330,47 +335,46 @@ impl Coordinator {
     }
 
     /// What this gateway takes over with a claim just won, from the id's
-    /// latest lease row: a lease handed on at a shutdown and still running,
-    /// or the rest of a lock-delay.
-    pub(super) fn inherit(&self, latest: Option<StoredLease>) -> Inherited {
-        let Some(stored) = latest else {
-            return Inherited::default();
-        };
-        if stored.unexpired && stored.record.state == LeaseState::HandedOver {
-            let record = stored.record;
-            let remaining = u64::try_from(record.lease.expires_ms - now_ms()).unwrap_or(0);
-            return Inherited {
-                lease: Some(LocalLease {
-                    deadline: Instant::now() + Duration::from_millis(remaining),
+    /// lease rows: leases handed on at a shutdown and still running, and the
+    /// places the others keep (see [`place_end`]).
+    pub(super) fn inherit(&self, rows: Vec<StoredLease>) -> Inherited {
+        let (now, now_ms) = (Instant::now(), now_ms());
+        let mut inherited = Inherited::default();
+        for stored in rows {
+            if stored.unexpired && stored.record.state == LeaseState::HandedOver {
+                let record = stored.record;
+                let remaining = u64::try_from(record.lease.expires_ms - now_ms).unwrap_or(0);
+                inherited.leases.push(LocalLease {
+                    deadline: now + Duration::from_millis(remaining),
                     version: record.version.renewed(),
                     lease: Lease {
                         gateway_id: self.settings.gateway_id,
                         ..record.lease
                     },
-                }),
-                delay: None,
-            };
+                });
+            } else if let Some(free_at) = place_end(&stored, self.leases.rows(), now_ms) {
+                inherited.delays.push(Delay::ending(free_at, now, now_ms));
+            }
         }
-        let (now, now_ms) = (Instant::now(), now_ms());
-        Inherited {
-            lease: None,
-            delay: delay_end(&stored, now_ms).map(|free_at| Delay::ending(free_at, now, now_ms)),
-        }
+        inherited
     }
 }
 
-/// When the id of a recorded lease that is not in force may be granted
-/// again, if that is still to come: its lock-delay after its end. A release
-/// or force-unlock recorded its end; an expired lease ended at its expiry;
-/// an unexpired one whose authority lost its claim (it crashed, or its
-/// renewals did not land) ends now, as this gateway takes the claim over,
-/// for its holder learns of the loss only from here on.
-pub(super) fn delay_end(stored: &StoredLease, now_ms: i64) -> Option<i64> {
+/// Until when a recorded lease that is not in force keeps its place, if
+/// that is still to come: its lock-delay after its end. A release or
+/// force-unlock recorded its end; an expired lease ended at its expiry. An
+/// unexpired one whose authority lost its claim (it crashed, or its
+/// renewals did not land) ends now on a state_id, as this gateway takes the
+/// claim over and refuses its holder's writes from here on; on a pool,
+/// whose holders write nothing through a gateway, it runs until it would
+/// have expired.
+pub(super) fn place_end(stored: &StoredLease, rows: LeaseRows, now_ms: i64) -> Option<i64> {
     let record = &stored.record;
-    let ended = match record.ended_ms {
-        Some(ended) => ended,
-        None if stored.unexpired => now_ms,
-        None => record.lease.expires_ms.min(now_ms),
+    let ended = match (record.ended_ms, rows) {
+        (Some(ended), _) => ended,
+        (None, LeaseRows::PerId) if stored.unexpired => now_ms,
+        (None, LeaseRows::PerId) => record.lease.expires_ms.min(now_ms),
+        (None, LeaseRows::PerLease) => record.lease.expires_ms,
     };
     let free_at = record.lease.free_at_ms(ended);
     (free_at > now_ms).then_some(free_at)
@@ -398,6 +402,7 @@ mod tests {
                     expires_ms: 2,
                     lock_delay: Duration::ZERO,
                     info: LeaseInfo::default(),
+                    limit: 1,
                 },
                 version: LeaseVersion::granted(7),
                 state,
@@ -426,16 +431,16 @@ mod tests {
     fn a_lock_delay_runs_from_the_recorded_end_or_the_expiry() {
         // Forced at 4 000 ms: free 5 s later, whatever its expiry says.
         let forced = delayed(LeaseState::Released, true, Some(4_000));
-        assert_eq!(delay_end(&forced, 6_000), Some(9_000));
-        assert_eq!(delay_end(&forced, 9_000), None);
+        assert_eq!(place_end(&forced, LeaseRows::PerId, 6_000), Some(9_000));
+        assert_eq!(place_end(&forced, LeaseRows::PerId, 9_000), None);
         // Expired at 10 000 ms: free 5 s after that.
         let expired = delayed(LeaseState::Held, false, None);
-        assert_eq!(delay_end(&expired, 12_000), Some(15_000));
-        assert_eq!(delay_end(&expired, 15_001), None);
+        assert_eq!(place_end(&expired, LeaseRows::PerId, 12_000), Some(15_000));
+        assert_eq!(place_end(&expired, LeaseRows::PerId, 15_001), None);
         // A release row carries no delay.
         let mut released = delayed(LeaseState::Released, true, Some(4_000));
         released.record.lease.lock_delay = Duration::ZERO;
-        assert_eq!(delay_end(&released, 4_001), None);
+        assert_eq!(place_end(&released, LeaseRows::PerId, 4_001), None);
     }
 
     #[test]
@@ -443,7 +448,22 @@ mod tests {
         // Its holder hears of the loss only from the new authority: the
         // delay runs from then, not from the crash nor from the expiry.
         let orphaned = delayed(LeaseState::Held, true, None);
-        assert_eq!(delay_end(&orphaned, 7_000), Some(12_000));
+        assert_eq!(place_end(&orphaned, LeaseRows::PerId, 7_000), Some(12_000));
+    }
+
+    #[test]
+    fn a_pool_lease_whose_authority_is_gone_keeps_its_place_until_it_would_have_expired() {
+        // Its holder runs on, unaware: no other takes its place before its
+        // expiry and lock-delay are over.
+        let orphaned = delayed(LeaseState::Held, true, None);
+        assert_eq!(
+            place_end(&orphaned, LeaseRows::PerLease, 7_000),
+            Some(15_000)
+        );
+        let mut plain = orphaned.clone();
+        plain.record.lease.lock_delay = Duration::ZERO;
+        assert_eq!(place_end(&plain, LeaseRows::PerLease, 7_000), Some(10_000));
+        assert_eq!(place_end(&plain, LeaseRows::PerLease, 10_000), None);
     }
 
     #[test]

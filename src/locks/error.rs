@@ -42,6 +42,9 @@ pub enum LockError {
     /// granted on the id until `free_at_ms`, past the acquire's wait.
     #[error("{state_id} is in a lock-delay after its last lease ended; retry once it is free")]
     Delayed { state_id: StateId, free_at_ms: i64 },
+    /// A pool in use (held or waited on) takes acquires of its own limit only.
+    #[error("pool {state_id} is in use with a limit of {limit}")]
+    LimitMismatch { state_id: StateId, limit: usize },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

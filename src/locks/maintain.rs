@@ -52,9 +52,9 @@ impl Maintenance {
             });
             match tick {
                 Tick::Gone(claim_id) => withdrawn.push((id, claim_id)),
-                Tick::Held(claim_id, lease) => {
+                Tick::Held(claim_id, holders) => {
                     held.push((id, claim_id));
-                    leases.extend(lease);
+                    leases.extend(holders);
                 }
                 Tick::Unclaimed => {}
             }
@@ -135,7 +135,7 @@ impl Maintenance {
                 continue;
             };
             claims.push((id, claim_id));
-            if let Some(local) = handed {
+            for local in handed {
                 self.recorder.record(LeaseRecord {
                     lease: local.lease,
                     version: local.version.renewed(),

@@ -4,7 +4,7 @@
 //! it issued; the acquire loop (`acquire`), the write rule (`write`) and
 //! the background task (`maintain`) work on those parts, never on the handle.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response};
 use uuid::Uuid;
 
-use super::acquire::Acquirer;
+use super::acquire::{Acquirer, Ask};
 use super::claim::Coordinator;
 use super::error::LockError;
 use super::forward::{ForwardError, Router};
@@ -20,15 +20,51 @@ use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row};
-use super::slot::Released;
+use super::slot::{Released, SlotState};
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
 use super::write::{Admitted, admit_here, lease_rule};
 use crate::config::LockSettings;
-use crate::domain::{Forced, Lease, LeaseInfo, StateId};
+use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
 use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
+
+/// Who holds an id and how many wait for it.
+#[derive(Debug)]
+pub struct Occupancy {
+    pub id: StateId,
+    /// How many may hold it at once: 1 on a state_id, a pool's limit.
+    pub limit: usize,
+    /// Its leases, oldest first.
+    pub holders: Vec<Lease>,
+    pub waiting: usize,
+}
+
+impl Occupancy {
+    /// As the id's authority sees it; None when none holds or waits.
+    fn of(id: &StateId, st: &SlotState) -> Option<Self> {
+        let occupancy = Self {
+            id: id.clone(),
+            limit: st.limit(),
+            holders: st.holders(),
+            waiting: st.waiting(),
+        };
+        (!occupancy.holders.is_empty() || occupancy.waiting > 0).then_some(occupancy)
+    }
+
+    /// As ClickHouse records it: holders only, with the limit they were
+    /// granted under; None when there are none.
+    fn recorded(id: StateId, holders: Vec<Lease>) -> Option<Self> {
+        let limit = holders.iter().map(|l| l.limit).max()?;
+        Some(Self {
+            id,
+            limit,
+            holders,
+            waiting: 0,
+        })
+    }
+}
 
 pub struct LockManager {
     settings: LockSettings,
@@ -108,19 +144,11 @@ impl LockManager {
         self.slots.nothing_landing(id)
     }
 
-    /// Grants a lease on `id` to `owner`, waiting up to `wait` behind earlier
-    /// waiters; a first acquire still runs one claim attempt (settle included)
-    /// even with no wait at all. The lease carries `lock_delay`, cut to
-    /// `--max-lock-delay`, and `info`.
-    pub async fn acquire(
-        &self,
-        id: &StateId,
-        owner: &str,
-        ttl: Duration,
-        wait: Duration,
-        lock_delay: Duration,
-        info: LeaseInfo,
-    ) -> Result<Lease, LockError> {
+    /// Grants a lease on `id`, one of `ask.limit` at a time, waiting up to
+    /// `ask.wait` behind earlier waiters; a first acquire still runs one
+    /// claim attempt (settle included) even with no wait at all. The lease
+    /// carries the ask's lock-delay, cut to `--max-lock-delay`, and its info.
+    pub async fn acquire(&self, id: &StateId, ask: Ask) -> Result<Lease, LockError> {
         Acquirer {
             slots: &self.slots,
             coordinator: &self.coordinator,
@@ -129,11 +157,10 @@ impl LockManager {
         }
         .acquire(
             id,
-            owner,
-            ttl,
-            wait,
-            lock_delay.min(self.settings.max_lock_delay),
-            info,
+            Ask {
+                lock_delay: ask.lock_delay.min(self.settings.max_lock_delay),
+                ..ask
+            },
         )
         .await
     }
@@ -152,6 +179,7 @@ impl LockManager {
             });
             if let Some((renewed, version)) = renewed {
                 self.recorder.held(&renewed, version);
+                self.recorder.landed().await?;
                 self.metrics.lock_event(LockEvent::Renewal);
                 return Ok(renewed);
             }
@@ -198,7 +226,7 @@ impl LockManager {
         }
     }
 
-    /// Ends whatever lease `id` has, recording who did it and why (`forced`).
+    /// Ends every lease `id` has, recording who did it and why (`forced`).
     /// Answers whether there was one.
     pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
@@ -208,12 +236,13 @@ impl LockManager {
                 st.force_unlock(now, at_ms)
             });
             if let Some(ended) = ended {
-                let had_lease = ended.is_some();
-                if let Some(local) = ended {
+                let had_lease = !ended.is_empty();
+                for local in ended {
                     self.metrics.lock_event(LockEvent::ForcedRelease);
                     self.recorder
-                        .forced(local.lease, local.version, at_ms, forced);
+                        .forced(local.lease, local.version, at_ms, forced.clone());
                 }
+                self.recorder.landed().await?;
                 return Ok(had_lease);
             }
         }
@@ -258,29 +287,73 @@ impl LockManager {
     /// Every current lease: ClickHouse's record, with this gateway's own
     /// leases as they are now (their rows may still be on their way).
     pub async fn all(&self) -> Result<Vec<Lease>, LockError> {
-        let mut by_id: std::collections::BTreeMap<String, Lease> = self
+        Ok(self
+            .occupancies()
+            .await?
+            .into_iter()
+            .flat_map(|o| o.holders)
+            .collect())
+    }
+
+    /// Who holds `id` and how many wait: this gateway's slot when it is the
+    /// id's authority, else ClickHouse's record. None when none holds or waits.
+    pub async fn occupancy(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
+        if let Some(slot) = self.slots.existing(id) {
+            let st = slot.current(id, Instant::now(), &self.metrics);
+            if st.claim_id().is_some() {
+                return Ok(Occupancy::of(id, &st));
+            }
+        }
+        let holders: Vec<Lease> = self
             .coordinator
             .recorded_leases()
             .await?
             .into_iter()
-            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
+            .filter(|lease| &lease.state_id == id)
+            .collect();
+        Ok(Occupancy::recorded(id.clone(), holders))
+    }
+
+    /// Every id held or waited on, by id: ClickHouse's record, with this
+    /// gateway's own slots as they are now (their rows may still be on
+    /// their way, and only the authority knows who waits).
+    pub async fn occupancies(&self) -> Result<Vec<Occupancy>, LockError> {
+        let mut recorded: BTreeMap<StateId, Vec<Lease>> = BTreeMap::new();
+        for lease in self.coordinator.recorded_leases().await? {
+            recorded
+                .entry(lease.state_id.clone())
+                .or_default()
+                .push(lease);
+        }
+        let mut by_id: BTreeMap<StateId, Option<Occupancy>> = recorded
+            .into_iter()
+            .map(|(id, holders)| (id.clone(), Occupancy::recorded(id, holders)))
             .collect();
         let now = Instant::now();
         for (id, slot) in self.slots.snapshot() {
             let st = slot.current(&id, now, &self.metrics);
-            if st.claim_id().is_none() {
-                continue;
-            }
-            match st.lease() {
-                Some(lease) => {
-                    by_id.insert(id.as_str().to_owned(), lease.clone());
-                }
-                None => {
-                    by_id.remove(id.as_str());
-                }
+            if st.claim_id().is_some() {
+                by_id.insert(id.clone(), Occupancy::of(&id, &st));
             }
         }
-        Ok(by_id.into_values().collect())
+        Ok(by_id.into_values().flatten().collect())
+    }
+
+    /// The ids this gateway is the authority for that someone holds or
+    /// waits on, by id.
+    pub fn local_occupancies(&self) -> Vec<Occupancy> {
+        let now = Instant::now();
+        let mut here: Vec<Occupancy> = self
+            .slots
+            .snapshot()
+            .into_iter()
+            .filter_map(|(id, slot)| {
+                let st = slot.current(&id, now, &self.metrics);
+                st.claim_id().and(Occupancy::of(&id, &st))
+            })
+            .collect();
+        here.sort_by(|a, b| a.id.cmp(&b.id));
+        here
     }
 
     /// Admits a write to `id` carrying `lease_id` (or none) if the lock rule

@@ -66,9 +66,10 @@ mod ticket;
 mod timing;
 mod write;
 
+pub use self::acquire::Ask;
 pub use self::error::LockError;
 pub use self::forward::ForwardError;
-pub use self::manager::LockManager;
+pub use self::manager::{LockManager, Occupancy};
 pub use self::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 pub use self::ticket::{TICKETS_PATH, TicketGrant, TicketRequest};
 pub use self::timing::UNCONFIRMED_GRANT;

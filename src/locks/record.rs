@@ -5,7 +5,10 @@
 //! coalesced per lease and written in one INSERT per flush, retried through
 //! a ClickHouse outage. Flushes come at most one per `SPACING`: a fleet's
 //! lock traffic costs ClickHouse about one INSERT a second, while a lone
-//! grant is written within `GATHER`.
+//! grant is written within `GATHER`. A pool's grants and renewals are the
+//! exception: its holders write nothing through a gateway, so a next
+//! authority knows of them only by their rows, which land before the
+//! holder hears of its lease ([`Recorder::landed`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,7 +18,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::domain::{Forced, Lease, LeaseState, LeaseVersion, StateId};
-use crate::store::{LeaseRecord, LeaseStore, StoreError, now_ms};
+use crate::store::{LeaseRecord, LeaseRows, LeaseStore, StoreError, now_ms};
 
 /// How long a flush waits for more rows to join it once one is pending.
 const GATHER: Duration = Duration::from_millis(10);
@@ -72,6 +75,15 @@ impl Recorder {
     /// authority next, and who forced it to the id's history.
     pub fn forced(&self, lease: Lease, version: LeaseVersion, at_ms: i64, forced: Forced) {
         self.record(ended_row(lease, version, at_ms, Some(forced)));
+    }
+
+    /// Where rows must land before their lease is answered (a pool's),
+    /// writes what is pending now; elsewhere nothing.
+    pub async fn landed(&self) -> Result<(), StoreError> {
+        match self.store.rows() {
+            LeaseRows::PerId => Ok(()),
+            LeaseRows::PerLease => self.flush().await,
+        }
     }
 
     pub fn record(&self, record: LeaseRecord) {
@@ -175,6 +187,7 @@ mod tests {
             expires_ms: 2,
             lock_delay: Duration::ZERO,
             info: LeaseInfo::default(),
+            limit: 1,
         }
     }
 

@@ -1,5 +1,7 @@
-//! One state_id's lock state on this gateway, the pure decision of what a
-//! waiter does next, and the guards that keep the state right when an
+//! One id's lock state on this gateway: a state_id's one lease, or a pool's
+//! up to its limit, with the FIFO line of waiters for them, the claim they
+//! are granted under and the fencing tokens they take; the pure decision of
+//! what a waiter does next; and the guards that keep the state right when an
 //! acquire is abandoned at an await point.
 //!
 //! The state sits behind a std `Mutex` that is never held across an
@@ -95,13 +97,18 @@ impl<T> Effects<T> {
 
 #[derive(Default)]
 pub(super) struct SlotState {
-    /// This gateway's claim on the state_id, without which it grants nothing.
+    /// This gateway's claim on the id, without which it grants nothing.
     claim: Option<HeldClaim>,
     /// A waiter runs a claim attempt (settle included) outside the lock; no
     /// other waiter starts one meanwhile.
     claiming: bool,
-    /// The current lease, granted under the claim.
-    lease: Option<LocalLease>,
+    /// The leases granted under the claim, oldest first: one at most on a
+    /// state_id, up to `limit` on a pool.
+    leases: Vec<LocalLease>,
+    /// How many leases may run at once: 1 on a state_id, a pool's limit. The
+    /// first waiter of a slot nobody holds or waits on sets it; while anyone
+    /// does, a waiter asking for another is refused.
+    limit: usize,
     /// Tickets of waiting acquires, first come first served.
     queue: VecDeque<u64>,
     /// The ticket the next waiter to join the line gets.
@@ -118,9 +125,10 @@ pub(super) struct SlotState {
     sending: HashMap<u64, Instant>,
     /// The number the next write to go out gets.
     next_send: u64,
-    /// A lease with a lock-delay ended by expiry or force-unlock: nothing is
-    /// granted until the delay has passed, so the old holder's run is gone.
-    delayed: Option<Delay>,
+    /// Leases with a lock-delay that ended by expiry or force-unlock, or that
+    /// an earlier authority granted: each keeps its place until it ends, so
+    /// that the old holder's run is gone before another takes the place.
+    delayed: Vec<Delay>,
 }
 
 /// A lease released by its holder: its row to record, and the claim to
@@ -130,10 +138,10 @@ pub(super) struct Released {
     pub withdraw: Option<Candidate>,
 }
 
-/// The rows a won claim leaves to record: a running lease it adopted, and
-/// the winner's own, when it was granted at once.
+/// The rows a won claim leaves to record: the running leases it adopted,
+/// and the winner's own, when it was granted at once.
 pub(super) struct Adopted {
-    pub adopted: Option<(Lease, LeaseVersion)>,
+    pub adopted: Vec<(Lease, LeaseVersion)>,
     pub granted: Option<(Lease, LeaseVersion)>,
 }
 
@@ -143,8 +151,8 @@ pub(super) enum Tick {
     /// The claim went, idle or handed over: withdraw it.
     Gone(Uuid),
     /// The claim stays: renew it, and look out for a force-unlock of its
-    /// lease through another gateway.
-    Held(Uuid, Option<Lease>),
+    /// leases through another gateway.
+    Held(Uuid, Vec<Lease>),
     /// No claim here.
     Unclaimed,
 }
@@ -160,7 +168,7 @@ pub(super) enum Standing {
     Gone,
 }
 
-/// The end of a lock-delay.
+/// The end of a lock-delay, or of a place an earlier authority's lease keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Delay {
     pub until: Instant,
@@ -198,14 +206,15 @@ pub(super) struct WonClaim {
     pub inherited: Inherited,
 }
 
-/// What a claim just won takes over from the id's lease row.
+/// What a claim just won takes over from the id's lease rows.
 #[derive(Default)]
 pub(super) struct Inherited {
-    /// A lease handed on by a gateway that shut down, still running.
-    pub lease: Option<LocalLease>,
-    /// The rest of the lock-delay of a lease that ended under an earlier
-    /// authority: it holds across a restart or crash of that authority.
-    pub delay: Option<Delay>,
+    /// Leases handed on by a gateway that shut down, still running.
+    pub leases: Vec<LocalLease>,
+    /// Places kept by leases of an earlier authority: the rest of a
+    /// lock-delay, which holds across a restart or crash of that authority,
+    /// and on a pool a crashed authority's leases until they would have expired.
+    pub delays: Vec<Delay>,
 }
 
 /// Fencing tokens reserved in ClickHouse for this gateway to hand out:
@@ -287,211 +296,6 @@ pub(super) struct Decision {
     pub withdraw: Option<Candidate>,
 }
 
-impl SlotState {
-    /// Drops what has run out by now.
-    pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
-        if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
-            self.claim = None;
-            metrics.lock_event(LockEvent::ClaimLost);
-            tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its lease ends with it");
-            if self.lease.take().is_some() {
-                metrics.lock_event(LockEvent::Expiry);
-            }
-        }
-        if let Some(expired) = self.lease.take_if(|l| now >= l.deadline) {
-            self.delay_after(&expired, expired.deadline, expired.lease.expires_ms);
-            metrics.lock_event(LockEvent::Expiry);
-        }
-        if self.delayed.is_some_and(|d| now >= d.until) {
-            self.delayed = None;
-        }
-        self.sending.retain(|_, until| now < *until);
-    }
-
-    /// Ends the current lease by force (a force-unlock), at `now`: its
-    /// lock-delay starts now.
-    fn end_by_force(&mut self, now: Instant, now_ms: i64) -> Option<LocalLease> {
-        let ended = self.lease.take()?;
-        self.delay_after(&ended, now, now_ms);
-        Some(ended)
-    }
-
-    /// Starts `ended`'s lock-delay, if it has one, from `at` (`at_ms`).
-    fn delay_after(&mut self, ended: &LocalLease, at: Instant, at_ms: i64) {
-        if !ended.lease.lock_delay.is_zero() {
-            self.delayed = Some(Delay::ending(ended.lease.free_at_ms(at_ms), at, at_ms));
-        }
-    }
-
-    /// Takes on a lock-delay that began under an earlier authority of the
-    /// id; of two, the later end holds.
-    fn inherit_delay(&mut self, delay: Delay) {
-        if self.delayed.is_none_or(|d| d.until < delay.until) {
-            self.delayed = Some(delay);
-        }
-    }
-
-    /// The claim turned out to be another gateway's (a renewal or a token
-    /// reservation refused): it ends here, and its lease with it.
-    fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
-        if self.claim.take().is_some() {
-            metrics.lock_event(LockEvent::ClaimLost);
-            tracing::warn!(state_id = %id, "claim lost to another gateway; its lease ends with it");
-            if self.lease.take().is_some() {
-                metrics.lock_event(LockEvent::Expiry);
-            }
-        }
-    }
-
-    pub fn is_idle(&self) -> bool {
-        self.claim.is_none()
-            && !self.claiming
-            && self.lease.is_none()
-            && self.queue.is_empty()
-            && self.sending.is_empty()
-            && self.delayed.is_none()
-    }
-
-    /// Until when writes sent earlier may still land, if any may.
-    pub fn landing_until(&self) -> Option<Instant> {
-        self.sending.values().max().copied()
-    }
-
-    /// Whether the claim may go (idle, or handed over): no lease runs under
-    /// it and no write sent under it may still land.
-    fn claim_can_go(&self) -> bool {
-        // Held through a lock-delay too: another gateway would not know of it.
-        self.lease.is_none() && self.sending.is_empty() && self.delayed.is_none()
-    }
-
-    /// Decides what `waiter` does next on `id`, from this state and the time
-    /// alone. The caller has called [`SlotState::expire`] with the same `now`.
-    pub fn next_step(
-        &mut self,
-        id: &StateId,
-        waiter: &Waiter<'_>,
-        rules: &Rules,
-        now: Instant,
-        now_ms: i64,
-    ) -> Decision {
-        if let Some(delay) = self.delayed {
-            // No lease exists during a lock-delay, and none is granted: a
-            // waiter that cannot wait it out is told when it ends.
-            let step = if waiter.deadline < delay.until {
-                Step::Delayed(delay.free_at_ms)
-            } else {
-                Step::Wait(delay.until)
-            };
-            return Decision {
-                step,
-                withdraw: None,
-            };
-        }
-        let mut withdraw = None;
-        let first = self.queue.front() == Some(&waiter.ticket);
-        let turn = first && self.lease.is_none() && !self.claiming && self.sending.is_empty();
-        if turn {
-            if self.claim.as_ref().is_some_and(|c| c.handover) {
-                // Another gateway is waiting: let it go first.
-                withdraw = self.claim.take().map(|c| c.candidate);
-            }
-            let step = match &self.claim {
-                Some(claim)
-                    if claim.valid_until.saturating_duration_since(now) < rules.grant_margin =>
-                {
-                    Some(Step::RenewClaim(claim.candidate.claim_id))
-                }
-                Some(claim) => {
-                    let claim_id = claim.candidate.claim_id;
-                    let first = self.tokens.next;
-                    Some(
-                        match self.grant(id, waiter, rules.gateway_id, now_ms, now) {
-                            Some((lease, version)) => Step::Granted(lease, version),
-                            None => Step::ReserveTokens { claim_id, first },
-                        },
-                    )
-                }
-                None if waiter.attempted_claim && now >= waiter.deadline => None,
-                None => Some(Step::Claim),
-            };
-            if let Some(step) = step {
-                return Decision { step, withdraw };
-            }
-        }
-        let landing = self.landing_until();
-        let step = if now >= waiter.deadline
-            && (waiter.attempted_claim || self.claim.is_some() || !turn)
-        {
-            // A lease about to exist (a claim attempt, a grant or the end of
-            // a write under way ahead of this waiter) is worth a short wait,
-            // so that the 409 names its holder.
-            let coming = self.lease.is_none()
-                && !waiter.attempted_claim
-                && (self.claiming || landing.is_some() || !first);
-            let grace_ends = waiter.deadline + rules.holder_grace;
-            if coming && now < grace_ends {
-                Step::Wait(landing.map_or(grace_ends, |t| t.min(grace_ends)))
-            } else {
-                Step::GiveUp(self.lease.as_ref().map(|l| l.lease.clone()))
-            }
-        } else {
-            let until = self
-                .lease
-                .as_ref()
-                .map_or(waiter.deadline, |l| l.deadline.min(waiter.deadline));
-            Step::Wait(landing.map_or(until, |t| t.min(until)))
-        };
-        Decision { step, withdraw }
-    }
-
-    /// Grants a lease under the held claim: the next reserved token, the
-    /// lease installed as current. None when the token block is spent.
-    fn grant(
-        &mut self,
-        id: &StateId,
-        waiter: &Waiter<'_>,
-        gateway_id: Uuid,
-        now_ms: i64,
-        now: Instant,
-    ) -> Option<(Lease, LeaseVersion)> {
-        if self.tokens.next == 0 || self.tokens.next > self.tokens.last {
-            return None;
-        }
-        let token = self.tokens.next;
-        self.tokens.next += 1;
-        let lease = Lease {
-            state_id: id.clone(),
-            lease_id: Uuid::new_v4(),
-            owner: waiter.owner.to_owned(),
-            fencing_token: token,
-            gateway_id,
-            acquired_ms: now_ms,
-            expires_ms: now_ms.saturating_add(millis(waiter.ttl)),
-            lock_delay: waiter.lock_delay,
-            info: waiter.info.clone(),
-        };
-        let version = LeaseVersion::granted(token);
-        self.lease = Some(LocalLease {
-            lease: lease.clone(),
-            version,
-            deadline: now + waiter.ttl,
-        });
-        self.last_used = Some(now);
-        Some((lease, version))
-    }
-
-    /// Takes a newly reserved block, if the claim it was reserved under still stands.
-    pub fn add_tokens(&mut self, claim_id: Uuid, block: TokenBlock) {
-        let claim_stands = self
-            .claim
-            .as_ref()
-            .is_some_and(|c| c.candidate.claim_id == claim_id);
-        if claim_stands && block.next > self.tokens.last {
-            self.tokens = block;
-        }
-    }
-}
-
 pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -509,9 +313,11 @@ impl InLine {
         &self.slot
     }
 
-    pub fn join(slot: Arc<Slot>) -> Self {
-        let ticket = slot.apply(|st, _| st.join());
-        Self { slot, ticket }
+    /// Joins `slot`'s line, asking for `limit` places; a slot in use with
+    /// another limit refuses, answering its own.
+    pub fn join(slot: Arc<Slot>, limit: usize) -> Result<Self, usize> {
+        let ticket = slot.apply(|st, _| st.join(limit))?;
+        Ok(Self { slot, ticket })
     }
 }
 
@@ -521,14 +327,14 @@ impl Drop for InLine {
     }
 }
 
-/// Marks a claim attempt under way; clears the mark however the attempt
-/// ends, so an abandoned one never blocks the waiters behind it.
+/// A claim attempt under way, marked so by the decision that started it
+/// (`SlotState::next_step`); clears the mark however the attempt ends, so an
+/// abandoned one never blocks the waiters behind it.
 pub(super) struct ClaimAttempt<'a>(&'a Slot);
 
 impl<'a> ClaimAttempt<'a> {
-    /// Sets the mark, under the lock that decided this waiter claims next.
-    pub fn begin(st: &mut SlotState, slot: &'a Slot) -> Self {
-        st.claiming = true;
+    /// Taken at once after the decision, with no await in between.
+    pub fn under_way(slot: &'a Slot) -> Self {
         Self(slot)
     }
 }
@@ -547,8 +353,8 @@ impl SlotState {
         &mut self.claim
     }
 
-    pub fn lease_for_tests(&mut self) -> &mut Option<LocalLease> {
-        &mut self.lease
+    pub fn leases_for_tests(&mut self) -> &mut Vec<LocalLease> {
+        &mut self.leases
     }
 
     /// How many writes are on their way under the claim.
@@ -557,7 +363,10 @@ impl SlotState {
     }
 }
 
+mod decide;
 mod transitions;
 
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod tests;

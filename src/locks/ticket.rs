@@ -180,6 +180,7 @@ pub(super) async fn request_ticket(
                 expires_ms: 0,
                 lock_delay: Duration::ZERO,
                 info: LeaseInfo::default(),
+                limit: 1,
             })
         })
         .collect();

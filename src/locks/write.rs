@@ -348,6 +348,7 @@ mod tests {
             expires_ms: now_ms() + 30_000,
             lock_delay: Duration::ZERO,
             info: LeaseInfo::default(),
+            limit: 1,
         }
     }
 
@@ -367,11 +368,11 @@ mod tests {
                 valid_until: Instant::now() + Duration::from_secs(9),
                 handover: false,
             });
-            *st.lease_for_tests() = Some(LocalLease {
+            *st.leases_for_tests() = vec![LocalLease {
                 lease: lease.clone(),
                 version: LeaseVersion::granted(1),
                 deadline: Instant::now() + Duration::from_secs(30),
-            });
+            }];
         }
         slot
     }
@@ -385,7 +386,7 @@ mod tests {
         let mine = lease(1);
         let slot = slot_holding(&mine);
         let write = admitted(&slot, &mine);
-        *slot.lock().lease_for_tests() = None;
+        slot.lock().leases_for_tests().clear();
         assert!(matches!(write.sending(), Err(LockError::NotCurrent(id)) if id == mine.lease_id));
         assert!(slot.lock().sending_for_tests() == 0, "nothing left behind");
     }
@@ -394,13 +395,14 @@ mod tests {
     fn an_unleased_write_is_refused_once_a_lease_is_granted_and_once_the_claim_moved() {
         let holder = lease(2);
         let slot = slot_holding(&holder);
-        *slot.lock().lease_for_tests() = None;
+        slot.lock().leases_for_tests().clear();
         let write = Admitted::local(id(), None, slot.clone(), CLAIM, TIMEOUT);
         assert!(write.sending().is_ok());
-        *slot.lock().lease_for_tests() = slot_holding(&holder).lock().lease_for_tests().take();
+        *slot.lock().leases_for_tests() =
+            std::mem::take(slot_holding(&holder).lock().leases_for_tests());
         assert!(matches!(write.sending(), Err(LockError::Locked { .. })));
         *slot.lock().claim_for_tests() = None;
-        *slot.lock().lease_for_tests() = None;
+        slot.lock().leases_for_tests().clear();
         assert!(matches!(write.sending(), Err(LockError::Moving(_))));
     }
 
@@ -409,7 +411,7 @@ mod tests {
         let (a, b) = (lease(1), lease(2));
         let (slot_a, slot_b) = (slot_holding(&a), slot_holding(&b));
         let writes = [admitted(&slot_a, &a), admitted(&slot_b, &b)];
-        *slot_b.lock().lease_for_tests() = None;
+        slot_b.lock().leases_for_tests().clear();
         assert_eq!(Sending::all(&writes).err().map(|(index, _)| index), Some(1));
         assert!(slot_a.lock().sending_for_tests() == 0);
         assert!(slot_b.lock().sending_for_tests() == 0);

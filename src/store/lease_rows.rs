@@ -1,7 +1,8 @@
-//! The lease table, `<table>_lease`: gateway claims (one candidate row per
-//! attempt, ordered by server time, with the claimant's advertised URL), per
-//! state_id one row holding its latest lease, and one row holding the highest
-//! fencing token reserved for it. ReplacingMergeTree keeps each row's highest
+//! The lease tables, `<table>_lease` for state_ids and `<table>_pool_lease`
+//! for pools: gateway claims (one candidate row per attempt, ordered by
+//! server time, with the claimant's advertised URL), lease rows (see
+//! [`LeaseRows`]), and per id one row holding the highest fencing token
+//! reserved for it. ReplacingMergeTree keeps each row's highest
 //! `version`, so writes that land out of order still resolve to the newest.
 //! This file holds what the rows are: the table's DDL, the rows as written and
 //! read, and how one id's rows read as its [`IdLocks`]; `lease_table` sends
@@ -15,6 +16,18 @@ use super::error::StoreError;
 use crate::domain::{Forced, Lease, LeaseInfo, LeaseState, LeaseVersion, StateId};
 
 pub(super) const NIL_UUID: &str = "00000000-0000-0000-0000-000000000000";
+
+/// How a lease table keeps its leases' rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseRows {
+    /// One row per state_id, its latest lease: a state_id has one at a time,
+    /// and the row keeps its last fencing token and lock-delay for good.
+    PerId,
+    /// One row per lease (its `claim_id` is the lease's id): a pool holds
+    /// several at a time. A row goes a day after its lease expired; the
+    /// pool's reserved tokens stay in its `tokens` row.
+    PerLease,
+}
 
 /// A live claim candidate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +110,8 @@ pub(super) struct LeaseRowOut {
     pub(super) ended_by: &'static str,
     pub(super) actor: String,
     pub(super) reason: String,
+    /// The lease's limit: 1 on a state_id, a pool's limit.
+    pub(super) pool_limit: u32,
 }
 
 const KIND_CLAIM: i8 = 1;
@@ -124,6 +139,7 @@ pub(super) struct LockRowIn {
     pub(super) ended_by: String,
     pub(super) actor: String,
     pub(super) reason: String,
+    pub(super) pool_limit: u32,
     /// Not expired by ClickHouse's clock.
     pub(super) unexpired: u8,
 }
@@ -143,21 +159,27 @@ pub(super) fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
     })
 }
 
-/// What ClickHouse records of one state_id's locks: its live claim
-/// candidates and its latest lease row, read together in one query.
+/// What ClickHouse records of one id's locks: its live claim candidates
+/// and its lease rows, read together in one query.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdLocks {
     /// Earliest (server time, then id) first: the first is the claim
     /// holder, or about to be.
     pub candidates: Vec<Candidate>,
-    pub lease: Option<StoredLease>,
+    /// Its lease rows, oldest grant first: one on a state_id, those that may
+    /// still matter on a pool.
+    pub leases: Vec<StoredLease>,
 }
 
 impl IdLocks {
-    /// Sorts rows of one state_id into its candidates and its lease row.
+    /// The latest lease row: a state_id's only one.
+    pub fn latest(&self) -> Option<&StoredLease> {
+        self.leases.last()
+    }
+
+    /// Sorts rows of one id into its candidates and its lease rows.
     pub(super) fn assemble(rows: Vec<LockRowIn>) -> Result<Self, StoreError> {
         let mut locks = Self::default();
-        let mut lease = None;
         for row in rows {
             if row.kind_code == KIND_CLAIM {
                 locks.candidates.push(Candidate {
@@ -167,65 +189,79 @@ impl IdLocks {
                     advertise_url: row.advertise_url,
                     expires_ms: row.expires_ms,
                 });
-            } else {
-                lease = Some(row);
+            } else if let Some(lease) = stored_lease(row)? {
+                locks.leases.push(lease);
             }
         }
-        let Some(row) = lease else {
-            return Ok(locks);
-        };
-        let Ok(state_id) = StateId::parse(row.state_id) else {
-            return Ok(locks);
-        };
-        let record = LeaseRecord {
-            lease: Lease {
-                state_id,
-                lease_id: parse_uuid(&row.lease_id)?,
-                gateway_id: parse_uuid(&row.gateway_id)?,
-                owner: row.owner,
-                fencing_token: row.fencing_token,
-                acquired_ms: row.created_ms,
-                expires_ms: row.expires_ms,
-                lock_delay: std::time::Duration::from_millis(row.lock_delay_ms),
-                info: LeaseInfo::from_stored(&row.info),
-            },
-            version: LeaseVersion::from_bits(row.version),
-            state: LeaseState::from_column(row.released),
-            ended_ms: (row.ended_ms > 0).then_some(row.ended_ms),
-            forced: (row.ended_by == ENDED_FORCED).then_some(Forced {
-                actor: row.actor,
-                reason: row.reason,
-            }),
-        };
-        locks.lease = Some(StoredLease {
-            record,
-            unexpired: row.unexpired != 0,
-        });
         Ok(locks)
     }
 }
 
-/// Claim and lease rows of `table` matching `filter`, by id, then earliest first.
-pub(super) fn lock_rows_sql(table: &str, filter: &str) -> String {
+/// A lease row as read, or None when its id is not one the gateway serves.
+fn stored_lease(row: LockRowIn) -> Result<Option<StoredLease>, StoreError> {
+    let Ok(state_id) = StateId::parse(row.state_id) else {
+        return Ok(None);
+    };
+    let record = LeaseRecord {
+        lease: Lease {
+            state_id,
+            lease_id: parse_uuid(&row.lease_id)?,
+            gateway_id: parse_uuid(&row.gateway_id)?,
+            owner: row.owner,
+            fencing_token: row.fencing_token,
+            acquired_ms: row.created_ms,
+            expires_ms: row.expires_ms,
+            lock_delay: std::time::Duration::from_millis(row.lock_delay_ms),
+            info: LeaseInfo::from_stored(&row.info),
+            limit: usize::try_from(row.pool_limit).unwrap_or(1).max(1),
+        },
+        version: LeaseVersion::from_bits(row.version),
+        state: LeaseState::from_column(row.released),
+        ended_ms: (row.ended_ms > 0).then_some(row.ended_ms),
+        forced: (row.ended_by == ENDED_FORCED).then_some(Forced {
+            actor: row.actor,
+            reason: row.reason,
+        }),
+    };
+    Ok(Some(StoredLease {
+        record,
+        unexpired: row.unexpired != 0,
+    }))
+}
+
+/// Claim and lease rows of `table` matching `filter`, by id, then earliest
+/// first. Of a pool's lease rows, those that may still keep a place: their
+/// lease or its lock-delay has not run out.
+pub(super) fn lock_rows_sql(table: &str, filter: &str, rows: LeaseRows) -> String {
+    let leases = match rows {
+        LeaseRows::PerId => "kind = 'lease'",
+        LeaseRows::PerLease => {
+            "kind = 'lease' AND expires_at + toIntervalMillisecond(lock_delay_ms) > now64(3)"
+        }
+    };
     format!(
         "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
                 toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
                 fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
                 toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
                 advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
-                info, ended_by, actor, reason,
+                info, ended_by, actor, reason, pool_limit,
                 expires_at > now64(3) AS unexpired
          FROM {table} FINAL
          WHERE {filter}
-           AND (kind = 'lease' OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
+           AND (({leases}) OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
          ORDER BY state_id, created_at, claim_id"
     )
 }
 
 /// The lease table's DDL (see [`Placement`]). Claims are only needed while
-/// they can matter; lease and token rows stay, since they carry the last
-/// fencing token of their state_id.
-pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
+/// they can matter; token rows stay, since they carry the last fencing token
+/// of their id, and so do a state_id's lease rows, one per id.
+pub(super) fn create_table_sql(table: &str, placement: &Placement, rows: LeaseRows) -> String {
+    let gone = match rows {
+        LeaseRows::PerId => "kind = 'claim'",
+        LeaseRows::PerLease => "kind IN ('claim', 'lease')",
+    };
     format!(
         "CREATE TABLE IF NOT EXISTS {table}{} (
             state_id String,
@@ -245,10 +281,11 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
             info String DEFAULT '',
             ended_by LowCardinality(String) DEFAULT '',
             actor String DEFAULT '',
-            reason String DEFAULT ''
+            reason String DEFAULT '',
+            pool_limit UInt32 DEFAULT 0
         ) ENGINE = {}
         ORDER BY (state_id, kind, claim_id)
-        TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE kind = 'claim'",
+        TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE {gone}",
         placement.on_cluster(),
         placement.merge_tree("ReplacingMergeTree", "version"),
     )
@@ -281,6 +318,7 @@ mod tests {
             ended_by: String::new(),
             actor: String::new(),
             reason: String::new(),
+            pool_limit: 0,
             unexpired: 1,
         }
     }
@@ -302,7 +340,14 @@ mod tests {
 
     #[test]
     fn a_lease_row_says_whether_it_expired() {
-        let unexpired = |rows| IdLocks::assemble(rows).unwrap().lease.unwrap().unexpired;
+        let unexpired = |rows| {
+            IdLocks::assemble(rows)
+                .unwrap()
+                .leases
+                .pop()
+                .unwrap()
+                .unexpired
+        };
         assert!(unexpired(vec![lease(LeaseState::Held, true)]));
         assert!(!unexpired(vec![
             claim(HOLDER),
@@ -313,7 +358,7 @@ mod tests {
     #[test]
     fn a_row_matters_until_its_lease_and_its_lock_delay_have_run_out() {
         let mut locks = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
-        let mut record = locks.lease.take().unwrap().record;
+        let mut record = locks.leases.pop().unwrap().record;
         record.lease.expires_ms = 10_000;
         assert_eq!(record.matters_until_ms(), 10_000);
         record.lease.lock_delay = std::time::Duration::from_secs(5);
@@ -330,11 +375,16 @@ mod tests {
         let mut row = lease(LeaseState::Released, false);
         row.lock_delay_ms = 15_000;
         row.ended_ms = 1_234;
-        let record = IdLocks::assemble(vec![row]).unwrap().lease.unwrap().record;
+        let record = IdLocks::assemble(vec![row])
+            .unwrap()
+            .leases
+            .pop()
+            .unwrap()
+            .record;
         assert_eq!(record.lease.lock_delay, std::time::Duration::from_secs(15));
         assert_eq!(record.ended_ms, Some(1_234));
         let running = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
-        assert_eq!(running.lease.unwrap().record.ended_ms, None);
+        assert_eq!(running.latest().unwrap().record.ended_ms, None);
     }
 
     #[test]
@@ -344,7 +394,12 @@ mod tests {
         row.ended_by = ENDED_FORCED.into();
         row.actor = "ops".into();
         row.reason = "stuck".into();
-        let record = IdLocks::assemble(vec![row]).unwrap().lease.unwrap().record;
+        let record = IdLocks::assemble(vec![row])
+            .unwrap()
+            .leases
+            .pop()
+            .unwrap()
+            .record;
         assert_eq!(record.lease.info.as_str(), r#"{"host":"a"}"#);
         assert_eq!(record.ended_by(), ENDED_FORCED);
         assert_eq!(
@@ -354,12 +409,12 @@ mod tests {
                 reason: "stuck".into()
             })
         );
-        let released = IdLocks::assemble(vec![lease(LeaseState::Released, false)]).unwrap();
-        let record = released.lease.unwrap().record;
+        let mut released = IdLocks::assemble(vec![lease(LeaseState::Released, false)]).unwrap();
+        let record = released.leases.pop().unwrap().record;
         assert_eq!(record.ended_by(), ENDED_RELEASED);
         assert_eq!(record.lease.info, LeaseInfo::default());
         let held = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
-        assert_eq!(held.lease.unwrap().record.ended_by(), "");
+        assert_eq!(held.latest().unwrap().record.ended_by(), "");
     }
 
     #[test]
@@ -372,6 +427,6 @@ mod tests {
             .map(|c| c.gateway_id.to_string())
             .collect();
         assert_eq!(gateways, [OTHER, HOLDER]);
-        assert_eq!(locks.lease.unwrap().record.lease.fencing_token, 7);
+        assert_eq!(locks.latest().unwrap().record.lease.fencing_token, 7);
     }
 }

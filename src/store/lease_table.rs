@@ -12,8 +12,8 @@ use super::client::ClickHouse;
 use super::ddl::Placement;
 use super::error::StoreError;
 use super::lease_rows::{
-    Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LockRowIn,
-    NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
+    Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LeaseRows,
+    LockRowIn, NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
 };
 use super::read_batch::ReadBatch;
 use crate::domain::{Lease, StateId};
@@ -22,19 +22,21 @@ use crate::domain::{Lease, StateId};
 pub struct LeaseStore {
     ch: ClickHouse,
     table: String,
+    /// One row per state_id, or one per lease (a pool's).
+    rows: LeaseRows,
     /// Point reads of one id's lock rows, coalesced: every routing read and
     /// lock check is one.
     lock_reads: Arc<ReadBatch<String, Vec<LockRowIn>>>,
 }
 
 impl LeaseStore {
-    pub fn new(ch: ClickHouse, table: String) -> Self {
+    pub fn new(ch: ClickHouse, table: String, rows: LeaseRows) -> Self {
         let lock_reads = {
             let (ch, table) = (ch.clone(), table.clone());
             ReadBatch::new("locks", ch.metrics.clone(), move |ids: Vec<String>| {
                 let (ch, table) = (ch.clone(), table.clone());
                 Box::pin(async move {
-                    let sql = lock_rows_sql(&table, "state_id IN {ids:Array(String)}");
+                    let sql = lock_rows_sql(&table, "state_id IN {ids:Array(String)}", rows);
                     let query = ch.latest_read(&sql).param("ids", ids);
                     let rows = ch
                         .timed("lock_read", query.fetch_all::<LockRowIn>())
@@ -50,12 +52,18 @@ impl LeaseStore {
         Self {
             ch,
             table,
+            rows,
             lock_reads: Arc::new(lock_reads),
         }
     }
 
+    /// How this table keeps its leases' rows.
+    pub fn rows(&self) -> LeaseRows {
+        self.rows
+    }
+
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
-        let create = create_table_sql(&self.table, placement);
+        let create = create_table_sql(&self.table, placement, self.rows);
         self.ch
             .timed("ensure_schema", self.ch.client.query(&create).execute())
             .await
@@ -79,6 +87,9 @@ impl LeaseStore {
         }
         if !has("lock_delay_ms") {
             changes.push("ADD COLUMN IF NOT EXISTS lock_delay_ms UInt64 DEFAULT 0".to_owned());
+        }
+        if !has("pool_limit") {
+            changes.push("ADD COLUMN IF NOT EXISTS pool_limit UInt32 DEFAULT 0".to_owned());
         }
         if !has("ended_at") {
             changes.push("ADD COLUMN IF NOT EXISTS ended_at DateTime64(3) DEFAULT 0".to_owned());
@@ -345,6 +356,7 @@ impl LeaseStore {
         let sql = lock_rows_sql(
             &self.table,
             "(kind = 'claim' OR (released IN (0, 2) AND expires_at > now64(3)))",
+            self.rows,
         );
         let rows = self
             .ch
@@ -360,8 +372,9 @@ impl LeaseStore {
             while let Some(row) = rows.next_if(|row| row.state_id == of_id[0].state_id) {
                 of_id.push(row);
             }
-            let locks = IdLocks::assemble(of_id)?;
-            if locks.lease.as_ref().is_some_and(|l| l.unexpired) {
+            let mut locks = IdLocks::assemble(of_id)?;
+            locks.leases.retain(|l| l.unexpired);
+            if !locks.leases.is_empty() {
                 ids.push(locks);
             }
         }
@@ -383,7 +396,10 @@ impl LeaseStore {
                         .write(&LeaseRowOut {
                             state_id: lease.state_id.as_str().to_owned(),
                             kind: KIND_LEASE,
-                            claim_id: Uuid::nil(),
+                            claim_id: match self.rows {
+                                LeaseRows::PerId => Uuid::nil(),
+                                LeaseRows::PerLease => lease.lease_id,
+                            },
                             lease_id: lease.lease_id,
                             gateway_id: lease.gateway_id,
                             owner: lease.owner.clone(),
@@ -406,6 +422,7 @@ impl LeaseStore {
                                 .forced
                                 .as_ref()
                                 .map_or_else(String::new, |f| f.reason.clone()),
+                            pool_limit: u32::try_from(lease.limit).unwrap_or(u32::MAX),
                         })
                         .await?;
                 }

@@ -31,7 +31,7 @@ pub use history_table::{
 };
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
-pub use lease_rows::{Candidate, IdLocks, LeaseRecord, StoredLease};
+pub use lease_rows::{Candidate, IdLocks, LeaseRecord, LeaseRows, StoredLease};
 pub use lease_table::LeaseStore;
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
@@ -58,13 +58,17 @@ impl Default for Layout {
 /// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease`
 /// for locks, `schema`.`table_history` for versions (unless history is off),
 /// `schema`.`table_lease_history` for each id's leases (with history),
-/// `schema`.`table_gateways` for the gateways serving them, and in keeper
-/// mode `schema`.`table_claims` (KeeperMap) for claims.
+/// `schema`.`table_gateways` for the gateways serving them,
+/// `schema`.`table_pool_lease` for pools, and in keeper mode
+/// `schema`.`table_claims` and `schema`.`table_pool_claims` (KeeperMap) for claims.
 #[derive(Clone)]
 pub struct Store {
     pub clickhouse: ClickHouse,
     pub states: StateStore,
     pub leases: LeaseStore,
+    /// The pools' leases: the lock tables over again, one row per lease.
+    pub pool_leases: LeaseStore,
+    pub pool_claims: KeeperClaimStore,
     pub history: Option<HistoryStore>,
     /// Each id's leases, kept as long as `history` keeps versions; none when history is off.
     pub lease_history: Option<LeaseHistoryStore>,
@@ -103,7 +107,21 @@ impl Store {
         };
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
-            leases: LeaseStore::new(ch.clone(), qualified(&lease_table_name(table))),
+            leases: LeaseStore::new(
+                ch.clone(),
+                qualified(&lease_table_name(table)),
+                LeaseRows::PerId,
+            ),
+            pool_leases: LeaseStore::new(
+                ch.clone(),
+                qualified(&pool_lease_table_name(table)),
+                LeaseRows::PerLease,
+            ),
+            pool_claims: KeeperClaimStore::new(
+                ch.clone(),
+                qualified(&pool_claims_table_name(table)),
+                keeper_claims::keeper_path(schema.as_str(), &pool_claims_table_name(table)),
+            ),
             gateways: GatewayStore::new(ch.clone(), qualified(&gateways_table_name(table))),
             claims: KeeperClaimStore::new(
                 ch.clone(),
@@ -152,6 +170,7 @@ impl Store {
         let gateways_table = gateways_table_name(&self.table);
         let lease_history_table = lease_history_table_name(&self.table);
         let lease_history_view = lease_history_view_name(&self.table);
+        let pool_lease_table = pool_lease_table_name(&self.table);
         let present = ch
             .present_tables(
                 self.schema.as_str(),
@@ -163,6 +182,7 @@ impl Store {
                     &gateways_table,
                     &lease_history_table,
                     &lease_history_view,
+                    &pool_lease_table,
                 ],
             )
             .await?;
@@ -180,6 +200,9 @@ impl Store {
         } else {
             let columns = ch.columns(self.schema.as_str(), &lease_table).await?;
             self.leases.upgrade_table(&columns, &placement).await?;
+        }
+        if engine_of(&pool_lease_table).is_none() {
+            self.pool_leases.ensure_table(&placement).await?;
         }
         if let Some(history) = &self.history {
             match engine_of(&history_table) {
@@ -218,15 +241,21 @@ impl Store {
         }
         let ch = &self.clickhouse;
         let claims_table = claims_table_name(&self.table);
+        let pool_claims_table = pool_claims_table_name(&self.table);
         let present = ch
-            .present_tables(self.schema.as_str(), &[&claims_table])
+            .present_tables(self.schema.as_str(), &[&claims_table, &pool_claims_table])
             .await?;
-        if present.is_empty() {
-            let placement = Placement::new(
-                self.layout.cluster.clone(),
-                &ch.database_engine(self.schema.as_str()).await?,
-            );
-            self.claims.ensure_table(&placement).await?;
+        let placement = Placement::new(
+            self.layout.cluster.clone(),
+            &ch.database_engine(self.schema.as_str()).await?,
+        );
+        for (name, store) in [
+            (&claims_table, &self.claims),
+            (&pool_claims_table, &self.pool_claims),
+        ] {
+            if !present.iter().any(|(table, _)| table == name) {
+                store.ensure_table(&placement).await?;
+            }
         }
         self.claims.probe().await
     }
@@ -254,6 +283,14 @@ fn lease_history_view_name(table: &Identifier) -> String {
 
 fn gateways_table_name(table: &Identifier) -> String {
     format!("{}_gateways", table.as_str())
+}
+
+fn pool_lease_table_name(table: &Identifier) -> String {
+    format!("{}_pool_lease", table.as_str())
+}
+
+fn pool_claims_table_name(table: &Identifier) -> String {
+    format!("{}_pool_claims", table.as_str())
 }
 
 fn claims_table_name(table: &Identifier) -> String {
@@ -284,7 +321,7 @@ mod tests {
         let retention = Some(std::time::Duration::from_secs(86_400));
         vec![
             state_table::create_table_sql("`m`.`state`", placement),
-            lease_rows::create_table_sql("`m`.`state_lease`", placement),
+            lease_rows::create_table_sql("`m`.`state_lease`", placement, LeaseRows::PerId),
             history_table::create_table_sql("`m`.`state_history`", retention, placement),
             history_table::create_view_sql(
                 "`m`.`state_history_writes`",
@@ -319,6 +356,12 @@ mod tests {
                 placement,
             )
             .unwrap(),
+            lease_rows::create_table_sql("`m`.`state_pool_lease`", placement, LeaseRows::PerLease),
+            keeper_claims::create_table_sql(
+                "`m`.`state_pool_claims`",
+                "/statehouse/m/state_pool_claims",
+                placement,
+            ),
         ]
     }
 
@@ -339,7 +382,9 @@ mod tests {
                 "MergeTree",
                 "ReplacingMergeTree",
                 "KeeperMap",
-                "ReplacingMergeTree"
+                "ReplacingMergeTree",
+                "ReplacingMergeTree",
+                "KeeperMap"
             ]
         );
         for statement in &statements {
@@ -361,7 +406,9 @@ mod tests {
                 "ReplicatedMergeTree",
                 "ReplicatedReplacingMergeTree",
                 "KeeperMap",
-                "ReplicatedReplacingMergeTree"
+                "ReplicatedReplacingMergeTree",
+                "ReplicatedReplacingMergeTree",
+                "KeeperMap"
             ]
         );
         for statement in &statements {
@@ -403,7 +450,9 @@ mod tests {
                     "ReplicatedMergeTree",
                     "ReplicatedReplacingMergeTree",
                     "KeeperMap",
-                    "ReplicatedReplacingMergeTree"
+                    "ReplicatedReplacingMergeTree",
+                    "ReplicatedReplacingMergeTree",
+                    "KeeperMap"
                 ]
             );
             for statement in &statements {

@@ -73,7 +73,13 @@ async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy
         code.push_str(&file.text);
     }
     // The modules the entry imports are files beside it.
-    for module in ["common.js", "state.js", "chart.js", "regressions.js"] {
+    for module in [
+        "common.js",
+        "state.js",
+        "chart.js",
+        "regressions.js",
+        "pools.js",
+    ] {
         let file = app.get(&format!("/assets/{module}")).await;
         assert_eq!(file.status, StatusCode::OK, "{module}");
         assert!(!file.text.contains("http://") && !file.text.contains("https://"));
@@ -83,6 +89,7 @@ async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy
         "/v1/states",
         "/v1/bookmarks",
         "/v1/locks",
+        "/v1/pools",
         "/v1/regressions",
         "/v1/whoami",
         "/history",

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use statehouse::domain::{LeaseInfo, StateId};
-use statehouse::locks::LockManager;
+use statehouse::locks::{Ask, LockManager};
 use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
@@ -60,14 +60,7 @@ fn id(text: &str) -> StateId {
 
 /// Polls `acquire` for `after`, then drops it wherever it is.
 async fn abandon(locks: &LockManager, state_id: &StateId, wait: Duration, after: Duration) {
-    let acquire = locks.acquire(
-        state_id,
-        "abandoned",
-        Duration::from_secs(30),
-        wait,
-        Duration::ZERO,
-        LeaseInfo::default(),
-    );
+    let acquire = locks.acquire(state_id, ask("abandoned", wait));
     if let Ok(result) = tokio::time::timeout(after, acquire).await {
         // Finished before the drop: let it go the ordinary way.
         let lease = result.expect("acquire");
@@ -79,14 +72,7 @@ async fn abandon(locks: &LockManager, state_id: &StateId, wait: Duration, after:
 /// TTL (10 s): nothing abandoned is left in its way.
 async fn fresh_acquire_succeeds(locks: &LockManager, state_id: &StateId) {
     let lease = locks
-        .acquire(
-            state_id,
-            "fresh",
-            Duration::from_secs(30),
-            Duration::from_secs(5),
-            Duration::ZERO,
-            LeaseInfo::default(),
-        )
+        .acquire(state_id, ask("fresh", Duration::from_secs(5)))
         .await
         .expect("a fresh acquire after an abandoned one");
     locks.release(state_id, lease.lease_id).await.unwrap();
@@ -113,14 +99,7 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
     let locks = manager(&proxy, Duration::from_millis(200)).await;
     let state_id = id("dropped-in-line");
     let held = locks
-        .acquire(
-            &state_id,
-            "holder",
-            Duration::from_secs(30),
-            Duration::ZERO,
-            Duration::ZERO,
-            LeaseInfo::default(),
-        )
+        .acquire(&state_id, ask("holder", Duration::ZERO))
         .await
         .unwrap();
     // One waiter is dropped in line while another waits behind it.
@@ -130,14 +109,7 @@ async fn an_acquire_dropped_in_line_gives_up_its_place_to_those_behind() {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             locks
-                .acquire(
-                    &state_id,
-                    "behind",
-                    Duration::from_secs(30),
-                    Duration::from_secs(30),
-                    Duration::ZERO,
-                    LeaseInfo::default(),
-                )
+                .acquire(&state_id, ask("behind", Duration::from_secs(30)))
                 .await
         })
     };
@@ -180,14 +152,7 @@ async fn acquires_dropped_anywhere_in_a_claim_attempt_leave_the_id_lockable() {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 locks
-                    .acquire(
-                        &state_id,
-                        "waiter",
-                        Duration::from_secs(30),
-                        Duration::from_secs(60),
-                        Duration::ZERO,
-                        LeaseInfo::default(),
-                    )
+                    .acquire(&state_id, ask("waiter", Duration::from_secs(60)))
                     .await
             })
         };
@@ -289,5 +254,17 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
         .collect();
     for worker in workers {
         worker.await.unwrap();
+    }
+}
+
+/// A lease of 30 s for `owner`, waiting up to `wait`.
+fn ask(owner: &str, wait: Duration) -> Ask {
+    Ask {
+        owner: owner.to_owned(),
+        limit: 1,
+        ttl: Duration::from_secs(30),
+        wait,
+        lock_delay: Duration::ZERO,
+        info: LeaseInfo::default(),
     }
 }

@@ -1,8 +1,9 @@
 // The dashboard's entry: the token prompt, the router, and the list views
-// (states, locks). The state page and the Regressions view are modules of
-// their own.
+// (states, locks). The state page and the Regressions and Pools views are
+// modules of their own.
 
 import { TOKEN_KEY, api, el, problemText, say, show, table, token } from "./common.js";
+import { renderPools } from "./pools.js";
 import { renderRegressions } from "./regressions.js";
 import { renderState } from "./state.js";
 
@@ -87,6 +88,7 @@ function route() {
   let current = "states";
   if (hash.startsWith("#/state/")) { current = "state"; renderState(decodeURIComponent(hash.slice(8))); }
   else if (hash === "#/locks") { current = "locks"; renderLocks(); }
+  else if (hash === "#/pools") { current = "pools"; renderPools(); }
   else if (hash === "#/regressions") { current = "regressions"; renderRegressions(); }
   else renderStates();
   for (const a of document.querySelectorAll("nav a")) {

@@ -72,6 +72,21 @@ export function cardTable(headers, rows, testid) {
   return node;
 }
 
+/** A value of a lease's `info` as text: a string as is, anything else as JSON. */
+function infoText(value) { return typeof value === "string" ? value : JSON.stringify(value); }
+
+/**
+ * A lease's `info`, key by key, as text (it is whatever the acquire sent):
+ * a lock's holder and a pool's show it alike.
+ */
+export function infoList(info) {
+  const entries = Object.entries(info || {});
+  if (entries.length === 0) return el("span", { class: "muted", text: "(none)" });
+  return el("dl", { class: "info", "data-testid": "info" }, ...entries.flatMap(([key, value]) => [
+    el("dt", { text: key }),
+    el("dd", { "data-key": key, text: infoText(value) })]));
+}
+
 export function statePath(id) { return "/v1/states/" + encodeURIComponent(id); }
 
 /** A value as stored: JSON text, never locale-formatted. */

@@ -2,7 +2,7 @@
 // bookmarks (each with a reset), the charts of its bookmarks over time, its
 // document, and its versions, each with what it changed and a way back to it.
 
-import { api, cardTable, el, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
+import { api, cardTable, el, infoList, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
 
 /** A glob that matches `id` itself (and maybe a few more, filtered out after). */
@@ -14,18 +14,6 @@ async function change(question, path, options, id) {
   const reply = await api(path, options);
   if (reply.status >= 300) { say(problemText(reply)); return; }
   renderState(id);
-}
-
-/** A value of a lease's `info` as text: a string as is, anything else as JSON. */
-function infoText(value) { return typeof value === "string" ? value : JSON.stringify(value); }
-
-/** A lease's `info`, key by key, as text (it is whatever the acquire sent). */
-function infoList(info) {
-  const entries = Object.entries(info || {});
-  if (entries.length === 0) return el("span", { class: "muted", text: "(none)" });
-  return el("dl", { class: "info", "data-testid": "info" }, ...entries.flatMap(([key, value]) => [
-    el("dt", { text: key }),
-    el("dd", { "data-key": key, text: infoText(value) })]));
 }
 
 function lockSection(id, lock, readOnly) {

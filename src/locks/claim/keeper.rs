@@ -173,7 +173,7 @@ impl Coordinator {
                             claim.valid_until = self.timing.valid_until(renewing);
                         }
                     }
-                    let inherited = self.inherit(locks?.lease);
+                    let inherited = self.inherit(locks?.leases);
                     making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,

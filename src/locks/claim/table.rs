@@ -82,7 +82,7 @@ impl Coordinator {
             .await?;
         tokio::time::sleep(self.timing.settle()).await;
         loop {
-            let IdLocks { candidates, lease } = self.leases.id_locks(id).await?;
+            let IdLocks { candidates, leases } = self.leases.id_locks(id).await?;
             let Some(mine) = candidates
                 .iter()
                 .find(|c| c.claim_id == proposed.candidate.claim_id)
@@ -112,7 +112,7 @@ impl Coordinator {
                         proposed.candidate.clone(),
                         written_at,
                         others_waiting,
-                        lease,
+                        leases,
                     )
                     .await?;
                 // Won late (a slow ClickHouse, a long line): renew before the
@@ -154,17 +154,17 @@ impl Coordinator {
     }
 
     /// Takes over a claim just won: a block of fencing tokens above every
-    /// token before, and a lease handed on by a gateway that shut down.
-    /// `latest` was read with the candidates that showed the win: a gateway
-    /// hands its leases on before it withdraws its claims, so a read that
-    /// sees the withdrawal sees the hand-over too.
+    /// token before, and what the id's lease rows leave to it. `rows` were
+    /// read with the candidates that showed the win: a gateway hands its
+    /// leases on before it withdraws its claims, so a read that sees the
+    /// withdrawal sees the hand-over too.
     async fn won(
         &self,
         id: &StateId,
         candidate: Candidate,
         written_at: Instant,
         others_waiting: bool,
-        latest: Option<StoredLease>,
+        rows: Vec<StoredLease>,
     ) -> Result<WonClaim, StoreError> {
         let tokens = self.reserve_in_table(id, 0).await?;
         self.metrics.lock_event(LockEvent::ClaimWin);
@@ -175,7 +175,7 @@ impl Coordinator {
                 handover: others_waiting,
             },
             tokens,
-            inherited: self.inherit(latest),
+            inherited: self.inherit(rows),
         })
     }
 

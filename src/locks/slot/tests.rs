@@ -52,7 +52,7 @@ fn claimed(now: Instant, tickets: &[u64]) -> SlotState {
 
 fn decide(st: &mut SlotState, waiter: &Waiter<'_>, now: Instant) -> Decision {
     st.expire(&id(), now, &Metrics::default());
-    st.next_step(&id(), waiter, &rules(), now, 1_000)
+    st.next_step(&id(), waiter, &rules(), now, 1_000).out
 }
 
 #[test]
@@ -226,13 +226,13 @@ fn a_claim_past_its_validity_ends_with_its_lease() {
     let mut st = claimed(now, &[0]);
     granted(&mut st, now);
     st.expire(&id(), now + Duration::from_secs(8), &Metrics::default());
-    assert!(st.claim.is_some() && st.lease.is_some());
+    assert!(st.claim.is_some() && !st.leases.is_empty());
     st.expire(&id(), now + Duration::from_secs(9), &Metrics::default());
     assert!(
         st.claim.is_none(),
         "past valid_until the claim may have lapsed"
     );
-    assert!(st.lease.is_none(), "a lease lives as long as its claim");
+    assert!(st.leases.is_empty(), "a lease lives as long as its claim");
 }
 
 #[test]
@@ -243,7 +243,7 @@ fn a_lease_past_its_deadline_ends_and_the_claim_stays() {
     assert_eq!(lease.expires_ms, 31_000);
     st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(60);
     st.expire(&id(), now + Duration::from_secs(30), &Metrics::default());
-    assert!(st.lease.is_none());
+    assert!(st.leases.is_empty());
     assert!(st.claim.is_some());
     assert!(
         st.claim_can_go(),
@@ -257,7 +257,7 @@ fn a_lost_claim_takes_its_lease_with_it_and_losing_none_changes_nothing() {
     let mut st = claimed(now, &[0]);
     granted(&mut st, now);
     st.lose_claim(&id(), &Metrics::default());
-    assert!(st.claim.is_none() && st.lease.is_none());
+    assert!(st.claim.is_none() && st.leases.is_empty());
     let mut st = SlotState {
         queue: [3].into(),
         ..SlotState::default()
@@ -287,10 +287,7 @@ fn a_contested_claim_is_not_handed_over_while_its_lease_runs() {
     let decision = decide(&mut st, &waiter(1, deadline), now);
     assert_eq!(decision.step, Step::Wait(now + Duration::from_secs(30)));
     assert!(decision.withdraw.is_none(), "the holder keeps its lease");
-    assert_eq!(
-        st.lease.as_ref().map(|l| l.lease.lease_id),
-        Some(lease.lease_id)
-    );
+    assert_eq!(st.lease().map(|l| l.lease_id), Some(lease.lease_id));
 }
 
 #[test]
@@ -307,7 +304,7 @@ fn nothing_is_granted_from_a_spent_or_missing_token_block() {
         st.grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
             .is_none()
     );
-    assert!(st.lease.is_none());
+    assert!(st.leases.is_empty());
     st.tokens = TokenBlock { next: 9, last: 9 };
     let (lease, version) = st
         .grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
@@ -321,15 +318,18 @@ fn nothing_is_granted_from_a_spent_or_missing_token_block() {
 fn a_token_block_is_taken_only_under_the_claim_it_was_reserved_for_and_above_the_last() {
     let now = Instant::now();
     let mut st = claimed(now, &[]);
-    st.add_tokens(Uuid::from_u128(2), TokenBlock { next: 20, last: 29 });
+    assert!(
+        !st.add_tokens(Uuid::from_u128(2), TokenBlock { next: 20, last: 29 })
+            .wake
+    );
     assert_eq!(
         st.tokens,
         TokenBlock { next: 5, last: 9 },
         "another claim's"
     );
-    st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 8, last: 17 });
+    let _ = st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 8, last: 17 });
     assert_eq!(st.tokens, TokenBlock { next: 5, last: 9 }, "overlaps");
-    st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 10, last: 19 });
+    let _ = st.add_tokens(Uuid::from_u128(1), TokenBlock { next: 10, last: 19 });
     assert_eq!(st.tokens, TokenBlock { next: 10, last: 19 });
 }
 
@@ -403,7 +403,7 @@ fn after_an_expiry_with_a_lock_delay_nothing_is_granted_until_it_ends() {
         expired,
     );
     assert_eq!(short.step, Step::Delayed(31_000 + 4_000));
-    assert!(st.lease.is_none(), "no lease exists during the delay");
+    assert!(st.leases.is_empty(), "no lease exists during the delay");
     assert!(!st.claim_can_go(), "the claim is held through the delay");
     // One that can wait sleeps until it ends, and is granted then.
     let long = waiter(1, expired + Duration::from_secs(10));
@@ -425,7 +425,7 @@ fn a_force_unlock_starts_the_delay_and_a_release_does_not() {
     granted_with_delay(&mut st, now);
     st.queue.pop_front();
     let forced = now + Duration::from_secs(1);
-    assert!(st.end_by_force(forced, 2_000).is_some());
+    assert_eq!(st.end_all_by_force(forced, 2_000).len(), 1);
     assert_eq!(
         decide(&mut st, &waiter(1, forced), forced).step,
         Step::Delayed(6_000)
@@ -435,7 +435,7 @@ fn a_force_unlock_starts_the_delay_and_a_release_does_not() {
     granted_with_delay(&mut st, now);
     st.queue.pop_front();
     // A release takes the lease: its holder is done, so no delay.
-    st.lease = None;
+    st.leases.clear();
     assert!(matches!(
         decide(&mut st, &waiter(1, now), now).step,
         Step::Granted(..)
@@ -450,15 +450,16 @@ fn an_inherited_delay_holds_the_first_grant_and_the_later_of_two_ends_wins() {
         until: now + Duration::from_secs(secs),
         free_at_ms: 1_000 + 1_000 * i64::try_from(secs).unwrap(),
     };
-    st.inherit_delay(end(3));
-    st.inherit_delay(end(2));
-    assert_eq!(st.delayed, Some(end(3)));
+    st.delayed = vec![end(3), end(2)];
     assert_eq!(
         decide(&mut st, &waiter(0, now), now).step,
         Step::Delayed(4_000)
     );
-    st.inherit_delay(end(5));
-    assert_eq!(st.delayed, Some(end(5)));
+    st.delayed.push(end(5));
+    assert_eq!(
+        decide(&mut st, &waiter(0, now), now).step,
+        Step::Delayed(6_000)
+    );
     // Renewed in the background meanwhile.
     st.claim.as_mut().unwrap().valid_until = now + Duration::from_secs(60);
     assert!(matches!(

@@ -6,12 +6,19 @@
 use super::*;
 
 impl SlotState {
-    /// Joins the line: answers the new waiter's ticket.
-    pub fn join(&mut self) -> Effects<u64> {
+    /// Joins the line of a slot of `limit` places: answers the new waiter's
+    /// ticket. A slot nobody holds or waits on takes the limit; one in use
+    /// refuses another, answering its own.
+    pub fn join(&mut self, limit: usize) -> Effects<Result<u64, usize>> {
+        if self.leases.is_empty() && self.queue.is_empty() {
+            self.limit = limit;
+        } else if self.limit() != limit {
+            return Effects::quiet(Err(self.limit()));
+        }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.queue.push_back(ticket);
-        Effects::quiet(ticket)
+        Effects::quiet(Ok(ticket))
     }
 
     /// Leaves the line, granted or not: the next in line may now go first.
@@ -26,7 +33,7 @@ impl SlotState {
         Effects::waking(())
     }
 
-    /// Renews `lease_id` for `ttl` from `now`, if it is the current lease
+    /// Renews `lease_id` for `ttl` from `now`, if it is a current lease
     /// under the claim: answers its row to record.
     pub fn renew(
         &mut self,
@@ -46,7 +53,7 @@ impl SlotState {
         Effects::quiet(Some(row))
     }
 
-    /// Ends `lease_id` at its holder's request, if it is the current lease
+    /// Ends `lease_id` at its holder's request, if it is a current lease
     /// under the claim. The claim goes with it when another gateway waits
     /// and nothing here needs it; writes sent under the lease that may still
     /// land keep it (maintenance hands it over then).
@@ -54,7 +61,12 @@ impl SlotState {
         if self.current_mut(lease_id).is_none() {
             return Effects::quiet(None);
         }
-        let lease = self.lease.take().expect("checked above");
+        let at = self
+            .leases
+            .iter()
+            .position(|l| l.lease.lease_id == lease_id)
+            .expect("checked above");
+        let lease = self.leases.remove(at);
         self.last_used = Some(now);
         let handover = self.claim.as_ref().is_some_and(|c| c.handover)
             && self.queue.is_empty()
@@ -66,43 +78,37 @@ impl SlotState {
         }))
     }
 
-    /// The current lease under the claim, if it is `lease_id`.
+    /// The current lease `lease_id` under the claim, if it is one.
     fn current_mut(&mut self, lease_id: Uuid) -> Option<&mut LocalLease> {
         self.claim.as_ref()?;
-        self.lease.as_mut().filter(|l| l.lease.lease_id == lease_id)
+        self.leases
+            .iter_mut()
+            .find(|l| l.lease.lease_id == lease_id)
     }
 
     /// A force-unlock through this gateway: None when it is not the id's
-    /// authority (no claim), else the lease it ended, if one ran.
-    pub fn force_unlock(
-        &mut self,
-        now: Instant,
-        now_ms: i64,
-    ) -> Effects<Option<Option<LocalLease>>> {
+    /// authority (no claim), else every lease it ended.
+    pub fn force_unlock(&mut self, now: Instant, now_ms: i64) -> Effects<Option<Vec<LocalLease>>> {
         if self.claim.is_none() {
             return Effects::quiet(None);
         }
-        let ended = self.end_by_force(now, now_ms);
-        Effects::waking_if(ended.is_some(), Some(ended))
+        let ended = self.end_all_by_force(now, now_ms);
+        Effects::waking_if(!ended.is_empty(), Some(ended))
     }
 
     /// `lease_id` was force-unlocked through a gateway that could not forward
     /// to this one: if it is still current, it ends here too.
     pub fn forced_elsewhere(&mut self, lease_id: Uuid, now: Instant, now_ms: i64) -> Effects<()> {
-        let current = self
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.lease.lease_id == lease_id);
-        let ended = current && self.end_by_force(now, now_ms).is_some();
+        let ended = self.end_by_force(lease_id, now, now_ms).is_some();
         Effects::waking_if(ended, ())
     }
 
     /// A claim attempt won: the claim and its tokens are taken on, with what
-    /// the earlier authority left (a running lease, a lock-delay). The
-    /// winner is granted at once, before any hand-over, unless that lease
-    /// or delay still runs. Gateways without the claim admitted writes
-    /// under an adopted lease by its row, so the next grant also waits out
-    /// their budget, `write_budget` from `now`.
+    /// the earlier authority left (running leases, kept places). The winner
+    /// is granted at once, before any hand-over, if a place is free.
+    /// Gateways without the claim admitted writes under an adopted lease by
+    /// its row, so the next grant also waits out their budget,
+    /// `write_budget` from `now`.
     pub fn claim_won(
         &mut self,
         won: WonClaim,
@@ -118,16 +124,18 @@ impl SlotState {
         } = grant;
         self.claim = Some(won.claim);
         self.tokens = won.tokens;
-        if let Some(delay) = won.inherited.delay {
-            self.inherit_delay(delay);
-        }
-        let adopted = won.inherited.lease.map(|adopted| {
-            let row = (adopted.lease.clone(), adopted.version);
-            self.lease = Some(adopted);
+        self.delayed.extend(won.inherited.delays);
+        let adopted: Vec<(Lease, LeaseVersion)> = won
+            .inherited
+            .leases
+            .iter()
+            .map(|l| (l.lease.clone(), l.version))
+            .collect();
+        if !adopted.is_empty() {
+            self.leases.extend(won.inherited.leases);
             self.start_send(now + write_budget);
-            row
-        });
-        let granted = if self.lease.is_none() && self.delayed.is_none() {
+        }
+        let granted = if self.has_room() {
             self.grant(id, waiter, gateway_id, now_ms, now)
         } else {
             None
@@ -136,7 +144,7 @@ impl SlotState {
     }
 
     /// The claim turned out to be another gateway's, if it is still
-    /// `claim_id`: it ends here, and its lease with it.
+    /// `claim_id`: it ends here, and its leases with it.
     pub fn claim_refused(
         &mut self,
         id: &StateId,
@@ -177,7 +185,7 @@ impl SlotState {
     /// A maintenance tick at `now`: lets the claim go, if it may (see
     /// [`SlotState::claim_can_go`]), when another gateway waits for it, or
     /// when no one is in line and no lease has begun, been renewed or ended
-    /// for `idle_release`; else answers the claim that stays, with its lease.
+    /// for `idle_release`; else answers the claim that stays, with its leases.
     pub fn tick(&mut self, now: Instant, idle_release: Duration) -> Effects<Tick> {
         let idle_for = self
             .last_used
@@ -188,20 +196,30 @@ impl SlotState {
         let goes = self.claim_can_go()
             && (claim.handover || (self.queue.is_empty() && idle_for >= idle_release));
         if !goes {
-            let held = Tick::Held(claim.candidate.claim_id, self.lease().cloned());
+            let held = Tick::Held(claim.candidate.claim_id, self.holders());
             return Effects::quiet(held);
         }
         let claim = self.claim.take().expect("checked above");
         Effects::waking(Tick::Gone(claim.candidate.claim_id))
     }
 
-    /// Hands the claim back at shutdown: answers it, with the lease it ends
+    /// Hands the claim back at shutdown: answers it, with the leases it ends
     /// here (to record as handed over, for the next authority to adopt).
-    pub fn hand_back(&mut self) -> Effects<Option<(Uuid, Option<LocalLease>)>> {
+    pub fn hand_back(&mut self) -> Effects<Option<(Uuid, Vec<LocalLease>)>> {
         let Some(claim) = self.claim.take() else {
             return Effects::quiet(None);
         };
-        Effects::quiet(Some((claim.candidate.claim_id, self.lease.take())))
+        let handed = self.leases.drain(..).collect();
+        Effects::quiet(Some((claim.candidate.claim_id, handed)))
+    }
+
+    /// A newly reserved token block, taken if the claim it was reserved
+    /// under still stands and it lies above the one held.
+    pub fn add_tokens(&mut self, claim_id: Uuid, block: TokenBlock) -> Effects<()> {
+        if self.claim_mut(claim_id).is_some() && block.next > self.tokens.last {
+            self.tokens = block;
+        }
+        Effects::quiet(())
     }
 
     /// A write goes out under the claim, and may land until `until`:
@@ -232,9 +250,24 @@ impl SlotState {
         self.claim.as_ref().map(|c| c.candidate.claim_id)
     }
 
-    /// The current lease.
+    /// The current lease of a state_id: the first of a pool's.
     pub fn lease(&self) -> Option<&Lease> {
-        self.lease.as_ref().map(|l| &l.lease)
+        self.leases.first().map(|l| &l.lease)
+    }
+
+    /// Every current lease, oldest first.
+    pub fn holders(&self) -> Vec<Lease> {
+        self.leases.iter().map(|l| l.lease.clone()).collect()
+    }
+
+    /// How many places the slot has: 1 on a state_id, a pool's limit.
+    pub fn limit(&self) -> usize {
+        self.limit.max(1)
+    }
+
+    /// How many acquires wait in line.
+    pub fn waiting(&self) -> usize {
+        self.queue.len()
     }
 
     /// Whether no write sent under the claim may still land.
@@ -252,8 +285,8 @@ impl SlotState {
             .as_ref()
             .filter(|c| c.candidate.claim_id == claim_id && now < c.valid_until);
         let current = self
-            .lease
-            .as_ref()
+            .leases
+            .first()
             .filter(|l| now < l.deadline)
             .map(|l| &l.lease);
         match (claim, current, mine) {

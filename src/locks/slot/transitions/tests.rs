@@ -1,5 +1,6 @@
 //! Each transition alone, for one lease per slot, with no I/O: what it
-//! changes, what it answers, and whether it wakes the waiters.
+//! changes, what it answers, and whether it wakes the waiters. A pool's
+//! slot of several leases is in `slot::pool_tests`.
 
 use super::*;
 
@@ -55,10 +56,10 @@ fn holding(now: Instant, lock_delay: Duration) -> (SlotState, Lease) {
 #[test]
 fn tickets_are_handed_out_in_order_and_leaving_the_line_wakes_the_rest() {
     let mut st = SlotState::default();
-    let first = st.join();
-    let second = st.join();
-    assert_eq!((first.out, first.wake), (0, false));
-    assert_eq!(second.out, 1);
+    let first = st.join(1);
+    let second = st.join(1);
+    assert_eq!((first.out, first.wake), (Ok(0), false));
+    assert_eq!(second.out, Ok(1));
     assert!(st.leave(0).wake);
     assert_eq!(st.queue, [1]);
 }
@@ -83,10 +84,7 @@ fn a_renewal_extends_the_current_lease_only_and_wakes_no_one() {
     let (row, version) = renewed.out.expect("renewed");
     assert_eq!(row.expires_ms, 41_000);
     assert_eq!(version, LeaseVersion::granted(5).renewed());
-    assert_eq!(
-        st.lease.as_ref().unwrap().deadline,
-        later + Duration::from_secs(30)
-    );
+    assert_eq!(st.leases[0].deadline, later + Duration::from_secs(30));
     assert_eq!(st.last_used, Some(later));
     assert!(
         st.renew(Uuid::nil(), Duration::from_secs(30), later, 11_000)
@@ -112,8 +110,8 @@ fn a_release_ends_the_lease_wakes_and_keeps_an_uncontested_claim() {
     let released = released.out.expect("released");
     assert_eq!(released.lease.lease.lease_id, lease.lease_id);
     assert!(released.withdraw.is_none());
-    assert!(st.lease.is_none() && st.claim.is_some());
-    assert!(st.delayed.is_none(), "a release starts no lock-delay");
+    assert!(st.leases.is_empty() && st.claim.is_some());
+    assert!(st.delayed.is_empty(), "a release starts no lock-delay");
 }
 
 #[test]
@@ -139,7 +137,7 @@ fn a_release_hands_a_contested_claim_over_only_when_nothing_needs_it() {
 
     let (mut st, lease) = holding(now, Duration::ZERO);
     st.claim.as_mut().unwrap().handover = true;
-    let _ = st.join();
+    let _ = st.join(1);
     assert!(
         st.release(lease.lease_id, now)
             .out
@@ -155,10 +153,10 @@ fn a_force_unlock_needs_the_claim_and_wakes_only_when_a_lease_ended() {
     let (mut st, lease) = holding(now, Duration::from_secs(5));
     let forced = st.force_unlock(now, 2_000);
     assert!(forced.wake);
-    assert_eq!(forced.out.unwrap().unwrap().lease.lease_id, lease.lease_id);
-    assert_eq!(st.delayed.map(|d| d.free_at_ms), Some(7_000));
+    assert_eq!(forced.out.unwrap()[0].lease.lease_id, lease.lease_id);
+    assert_eq!(st.delayed[0].free_at_ms, 7_000);
     let again = st.force_unlock(now, 2_000);
-    assert!(matches!(again.out, Some(None)) && !again.wake);
+    assert!(again.out.is_some_and(|ended| ended.is_empty()) && !again.wake);
     st.claim = None;
     assert!(st.force_unlock(now, 2_000).out.is_none());
 }
@@ -168,9 +166,9 @@ fn a_lease_forced_elsewhere_ends_here_only_if_still_current() {
     let now = Instant::now();
     let (mut st, lease) = holding(now, Duration::ZERO);
     assert!(!st.forced_elsewhere(Uuid::nil(), now, 2_000).wake);
-    assert!(st.lease.is_some());
+    assert!(!st.leases.is_empty());
     assert!(st.forced_elsewhere(lease.lease_id, now, 2_000).wake);
-    assert!(st.lease.is_none());
+    assert!(st.leases.is_empty());
 }
 
 fn won(now: Instant, inherited: Inherited) -> WonClaim {
@@ -199,7 +197,7 @@ fn a_won_claim_grants_its_winner_at_once_and_wakes() {
     let mut st = SlotState::default();
     let adopted = claim_won(&mut st, won(now, Inherited::default()), now);
     assert!(adopted.wake);
-    assert!(adopted.out.adopted.is_none());
+    assert!(adopted.out.adopted.is_empty());
     let (lease, _) = adopted.out.granted.expect("granted");
     assert_eq!(lease.fencing_token, 11);
     assert_eq!(st.claim_id(), Some(CLAIM));
@@ -211,15 +209,13 @@ fn a_won_claim_adopts_a_running_lease_and_waits_out_its_writes() {
     let now = Instant::now();
     let (mut before, lease) = holding(now, Duration::ZERO);
     let inherited = Inherited {
-        lease: before.lease.take(),
-        delay: None,
+        leases: std::mem::take(&mut before.leases),
+        delays: Vec::new(),
     };
     let mut st = SlotState::default();
     let adopted = claim_won(&mut st, won(now, inherited), now).out;
-    assert_eq!(
-        adopted.adopted.map(|(l, _)| l.lease_id),
-        Some(lease.lease_id)
-    );
+    let adopted_ids: Vec<Uuid> = adopted.adopted.iter().map(|(l, _)| l.lease_id).collect();
+    assert_eq!(adopted_ids, [lease.lease_id]);
     assert!(adopted.granted.is_none());
     assert_eq!(st.landing_until(), Some(now + Duration::from_secs(3)));
 }
@@ -229,8 +225,8 @@ fn a_won_claim_grants_nothing_during_an_inherited_delay() {
     let now = Instant::now();
     let delay = Delay::ending(6_000, now, 1_000);
     let inherited = Inherited {
-        lease: None,
-        delay: Some(delay),
+        leases: Vec::new(),
+        delays: vec![delay],
     };
     let mut st = SlotState::default();
     assert!(
@@ -239,7 +235,7 @@ fn a_won_claim_grants_nothing_during_an_inherited_delay() {
             .granted
             .is_none()
     );
-    assert_eq!(st.delayed, Some(delay));
+    assert_eq!(st.delayed, [delay]);
 }
 
 #[test]
@@ -248,9 +244,9 @@ fn a_refused_claim_ends_with_its_lease_only_if_it_is_still_the_one_here() {
     let metrics = Metrics::default();
     let (mut st, _) = holding(now, Duration::ZERO);
     assert!(!st.claim_refused(&id(), Uuid::nil(), &metrics).wake);
-    assert!(st.claim.is_some() && st.lease.is_some());
+    assert!(st.claim.is_some() && !st.leases.is_empty());
     assert!(st.claim_refused(&id(), CLAIM, &metrics).wake);
-    assert!(st.claim.is_none() && st.lease.is_none());
+    assert!(st.claim.is_none() && st.leases.is_empty());
 }
 
 #[test]
@@ -285,11 +281,11 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
     st.claim.as_mut().unwrap().handover = true;
     assert_eq!(
         st.tick(now, idle).out,
-        Tick::Held(CLAIM, Some(lease.clone())),
+        Tick::Held(CLAIM, vec![lease.clone()]),
         "its lease runs"
     );
     // Someone waits here, so the release keeps the claim.
-    let _ = st.join();
+    let _ = st.join(1);
     assert!(
         st.release(lease.lease_id, now)
             .out
@@ -308,11 +304,15 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
     let (mut st, lease) = holding(now, Duration::ZERO);
     let _ = st.release(lease.lease_id, now);
     let not_yet = st.tick(now + idle / 2, idle);
-    assert_eq!(not_yet.out, Tick::Held(CLAIM, None), "not idle long enough");
+    assert_eq!(
+        not_yet.out,
+        Tick::Held(CLAIM, Vec::new()),
+        "not idle long enough"
+    );
     assert!(!not_yet.wake);
-    let ticket = st.join().out;
+    let ticket = st.join(1).out.unwrap();
     let waits = st.tick(now + idle, idle).out;
-    assert_eq!(waits, Tick::Held(CLAIM, None), "someone waits");
+    assert_eq!(waits, Tick::Held(CLAIM, Vec::new()), "someone waits");
     let _ = st.leave(ticket);
     assert_eq!(st.tick(now + idle, idle).out, Tick::Gone(CLAIM));
     assert_eq!(st.tick(now + idle, idle).out, Tick::Unclaimed);
@@ -326,8 +326,9 @@ fn handing_back_takes_the_claim_and_its_lease_and_wakes_no_one() {
     assert!(!back.wake);
     let (claim_id, handed) = back.out.expect("a claim to hand back");
     assert_eq!(claim_id, CLAIM);
-    assert_eq!(handed.map(|l| l.lease.lease_id), Some(lease.lease_id));
-    assert!(st.claim.is_none() && st.lease.is_none());
+    let handed: Vec<Uuid> = handed.iter().map(|l| l.lease.lease_id).collect();
+    assert_eq!(handed, [lease.lease_id]);
+    assert!(st.claim.is_none() && st.leases.is_empty());
     assert!(st.hand_back().out.is_none());
 }
 
@@ -380,7 +381,7 @@ async fn apply_wakes_the_waiters_only_when_the_transition_asks() {
     let quiet = slot.changed();
     tokio::pin!(quiet);
     quiet.as_mut().enable();
-    slot.apply(|st, _| st.join());
+    let _ = slot.apply(|st, _| st.join(1));
     let woken = tokio::time::timeout(Duration::from_millis(20), quiet.as_mut()).await;
     assert!(woken.is_err(), "joining the line wakes no one");
     slot.apply(|st, _| st.leave(0));

@@ -1,0 +1,242 @@
+//! What has run out by now, how many places a slot has free, and what a
+//! waiter does next: pure functions of the state and the time, so that
+//! every acquire, on a state_id or a pool, is decided by the same rules.
+
+use super::*;
+
+impl SlotState {
+    /// Drops what has run out by now: a lapsed claim (its leases end with
+    /// it), expired leases (their lock-delays begin), ended delays, writes
+    /// that have surely landed. Nobody is woken for it: every waiter already
+    /// sleeps no later than the first of these ends (see `next_step`).
+    pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
+        if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
+            self.claim = None;
+            metrics.lock_event(LockEvent::ClaimLost);
+            tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its leases end with it");
+            for _ in self.leases.drain(..) {
+                metrics.lock_event(LockEvent::Expiry);
+            }
+        }
+        let (expired, running): (Vec<_>, Vec<_>) =
+            self.leases.drain(..).partition(|l| now >= l.deadline);
+        self.leases = running;
+        for lease in expired {
+            self.delay_after(&lease, lease.deadline, lease.lease.expires_ms);
+            metrics.lock_event(LockEvent::Expiry);
+        }
+        self.delayed.retain(|d| now < d.until);
+        self.sending.retain(|_, until| now < *until);
+    }
+
+    /// Ends every current lease by force (a force-unlock), at `now`: their
+    /// lock-delays start now.
+    pub(super) fn end_all_by_force(&mut self, now: Instant, now_ms: i64) -> Vec<LocalLease> {
+        let ended: Vec<LocalLease> = self.leases.drain(..).collect();
+        for lease in &ended {
+            self.delay_after(lease, now, now_ms);
+        }
+        ended
+    }
+
+    /// Ends `lease_id` by force, if it is current: its lock-delay starts now.
+    pub(super) fn end_by_force(
+        &mut self,
+        lease_id: Uuid,
+        now: Instant,
+        now_ms: i64,
+    ) -> Option<LocalLease> {
+        let at = self
+            .leases
+            .iter()
+            .position(|l| l.lease.lease_id == lease_id)?;
+        let ended = self.leases.remove(at);
+        self.delay_after(&ended, now, now_ms);
+        Some(ended)
+    }
+
+    /// Starts `ended`'s lock-delay, if it has one, from `at` (`at_ms`).
+    fn delay_after(&mut self, ended: &LocalLease, at: Instant, at_ms: i64) {
+        if !ended.lease.lock_delay.is_zero() {
+            self.delayed
+                .push(Delay::ending(ended.lease.free_at_ms(at_ms), at, at_ms));
+        }
+    }
+
+    /// The claim turned out to be another gateway's (a renewal or a token
+    /// reservation refused): it ends here, and its leases with it.
+    pub(super) fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
+        if self.claim.take().is_some() {
+            metrics.lock_event(LockEvent::ClaimLost);
+            tracing::warn!(state_id = %id, "claim lost to another gateway; its leases end with it");
+            for _ in self.leases.drain(..) {
+                metrics.lock_event(LockEvent::Expiry);
+            }
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.claim.is_none()
+            && !self.claiming
+            && self.leases.is_empty()
+            && self.queue.is_empty()
+            && self.sending.is_empty()
+            && self.delayed.is_empty()
+    }
+
+    /// Until when writes sent earlier may still land, if any may.
+    pub fn landing_until(&self) -> Option<Instant> {
+        self.sending.values().max().copied()
+    }
+
+    /// Whether the claim may go (idle, or handed over): no lease runs under
+    /// it, no place is kept, and no write sent under it may still land.
+    pub(super) fn claim_can_go(&self) -> bool {
+        // Held through a lock-delay too: another gateway would not know of it.
+        self.leases.is_empty() && self.sending.is_empty() && self.delayed.is_empty()
+    }
+
+    /// Whether a place is free: fewer leases and kept places than the limit.
+    pub(super) fn has_room(&self) -> bool {
+        self.leases.len() + self.delayed.len() < self.limit.max(1)
+    }
+
+    /// With no lease running and every place kept by a delay: the delay
+    /// whose end frees the first place.
+    fn delay_to_wait_out(&self) -> Option<Delay> {
+        if !self.leases.is_empty() || self.has_room() {
+            return None;
+        }
+        let mut ends = self.delayed.clone();
+        ends.sort_by_key(|d| d.until);
+        // Places free one by one as delays end: the first that brings the
+        // count under the limit is the one to wait for.
+        let must_end = self.delayed.len() + 1 - self.limit.max(1);
+        ends.get(must_end - 1).copied()
+    }
+
+    /// Decides what `waiter` does next on `id`, from this state and the time
+    /// alone. The caller has called [`SlotState::expire`] with the same
+    /// `now`. A claim attempt it decides on is marked under way here.
+    pub fn next_step(
+        &mut self,
+        id: &StateId,
+        waiter: &Waiter<'_>,
+        rules: &Rules,
+        now: Instant,
+        now_ms: i64,
+    ) -> Effects<Decision> {
+        if let Some(delay) = self.delay_to_wait_out() {
+            // No lease exists during a lock-delay, and none is granted: a
+            // waiter that cannot wait it out is told when it ends.
+            let step = if waiter.deadline < delay.until {
+                Step::Delayed(delay.free_at_ms)
+            } else {
+                Step::Wait(delay.until)
+            };
+            return Effects::quiet(Decision {
+                step,
+                withdraw: None,
+            });
+        }
+        let mut withdraw = None;
+        let first = self.queue.front() == Some(&waiter.ticket);
+        let turn = first && self.has_room() && !self.claiming && self.sending.is_empty();
+        if turn {
+            if self.leases.is_empty() && self.claim.as_ref().is_some_and(|c| c.handover) {
+                // Another gateway is waiting: let it go first.
+                withdraw = self.claim.take().map(|c| c.candidate);
+            }
+            let step = match &self.claim {
+                Some(claim)
+                    if claim.valid_until.saturating_duration_since(now) < rules.grant_margin =>
+                {
+                    Some(Step::RenewClaim(claim.candidate.claim_id))
+                }
+                Some(claim) => {
+                    let claim_id = claim.candidate.claim_id;
+                    let first = self.tokens.next;
+                    Some(
+                        match self.grant(id, waiter, rules.gateway_id, now_ms, now) {
+                            Some((lease, version)) => Step::Granted(lease, version),
+                            None => Step::ReserveTokens { claim_id, first },
+                        },
+                    )
+                }
+                None if waiter.attempted_claim && now >= waiter.deadline => None,
+                None => {
+                    self.claiming = true;
+                    Some(Step::Claim)
+                }
+            };
+            if let Some(step) = step {
+                return Effects::quiet(Decision { step, withdraw });
+            }
+        }
+        let landing = self.landing_until();
+        let step = if now >= waiter.deadline
+            && (waiter.attempted_claim || self.claim.is_some() || !turn)
+        {
+            // A lease about to exist (a claim attempt, a grant or the end of
+            // a write under way ahead of this waiter) is worth a short wait,
+            // so that the 409 names its holder.
+            let coming = self.leases.is_empty()
+                && !waiter.attempted_claim
+                && (self.claiming || landing.is_some() || !first);
+            let grace_ends = waiter.deadline + rules.holder_grace;
+            if coming && now < grace_ends {
+                Step::Wait(landing.map_or(grace_ends, |t| t.min(grace_ends)))
+            } else {
+                Step::GiveUp(self.lease().cloned())
+            }
+        } else {
+            // Asleep no later than the first lease or kept place to end, so
+            // that an expiry needs no wake-up.
+            let until = self
+                .leases
+                .iter()
+                .map(|l| l.deadline)
+                .chain(self.delayed.iter().map(|d| d.until))
+                .fold(waiter.deadline, Instant::min);
+            Step::Wait(landing.map_or(until, |t| t.min(until)))
+        };
+        Effects::quiet(Decision { step, withdraw })
+    }
+
+    /// Grants a lease under the held claim: the next reserved token, the
+    /// lease added to the current ones. None when the token block is spent.
+    pub(super) fn grant(
+        &mut self,
+        id: &StateId,
+        waiter: &Waiter<'_>,
+        gateway_id: Uuid,
+        now_ms: i64,
+        now: Instant,
+    ) -> Option<(Lease, LeaseVersion)> {
+        if self.tokens.next == 0 || self.tokens.next > self.tokens.last {
+            return None;
+        }
+        let token = self.tokens.next;
+        self.tokens.next += 1;
+        let lease = Lease {
+            state_id: id.clone(),
+            lease_id: Uuid::new_v4(),
+            owner: waiter.owner.to_owned(),
+            fencing_token: token,
+            gateway_id,
+            acquired_ms: now_ms,
+            expires_ms: now_ms.saturating_add(millis(waiter.ttl)),
+            lock_delay: waiter.lock_delay,
+            info: waiter.info.clone(),
+            limit: self.limit.max(1),
+        };
+        let version = LeaseVersion::granted(token);
+        self.leases.push(LocalLease {
+            lease: lease.clone(),
+            version,
+            deadline: now + waiter.ttl,
+        });
+        self.last_used = Some(now);
+        Some((lease, version))
+    }
+}

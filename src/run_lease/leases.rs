@@ -362,15 +362,22 @@ fn busy_line(target: &Target, busy: Busy) -> String {
             limit,
             holders,
             waiting,
+            free_at,
         } => {
             let limit = limit.map_or_else(|| "its limit".to_owned(), |n| n.to_string());
-            let holders = if holders.is_empty() {
-                "holders the gateway did not name".to_owned()
-            } else {
-                holders.iter().map(name).collect::<Vec<_>>().join(", ")
+            let held = match (holders.is_empty(), free_at) {
+                (false, _) => {
+                    let names: Vec<_> = holders.iter().map(name).collect();
+                    format!("{limit} held, by {}", names.join(", "))
+                }
+                // Lost leases' lock-delays keep the slots: no one to name.
+                (true, Some(free_at)) => format!(
+                    "{limit} kept by the lock-delays of lost leases, the first free at {free_at}"
+                ),
+                (true, None) => format!("{limit} held, by holders the gateway did not name"),
             };
             let waiting = waiting.map_or_else(String::new, |n| format!("; {n} waiting"));
-            format!("{target} is full ({limit} held, by {holders}{waiting})")
+            format!("{target} is full ({held}{waiting})")
         }
     }
 }
@@ -422,6 +429,7 @@ mod tests {
             limit: Some(2),
             holders: vec![holder("a@h:1", Some("sleep 1")), holder("b@h:2", None)],
             waiting: Some(1),
+            free_at: None,
         };
         assert_eq!(
             busy_line(&pool, full),
@@ -431,10 +439,21 @@ mod tests {
             limit: None,
             holders: vec![],
             waiting: None,
+            free_at: None,
         };
         assert_eq!(
             busy_line(&pool, bare),
             "pool db is full (its limit held, by holders the gateway did not name)"
+        );
+        let delayed = Busy::Full {
+            limit: Some(1),
+            holders: vec![],
+            waiting: Some(0),
+            free_at: Some("t3".into()),
+        };
+        assert_eq!(
+            busy_line(&pool, delayed),
+            "pool db is full (1 kept by the lock-delays of lost leases, the first free at t3; 0 waiting)"
         );
     }
 

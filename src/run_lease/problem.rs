@@ -37,6 +37,9 @@ pub enum Busy {
         limit: Option<u64>,
         holders: Vec<Holder>,
         waiting: Option<u64>,
+        /// When no lease holds a slot and lock-delays keep them all: when
+        /// the first comes free.
+        free_at: Option<String>,
     },
 }
 
@@ -74,6 +77,7 @@ impl Answer {
                 limit: problem.limit,
                 holders: problem.holders,
                 waiting: problem.waiting,
+                free_at: problem.free_at,
             })
         } else {
             None
@@ -90,7 +94,8 @@ pub struct Problem {
     #[serde(default)]
     detail: String,
     holder: Option<Holder>,
-    /// When a lock-delay ends (`lock-delay` problems).
+    /// When a lock-delay ends (`lock-delay` problems, and `pool-full`
+    /// ones when only lock-delays keep the slots).
     free_at: Option<String>,
     /// A pool's limit, holders and line (`pool-full` problems).
     limit: Option<u64>,
@@ -193,6 +198,7 @@ mod tests {
             limit,
             holders,
             waiting,
+            free_at: None,
         }) = full.busy()
         else {
             panic!("a full pool is busy");
@@ -201,6 +207,13 @@ mod tests {
         let owners: Vec<_> = holders.iter().map(|h| h.owner.as_str()).collect();
         assert_eq!(owners, ["a", "b"]);
         assert_eq!(holders[0].command(), Some("sleep 1"));
+        let delayed = answer(
+            StatusCode::CONFLICT,
+            r#"{"type":"urn:statehouse:problem:pool-full","status":409,"pool":"db","limit":1,"holders":[],"waiting":0,"free_at":"2026-12-05T01:00:15.000Z"}"#,
+        );
+        assert!(
+            matches!(delayed.busy(), Some(Busy::Full { holders, free_at: Some(at), .. }) if holders.is_empty() && at == "2026-12-05T01:00:15.000Z")
+        );
         let mismatch = answer(
             StatusCode::CONFLICT,
             r#"{"type":"urn:statehouse:problem:pool-limit-mismatch","status":409,"pool":"db","limit":3}"#,

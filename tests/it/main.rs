@@ -34,6 +34,8 @@ mod logs;
 mod one_door;
 mod overload;
 mod packaging;
+mod pool_checker;
+mod pools;
 mod proxy;
 mod reload_auth;
 mod run_lease;

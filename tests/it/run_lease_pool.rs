@@ -145,7 +145,7 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
     let script = "trap 'touch terminated' TERM; touch ready; while :; do sleep 0.02; done";
     let run = lock_with(
         &app.base,
-        &["--pool", "P=2", "--ttl", "3s", "--grace", "1s", "job"],
+        &["--pool", "P=1", "--ttl", "3s", "--grace", "1s", "job"],
         &scratch.0,
         script,
     );
@@ -175,6 +175,16 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
         StatusCode::NOT_FOUND,
         "the state lease, still current, was released"
     );
+    // The ended lease's lock-delay (--grace + 5 s) keeps its slot: the next
+    // run is busy, told when the slot is free.
+    let next = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "touch ran");
+    let (status, stderr) = ended(next, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(
+        stderr.contains("lock-delays") && stderr.contains("free at"),
+        "{stderr}"
+    );
+    assert!(!scratch.path("ran").exists());
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 
-use crate::helpers::spawn_app;
+use crate::helpers::{metric, spawn_app};
 use crate::run_lease::{BIN, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until};
 
 /// A command that records when it ran, as `START END` in seconds, in `interval-N`.
@@ -271,6 +271,73 @@ async fn bad_pool_command_lines_and_a_limit_of_its_own_exit_1_and_run_nothing() 
     assert_eq!(status, Some(1), "{stderr}");
     assert!(stderr.contains("/v1/pools/P"), "{stderr}");
     assert!(!scratch.path("ran").exists());
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[tokio::test]
+async fn a_pool_taken_first_is_renewed_while_the_run_waits_for_the_next() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "sleep 3");
+    // A comes before P: held, with a TTL of 1 s, all the while P is waited for.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = lock_with(
+        &app.base,
+        &[
+            "--pool", "P=1", "--pool", "A=1", "--ttl", "1s", "--wait", "20s",
+        ],
+        &scratch.0,
+        "touch ran",
+    );
+    let (status, stderr) = ended(holder, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    let (status, stderr) = ended(run, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    assert_eq!(stderr, "", "A outlived three of its TTLs");
+    assert!(scratch.path("ran").exists());
+    let metrics = app.get("/metrics").await.text;
+    let renewals = metric(
+        &metrics,
+        r#"statehouse_http_requests_total{method="PUT",route="/v1/pools/{name}/{lease_id}",status="200"}"#,
+    )
+    .unwrap_or(0.0);
+    assert!(renewals >= 4.0, "{renewals} renewals in about 3 s");
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_for_a_pool_releases_those_taken() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, WAIT_FOR_GO);
+    until(
+        "the holder's command starts",
+        Duration::from_secs(20),
+        || scratch.path("ready").exists(),
+    )
+    .await;
+    let run = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--pool", "A=1", "--wait", "30s"],
+        &scratch.0,
+        "touch ran",
+    );
+    let mut taken = false;
+    for _ in 0..100 {
+        if app.get("/v1/pools/A").await.status == StatusCode::OK {
+            taken = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(taken, "the run took A before waiting for P");
+    let pid = i32::try_from(run.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on the runner this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (status, stderr) = ended(run, Duration::from_secs(5)).await;
+    assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(!scratch.path("ran").exists(), "nothing was run");
+    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
     std::fs::write(scratch.path("go"), "").unwrap();
     assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
 }

@@ -1,5 +1,5 @@
-//! How the API shows a lock to anyone but its holder: in `/v1/locks` and in
-//! the problems that name who holds an id.
+//! How the API shows a lease to anyone but its holder: in `/v1/locks`,
+//! `/v1/pools` and the problems that name who holds an id.
 
 use serde::Serialize;
 
@@ -11,6 +11,13 @@ use crate::domain::{Lease, LeaseInfo};
 #[derive(Serialize)]
 pub struct LockView {
     state_id: String,
+    #[serde(flatten)]
+    holder: HolderView,
+}
+
+/// A lease as anyone but its holder sees it, on a state_id or in a pool.
+#[derive(Debug, Serialize)]
+pub struct HolderView {
     owner: String,
     fencing_token: u64,
     acquired_at: String,
@@ -20,10 +27,9 @@ pub struct LockView {
     info: LeaseInfo,
 }
 
-impl From<&Lease> for LockView {
+impl From<&Lease> for HolderView {
     fn from(lease: &Lease) -> Self {
         Self {
-            state_id: lease.state_id.as_str().to_owned(),
             owner: lease.owner.clone(),
             fencing_token: lease.fencing_token,
             acquired_at: rfc3339_millis(lease.acquired_ms),
@@ -31,6 +37,15 @@ impl From<&Lease> for LockView {
             gateway_id: lease.gateway_id.to_string(),
             lock_delay_seconds: lease.lock_delay.as_secs(),
             info: lease.info.clone(),
+        }
+    }
+}
+
+impl From<&Lease> for LockView {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            state_id: lease.state_id.as_str().to_owned(),
+            holder: HolderView::from(lease),
         }
     }
 }

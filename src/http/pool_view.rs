@@ -4,42 +4,16 @@
 
 use serde::Serialize;
 
-use super::wire::rfc3339_millis;
-use crate::domain::{Lease, LeaseInfo, StateId};
+use super::lock_view::HolderView;
+use crate::domain::StateId;
 use crate::locks::Occupancy;
 
 #[derive(Debug, Serialize)]
 pub struct PoolView {
     pool: String,
     limit: usize,
-    holders: Vec<PoolHolder>,
+    holders: Vec<HolderView>,
     waiting: usize,
-}
-
-/// One lease of a pool, as everyone but its holder sees it.
-#[derive(Debug, Serialize)]
-struct PoolHolder {
-    owner: String,
-    fencing_token: u64,
-    acquired_at: String,
-    expires_at: String,
-    gateway_id: String,
-    lock_delay_seconds: u64,
-    info: LeaseInfo,
-}
-
-impl From<&Lease> for PoolHolder {
-    fn from(lease: &Lease) -> Self {
-        Self {
-            owner: lease.owner.clone(),
-            fencing_token: lease.fencing_token,
-            acquired_at: rfc3339_millis(lease.acquired_ms),
-            expires_at: rfc3339_millis(lease.expires_ms),
-            gateway_id: lease.gateway_id.to_string(),
-            lock_delay_seconds: lease.lock_delay.as_secs(),
-            info: lease.info.clone(),
-        }
-    }
 }
 
 impl PoolView {
@@ -68,7 +42,7 @@ impl From<&Occupancy> for PoolView {
         Self {
             pool: occupancy.id.as_str().to_owned(),
             limit: occupancy.limit,
-            holders: occupancy.holders.iter().map(PoolHolder::from).collect(),
+            holders: occupancy.holders.iter().map(HolderView::from).collect(),
             waiting: occupancy.waiting,
         }
     }

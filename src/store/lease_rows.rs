@@ -338,6 +338,35 @@ mod tests {
         }
     }
 
+    /// The record a lone lease row reads as.
+    fn record_of(row: LockRowIn) -> LeaseRecord {
+        IdLocks::assemble(vec![row])
+            .unwrap()
+            .leases
+            .pop()
+            .unwrap()
+            .record
+    }
+
+    #[test]
+    fn a_pools_lease_rows_are_kept_apart_in_grant_order() {
+        let rows = vec![claim(HOLDER), lease(LeaseState::Held, true), {
+            let mut second = lease(LeaseState::Held, true);
+            second.fencing_token = 8;
+            second.pool_limit = 3;
+            second
+        }];
+        let locks = IdLocks::assemble(rows).unwrap();
+        let tokens: Vec<u64> = locks
+            .leases
+            .iter()
+            .map(|l| l.record.lease.fencing_token)
+            .collect();
+        assert_eq!(tokens, [7, 8]);
+        assert_eq!(locks.latest().unwrap().record.lease.limit, 3);
+        assert_eq!(locks.leases[0].record.lease.limit, 1, "a state_id's row");
+    }
+
     #[test]
     fn a_lease_row_says_whether_it_expired() {
         let unexpired = |rows| {
@@ -375,12 +404,7 @@ mod tests {
         let mut row = lease(LeaseState::Released, false);
         row.lock_delay_ms = 15_000;
         row.ended_ms = 1_234;
-        let record = IdLocks::assemble(vec![row])
-            .unwrap()
-            .leases
-            .pop()
-            .unwrap()
-            .record;
+        let record = record_of(row);
         assert_eq!(record.lease.lock_delay, std::time::Duration::from_secs(15));
         assert_eq!(record.ended_ms, Some(1_234));
         let running = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
@@ -394,12 +418,7 @@ mod tests {
         row.ended_by = ENDED_FORCED.into();
         row.actor = "ops".into();
         row.reason = "stuck".into();
-        let record = IdLocks::assemble(vec![row])
-            .unwrap()
-            .leases
-            .pop()
-            .unwrap()
-            .record;
+        let record = record_of(row);
         assert_eq!(record.lease.info.as_str(), r#"{"host":"a"}"#);
         assert_eq!(record.ended_by(), ENDED_FORCED);
         assert_eq!(

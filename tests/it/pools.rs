@@ -1,7 +1,8 @@
 //! Pools (issue 37) through one gateway: up to `limit` leases at a time,
 //! FIFO for the rest, a 409 that says who holds the slots, limits that
 //! must agree, info shown wherever a holder is, token scopes, renew,
-//! release, the admin's end of a pool and a lock-delay that keeps its slot.
+//! release, the admin's end of a pool, a lock-delay that keeps its slot, and
+//! the pool gauges on /metrics.
 //! (`scripts/test` runs these in keeper mode too.)
 
 use std::collections::BTreeSet;
@@ -72,6 +73,19 @@ async fn listed(api: &Api, name: &str) -> Option<Value> {
         .iter()
         .find(|p| p["pool"] == name)
         .cloned()
+}
+
+/// `statehouse_pool_holders` and `statehouse_pool_waiting` of `name` on
+/// /metrics, if the page shows them.
+async fn gauges(api: &Api, name: &str) -> (Option<u64>, Option<u64>) {
+    let page = api.get("/metrics").await.text;
+    let value = |family: &str| {
+        let series = format!("statehouse_{family}{{pool=\"{name}\"}} ");
+        page.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map(|v| v.trim().parse().expect("a whole number"))
+    };
+    (value("pool_holders"), value("pool_waiting"))
 }
 
 /// Acceptance 1: six workers on a pool of three, each holding 1 s.
@@ -176,6 +190,7 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
     assert_shows_no_lease_id(&entry, &[&a, &b]);
     let full = no_slot(&app, name, 2, "pool-full", &[&a, &b]).await;
     assert_eq!(full["waiting"], 1, "{full}");
+    assert_eq!(gauges(&app, name).await, (Some(2), Some(1)), "/metrics");
 
     // A release gives the waiter the slot.
     give_back(&app, name, &a).await;
@@ -196,6 +211,7 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
         None,
         "an empty pool is not listed"
     );
+    assert_eq!(gauges(&app, name).await, (None, None), "gone from /metrics");
 }
 
 /// Acceptance 3: one limit per pool while anyone holds it.

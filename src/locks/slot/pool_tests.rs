@@ -5,31 +5,12 @@
 
 use super::*;
 
-const GATEWAY: Uuid = Uuid::from_u128(7);
+use super::tests::{GATEWAY, rules, waiter};
+
 const CLAIM: Uuid = Uuid::from_u128(1);
 
 fn pool() -> StateId {
     StateId::parse("replica-1".to_owned()).unwrap()
-}
-
-fn rules() -> Rules {
-    Rules {
-        gateway_id: GATEWAY,
-        grant_margin: Duration::from_secs(5),
-        holder_grace: Duration::from_secs(2),
-    }
-}
-
-fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
-    Waiter {
-        ticket,
-        owner: "tap",
-        ttl: Duration::from_secs(30),
-        deadline,
-        attempted_claim: false,
-        lock_delay: Duration::ZERO,
-        info: LeaseInfo::default(),
-    }
 }
 
 /// A slot of `limit` places under a fresh claim, with `waiters` in line.

@@ -3,13 +3,13 @@
 
 use super::*;
 
-const GATEWAY: Uuid = Uuid::from_u128(7);
+pub(super) const GATEWAY: Uuid = Uuid::from_u128(7);
 
 fn id() -> StateId {
     StateId::parse("dev:tap-to-target".to_owned()).unwrap()
 }
 
-fn rules() -> Rules {
+pub(super) fn rules() -> Rules {
     Rules {
         gateway_id: GATEWAY,
         grant_margin: Duration::from_secs(5),
@@ -17,7 +17,7 @@ fn rules() -> Rules {
     }
 }
 
-fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
+pub(super) fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
     Waiter {
         ticket,
         owner: "worker",

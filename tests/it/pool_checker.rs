@@ -325,19 +325,23 @@ async fn keeper_mode_gateways_on_two_clickhouse_nodes_share_one_pool() {
 
 /// Acquires through `api` with a wait, retrying while the dead authority's
 /// claim has not lapsed (503); the 20 s is a give-up, not a bound under test.
-async fn take_after_takeover(api: &Api, pool: &str, owner: &str, limit: u64) -> Grant {
+/// Anything else is answered as it came, for the caller to explain.
+async fn take_after_takeover(
+    api: &Api,
+    pool: &str,
+    owner: &str,
+    limit: u64,
+) -> Result<Grant, Reply> {
     let give_up = Instant::now() + Duration::from_secs(20);
     loop {
         let reply = pool_acquire(api, pool, &ask(owner, limit, 30, 10.0)).await;
-        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
-            return Grant::from_reply(&reply, StatusCode::CREATED);
+        match reply.status {
+            StatusCode::CREATED => return Ok(Grant::from_reply(&reply, StatusCode::CREATED)),
+            StatusCode::SERVICE_UNAVAILABLE if Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => return Err(reply),
         }
-        assert!(
-            Instant::now() < give_up,
-            "still unavailable: {}",
-            reply.text
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -399,10 +403,30 @@ async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
     // and the claim lapses (1 s) long before the leases (3 s) expire.
     let (_, mut killed) = gateways.remove(index);
     killed.child.kill().await.expect("kill -9");
+    let killed_at = Instant::now();
     let survivor = gateways[0].1.api();
 
-    let next = take_after_takeover(&survivor, pool, "after-1", 2).await;
-    let then = take_after_takeover(&survivor, pool, "after-2", 2).await;
+    let mut grants = Vec::new();
+    for owner in ["after-1", "after-2"] {
+        match take_after_takeover(&survivor, pool, owner, 2).await {
+            Ok(grant) => grants.push(grant),
+            Err(reply) => {
+                // A multi-process failure is explained by the survivor's log.
+                let after = killed_at.elapsed();
+                let (_, process) = gateways.remove(0);
+                let logs = process.kill_and_collect_logs().await;
+                let logs: Vec<_> = logs.iter().map(|l| String::from_utf8_lossy(l)).collect();
+                panic!(
+                    "{owner}: {} {} ({after:?} after the kill; dead leases {:?})\nsurvivor log:\n{}",
+                    reply.status,
+                    reply.text,
+                    dead.iter().map(|d| &d.body).collect::<Vec<_>>(),
+                    logs.join("\n")
+                );
+            }
+        }
+    }
+    let [next, then] = <[Grant; 2]>::try_from(grants).unwrap();
     let first_expiry = dead.iter().map(|d| d.expires_ms).min().unwrap();
     let last_expiry = dead.iter().map(|d| d.expires_ms).max().unwrap();
     let last_token = dead.iter().map(|d| d.token).max().unwrap();

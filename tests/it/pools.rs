@@ -526,6 +526,7 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
         ["pool-full", "lock-delay"].contains(&kind.as_str()),
         "{kind}"
     );
+    assert_eq!(busy.json()["limit"], 1, "the pool's limit: {}", busy.text);
     let free_at = busy.json()["free_at"].as_str().map(millis);
 
     let next = take(&app, name, "next", 1, 60, 10.0).await;

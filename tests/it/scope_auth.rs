@@ -50,11 +50,16 @@ fn state_body(n: u64) -> String {
 }
 
 /// Everything the gateway keeps that a request could change: the states
-/// and their history as ClickHouse has them, and the locks an unscoped
-/// token sees.
+/// and their history as ClickHouse has them, and the locks and pools an
+/// unscoped token sees.
 async fn everything(
     app: &TestApp,
-) -> (Vec<(String, Option<String>, Option<String>)>, String, Value) {
+) -> (
+    Vec<(String, Option<String>, Option<String>)>,
+    String,
+    Value,
+    Value,
+) {
     let history = crate::helpers::raw_sql(&format!(
         "SELECT state_id, version, operation FROM `{}`.state_history ORDER BY state_id, version FORMAT TSV",
         app.schema
@@ -67,13 +72,24 @@ async fn everything(
             lock["expires_at"] = Value::Null;
         }
     }
-    (app.table_snapshot().await, history, locks)
+    let mut pools = call(app, Method::GET, "/v1/pools", None, ROOT).await.json()["pools"].clone();
+    for holder in pools
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .filter_map(|pool| pool["holders"].as_array_mut())
+        .flatten()
+    {
+        holder["expires_at"] = Value::Null;
+    }
+    (app.table_snapshot().await, history, locks, pools)
 }
 
 /// How a row of the table tries its operation.
 enum Try {
-    /// The path names a state_id: the guard answers for the scope, so any
-    /// such route, old or new, is tried the same way.
+    /// The path names a state_id or a pool (named by the state_id rules):
+    /// the guard answers for the scope, so any such route, old or new, is
+    /// tried the same way.
     NamedId,
     /// A listing: only ids in scope, and a pattern outside matches nothing.
     Listing(&'static str),
@@ -87,11 +103,11 @@ enum Try {
     Open,
 }
 
-/// One row per operation that names no state_id in its path; an operation
-/// the router serves (and the contract test holds against openapi.yaml)
-/// without a row here, or a {state_id}, fails the test.
+/// One row per operation that names no state_id or pool in its path; an
+/// operation the router serves (and the contract test holds against
+/// openapi.yaml) without a row here, or a {state_id} or {name}, fails the test.
 fn row(method: &Method, template: &str) -> Try {
-    if template.contains("{state_id}") {
+    if template.contains("{state_id}") || template.contains("{name}") {
         return Try::NamedId;
     }
     match (method.as_str(), template) {
@@ -99,6 +115,7 @@ fn row(method: &Method, template: &str) -> Try {
         ("GET", "/v1/bookmarks") => Try::Listing("bookmarks"),
         ("GET", "/v1/regressions") => Try::Listing("regressions"),
         ("GET", "/v1/locks") => Try::Listing("locks"),
+        ("GET", "/v1/pools") => Try::Listing("pools"),
         ("DELETE", "/v1/states") => Try::Listing("deleted"),
         ("POST", "/v1/states") => {
             Try::IdsInBody(|id| json!([{"state_id": id, "completed": {"n": 9}}]).to_string())
@@ -119,6 +136,7 @@ fn row(method: &Method, template: &str) -> Try {
 fn concrete(template: &str, id: &str, lease: &str) -> String {
     template
         .replace("{state_id}", &encode_id(id))
+        .replace("{name}", &encode_id(id))
         .replace("{lease_id}", lease)
         .replace("{stream}", "s")
         .replace("{version}", "2020-01-01T00:00:00.000Z")
@@ -130,7 +148,12 @@ fn body_for(method: &Method, template: &str) -> Option<String> {
         ("POST", "/v1/locks/{state_id}") => {
             Some(json!({"owner": "scoped", "ttl_seconds": 30}).to_string())
         }
-        ("PUT", "/v1/locks/{state_id}/{lease_id}") => Some(json!({"ttl_seconds": 30}).to_string()),
+        ("POST", "/v1/pools/{name}") => {
+            Some(json!({"owner": "scoped", "limit": 1, "ttl_seconds": 30}).to_string())
+        }
+        ("PUT", "/v1/locks/{state_id}/{lease_id}" | "/v1/pools/{name}/{lease_id}") => {
+            Some(json!({"ttl_seconds": 30}).to_string())
+        }
         ("POST", "/v1/states/{state_id}/rollback") => {
             Some(json!({"version": "2020-01-01T00:00:00.000Z"}).to_string())
         }
@@ -140,11 +163,13 @@ fn body_for(method: &Method, template: &str) -> Option<String> {
 
 fn ids_listed(reply: &Reply, what: &str) -> BTreeSet<String> {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    // A pool is named by `pool`, every other listing's item by `state_id`.
+    let key = if what == "pools" { "pool" } else { "state_id" };
     reply.json()[what]
         .as_array()
         .unwrap()
         .iter()
-        .map(|item| item["state_id"].as_str().unwrap().to_owned())
+        .map(|item| item[key].as_str().unwrap().to_owned())
         .collect()
 }
 
@@ -174,6 +199,17 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     .await;
     assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
     let outside_lease = acquired.json()["lease_id"].as_str().unwrap().to_owned();
+    // A pool of the same name outside is in use too, so the pool listing has
+    // something to leave out and the pool routes something to leave alone.
+    let pool = call(
+        &app,
+        Method::POST,
+        &format!("/v1/pools/{}", encode_id(OUTSIDE)),
+        Some(r#"{"owner": "team-b", "limit": 1, "ttl_seconds": 600}"#),
+        ROOT,
+    )
+    .await;
+    assert_eq!(pool.status, StatusCode::CREATED, "{}", pool.text);
     let before = everything(&app).await;
 
     let operations = statehouse::http::operation_list();
@@ -221,8 +257,8 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     );
                     assert!(!listed.contains(OUTSIDE), "{what}: {listed:?}");
                     let outside = format!("{template}?pattern=team-b:*");
-                    let none = if *what_listed == "locks" {
-                        // The lock listing takes no pattern.
+                    let none = if matches!(*what_listed, "locks" | "pools") {
+                        // The lock and pool listings take no pattern.
                         BTreeSet::new()
                     } else {
                         ids_listed(

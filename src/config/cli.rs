@@ -29,8 +29,10 @@ pub enum Command {
     /// (for container health checks, which have no curl).
     Healthcheck(HealthcheckArgs),
     /// Run a command while holding the lease on a state_id, so that no two
-    /// runs of one pipeline overlap: exits with the command's status, 75
-    /// when another holds the lock past --wait, 76 when the lease was lost.
+    /// runs of one pipeline overlap, and a slot of each --pool, so that at
+    /// most its limit of runs go at once: exits with the command's status,
+    /// 75 when another holds the lock (or the pool is full) past --wait, 76
+    /// when a lease was lost.
     #[command(arg_required_else_help = true)]
     Lock(Box<crate::run_lease::LockArgs>),
     /// Started by `statehouse lock` to stop its command's process group

@@ -69,7 +69,12 @@ pub enum ApiError {
     BookmarkRegression(String, Vec<Regression>),
     /// No slot of the pool within the acquire's wait: who holds it.
     #[error("pool {name:?} is full ({} of {} held) and the wait ran out", .view.holders_len(), .view.limit())]
-    PoolFull { name: String, view: Box<PoolView> },
+    PoolFull {
+        name: String,
+        view: Box<PoolView>,
+        /// When a place comes free, when lock-delays keep them all.
+        free_at_ms: Option<i64>,
+    },
     #[error("nobody holds or waits on pool {0:?}")]
     PoolNotFound(String),
     /// The state_id is outside the token's scope.
@@ -323,7 +328,11 @@ impl IntoResponse for ApiError {
             _ => None,
         };
         let free_at = match &self {
-            Self::Lock(LockError::Delayed { free_at_ms, .. }) => Some(rfc3339_millis(*free_at_ms)),
+            Self::Lock(LockError::Delayed { free_at_ms, .. })
+            | Self::PoolFull {
+                free_at_ms: Some(free_at_ms),
+                ..
+            } => Some(rfc3339_millis(*free_at_ms)),
             _ => None,
         };
         let pool = match &self {

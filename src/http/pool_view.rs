@@ -43,11 +43,12 @@ impl From<&Lease> for PoolHolder {
 }
 
 impl PoolView {
-    /// A pool that was full a moment ago and is no longer held.
-    pub fn empty(name: &StateId) -> Self {
+    /// A pool of `limit` that no lease holds: its places are kept by
+    /// lock-delays, or came free a moment ago.
+    pub fn empty(name: &StateId, limit: usize) -> Self {
         Self {
             pool: name.as_str().to_owned(),
-            limit: 0,
+            limit,
             holders: Vec::new(),
             waiting: 0,
         }

@@ -74,21 +74,31 @@ pub async fn acquire(
     let ask = request.into_ask(limit, &headers)?;
     match ctx.pools.acquire(&name, ask).await {
         Ok(lease) => Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response()),
-        Err(LockError::Held { .. } | LockError::Delayed { .. }) => Err(full(&ctx, name).await?),
+        Err(LockError::Held { .. }) => Err(full(&ctx, name, limit, None).await?),
+        Err(LockError::Delayed { free_at_ms, .. }) => {
+            Err(full(&ctx, name, limit, Some(free_at_ms)).await?)
+        }
         Err(err) => Err(err.into()),
     }
 }
 
-/// The 409 of a full pool, with who holds it now.
-async fn full(ctx: &AppContext, name: StateId) -> Result<ApiError, ApiError> {
+/// The 409 of a pool of `limit` that stayed full: who holds it now, and
+/// when a place comes free if only lock-delays keep them.
+async fn full(
+    ctx: &AppContext,
+    name: StateId,
+    limit: usize,
+    free_at_ms: Option<i64>,
+) -> Result<ApiError, ApiError> {
     let occupancy = ctx.pools.occupancy(&name).await?;
     let view = match &occupancy {
         Some(occupancy) => PoolView::from(occupancy),
-        None => PoolView::empty(&name),
+        None => PoolView::empty(&name, limit),
     };
     Ok(ApiError::PoolFull {
         name: name.as_str().to_owned(),
         view: Box::new(view),
+        free_at_ms,
     })
 }
 

@@ -60,13 +60,13 @@ pub(super) enum ClaimOutcome {
     Lost,
 }
 
-/// Who holds an id's claim, with the lease ClickHouse records for it.
+/// Who holds an id's claim, with the leases ClickHouse records for it.
 pub(super) struct Authority {
     /// Gateways with a live claim on the id, the holder first (in table
     /// mode the others are candidates in line).
     pub claims: Vec<Candidate>,
-    /// The id's lease row.
-    pub lease: Option<StoredLease>,
+    /// The id's lease rows: a state_id's one, a pool's that may matter.
+    pub leases: Vec<StoredLease>,
 }
 
 impl Authority {
@@ -75,18 +75,18 @@ impl Authority {
         self.claims.first()
     }
 
-    /// The recorded lease row, if its lease is in force.
-    pub fn in_force(&self) -> Option<&StoredLease> {
-        let stored = self.lease.as_ref()?;
-        in_force(stored, |gateway| {
-            self.claims.iter().any(|c| c.gateway_id == gateway)
+    /// The recorded lease rows whose leases are in force, oldest first.
+    pub fn in_force(&self) -> impl Iterator<Item = &StoredLease> {
+        self.leases.iter().filter(|stored| {
+            in_force(stored, |gateway| {
+                self.claims.iter().any(|c| c.gateway_id == gateway)
+            })
         })
-        .then_some(stored)
     }
 
-    /// The recorded lease, if it is in force.
+    /// The latest recorded lease in force: a state_id's lease.
     pub fn lease_in_force(&self) -> Option<&Lease> {
-        self.in_force().map(|stored| &stored.record.lease)
+        self.in_force().last().map(|stored| &stored.record.lease)
     }
 }
 
@@ -244,8 +244,8 @@ impl Coordinator {
             Claims::Table => {
                 let locks = self.leases.id_locks(id).await?;
                 Ok(Authority {
-                    lease: locks.latest().cloned(),
                     claims: locks.candidates,
+                    leases: locks.leases,
                 })
             }
             Claims::Keeper(store) => {
@@ -264,7 +264,7 @@ impl Coordinator {
                     });
                 Ok(Authority {
                     claims: holder.into_iter().collect(),
-                    lease: locks?.latest().cloned(),
+                    leases: locks?.leases,
                 })
             }
         }
@@ -509,7 +509,7 @@ mod tests {
         };
         let read = Authority {
             claims: vec![candidate(OTHER), candidate(HOLDER)],
-            lease: Some(stored(LeaseState::Held, true)),
+            leases: vec![stored(LeaseState::Held, true)],
         };
         assert_eq!(read.holder().map(|c| c.gateway_id), Some(OTHER));
         assert!(read.lease_in_force().is_some(), "its gateway is in line");

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::claim::Coordinator;
 use super::record::Recorder;
-use super::slot::Tick;
+use super::slot::{SlotState, Tick};
 use super::slots::Slots;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::store::{LeaseRecord, LeaseStore, now_ms};
@@ -166,14 +166,12 @@ impl Maintenance {
     /// an end of its own, within the query timeout.
     async fn writes_landed(&self) {
         loop {
-            let now = Instant::now();
             let landing = self
                 .slots
                 .snapshot()
                 .into_iter()
                 .filter_map(|(id, slot)| {
-                    let st = slot.current(&id, now, self.slots.metrics());
-                    st.landing_until()
+                    slot.current(&id, self.slots.metrics(), SlotState::landing_until)
                 })
                 .max();
             let Some(until) = landing else { return };

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response};
@@ -210,11 +210,12 @@ impl LockManager {
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
         match self.coordinator.authority(id).await {
-            Ok(authority) => match authority.lease_in_force() {
-                Some(lease)
-                    if lease.lease_id == lease_id
-                        && lease.gateway_id != self.settings.gateway_id =>
-                {
+            Ok(authority) => match authority
+                .in_force()
+                .map(|stored| &stored.record.lease)
+                .find(|lease| lease.lease_id == lease_id)
+            {
+                Some(lease) if lease.gateway_id != self.settings.gateway_id => {
                     LockError::HeldElsewhere {
                         lease_id,
                         gateway_id: lease.gateway_id,
@@ -249,22 +250,25 @@ impl LockManager {
         // No claim here: a lease handed on at a shutdown, or one held through
         // a gateway that cannot be forwarded to, which sees the mark at its
         // next maintenance tick and stops honouring the lease.
-        match self.coordinator.authority(id).await?.in_force() {
-            Some(stored) => {
+        let at_ms = now_ms();
+        let ended: Vec<_> = self
+            .coordinator
+            .authority(id)
+            .await?
+            .in_force()
+            .map(|stored| {
                 let record = stored.record.clone();
-                self.leases
-                    .write_leases(&[ended_row(
-                        record.lease,
-                        record.version,
-                        now_ms(),
-                        Some(forced),
-                    )])
-                    .await?;
-                self.metrics.lock_event(LockEvent::ForcedRelease);
-                Ok(true)
-            }
-            None => Ok(false),
+                ended_row(record.lease, record.version, at_ms, Some(forced.clone()))
+            })
+            .collect();
+        if ended.is_empty() {
+            return Ok(false);
         }
+        self.leases.write_leases(&ended).await?;
+        for _ in &ended {
+            self.metrics.lock_event(LockEvent::ForcedRelease);
+        }
+        Ok(true)
     }
 
     /// The current lease of `id`: this gateway's own when it is the
@@ -275,11 +279,12 @@ impl LockManager {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
-        if let Some(slot) = self.slots.existing(id) {
-            let st = slot.current(id, Instant::now(), &self.metrics);
-            if st.claim_id().is_some() {
-                return Ok(st.lease().cloned());
-            }
+        if let Some(slot) = self.slots.existing(id)
+            && let Some(lease) = slot.current(id, &self.metrics, |st| {
+                st.claim_id().map(|_| st.lease().cloned())
+            })
+        {
+            return Ok(lease);
         }
         Ok(self.coordinator.recorded_lease(id, seen).await?)
     }
@@ -298,11 +303,12 @@ impl LockManager {
     /// Who holds `id` and how many wait: this gateway's slot when it is the
     /// id's authority, else ClickHouse's record. None when none holds or waits.
     pub async fn occupancy(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
-        if let Some(slot) = self.slots.existing(id) {
-            let st = slot.current(id, Instant::now(), &self.metrics);
-            if st.claim_id().is_some() {
-                return Ok(Occupancy::of(id, &st));
-            }
+        if let Some(slot) = self.slots.existing(id)
+            && let Some(here) = slot.current(id, &self.metrics, |st| {
+                st.claim_id().map(|_| Occupancy::of(id, st))
+            })
+        {
+            return Ok(here);
         }
         let holders: Vec<Lease> = self
             .coordinator
@@ -329,11 +335,11 @@ impl LockManager {
             .into_iter()
             .map(|(id, holders)| (id.clone(), Occupancy::recorded(id, holders)))
             .collect();
-        let now = Instant::now();
         for (id, slot) in self.slots.snapshot() {
-            let st = slot.current(&id, now, &self.metrics);
-            if st.claim_id().is_some() {
-                by_id.insert(id.clone(), Occupancy::of(&id, &st));
+            if let Some(here) = slot.current(&id, &self.metrics, |st| {
+                st.claim_id().map(|_| Occupancy::of(&id, st))
+            }) {
+                by_id.insert(id, here);
             }
         }
         Ok(by_id.into_values().flatten().collect())
@@ -342,14 +348,14 @@ impl LockManager {
     /// The ids this gateway is the authority for that someone holds or
     /// waits on, by id.
     pub fn local_occupancies(&self) -> Vec<Occupancy> {
-        let now = Instant::now();
         let mut here: Vec<Occupancy> = self
             .slots
             .snapshot()
             .into_iter()
             .filter_map(|(id, slot)| {
-                let st = slot.current(&id, now, &self.metrics);
-                st.claim_id().and(Occupancy::of(&id, &st))
+                slot.current(&id, &self.metrics, |st| {
+                    st.claim_id().and(Occupancy::of(&id, st))
+                })
             })
             .collect();
         here.sort_by(|a, b| a.id.cmp(&b.id));

@@ -31,22 +31,28 @@ pub(super) struct Slot {
 }
 
 impl Slot {
-    pub fn lock(&self) -> MutexGuard<'_, SlotState> {
+    fn guard(&self) -> MutexGuard<'_, SlotState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The state as of `now`: what has run out by then (a lapsed claim, an
-    /// expired lease, an ended lock-delay, writes that have surely landed)
-    /// is dropped first, so that no decision is taken on it.
-    pub fn current(
+    /// Reads the state as it stands: no change, no wake-up.
+    pub fn read<T>(&self, read: impl FnOnce(&SlotState) -> T) -> T {
+        read(&self.guard())
+    }
+
+    /// Reads the state as of now: what has run out by then (a lapsed claim,
+    /// an expired lease, an ended lock-delay, writes that have surely
+    /// landed) is dropped first, so that no decision is taken on it.
+    pub fn current<T>(
         &self,
         id: &StateId,
-        now: Instant,
         metrics: &Metrics,
-    ) -> MutexGuard<'_, SlotState> {
-        let mut st = self.lock();
-        st.expire(id, now, metrics);
-        st
+        read: impl FnOnce(&SlotState) -> T,
+    ) -> T {
+        self.apply(|st, now| {
+            st.expire(id, now, metrics);
+            Effects::quiet(read(st))
+        })
     }
 
     /// Runs `transition` under the lock, at one instant read here, then
@@ -54,7 +60,7 @@ impl Slot {
     /// one place they are woken, never with the lock held.
     pub fn apply<T>(&self, transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>) -> T {
         let now = Instant::now();
-        let Effects { out, wake } = transition(&mut self.lock(), now);
+        let Effects { out, wake } = transition(&mut self.guard(), now);
         if wake {
             self.changed.notify_waiters();
         }
@@ -347,6 +353,13 @@ impl Drop for ClaimAttempt<'_> {
 
 /// Reaches into the state, for tests of the modules that use a slot: they
 /// start from a claim and a lease as they stand, or end them abruptly.
+#[cfg(test)]
+impl Slot {
+    pub fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.guard()
+    }
+}
+
 #[cfg(test)]
 impl SlotState {
     pub fn claim_for_tests(&mut self) -> &mut Option<HeldClaim> {

@@ -4,11 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::slot::Slot;
+use super::slot::{Slot, SlotState};
 use crate::domain::StateId;
 use crate::metrics::Metrics;
 
@@ -57,15 +56,14 @@ impl Slots {
     /// is what every acquire takes to find its slot, so none can be joining.
     pub fn forget_idle(&self) {
         self.map()
-            .retain(|_, slot| Arc::strong_count(slot) > 1 || !slot.lock().is_idle());
+            .retain(|_, slot| Arc::strong_count(slot) > 1 || !slot.read(SlotState::is_idle));
     }
 
     /// The claim this gateway holds on `id`, if it is the id's authority: as
     /// long as it holds that claim, every write to the id comes through it.
     pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
         let slot = self.existing(id)?;
-        let st = slot.current(id, Instant::now(), &self.metrics);
-        st.claim_id()
+        slot.current(id, &self.metrics, SlotState::claim_id)
     }
 
     /// Whether no write sent under this gateway's claim on `id` may still
@@ -73,6 +71,6 @@ impl Slots {
     /// then does what it reads of the id stay current.
     pub fn nothing_landing(&self, id: &StateId) -> bool {
         self.existing(id)
-            .is_none_or(|slot| slot.lock().nothing_landing())
+            .is_none_or(|slot| slot.read(SlotState::nothing_landing))
     }
 }

@@ -137,11 +137,8 @@ impl Admitted {
                 None => Ok(self.query_timeout),
             };
         };
-        let standing = local.slot.lock().standing(
-            local.claim_id,
-            self.lease.as_ref().map(|l| l.lease_id),
-            now,
-        );
+        let mine = self.lease.as_ref().map(|l| l.lease_id);
+        let standing = local.slot.read(|st| st.standing(local.claim_id, mine, now));
         match standing {
             Standing::Until(valid_until) => Ok(self.query_timeout.min(valid_until - now)),
             Standing::Locked(holder) => Err(LockError::Locked {
@@ -196,7 +193,7 @@ impl Sending {
         };
         for (index, write) in writes.iter().enumerate() {
             let Some(local) = &write.local else { continue };
-            let number = local.slot.lock().start_send(sending.until);
+            let number = local.slot.apply(|st, _| st.send(sending.until));
             sending.entries.push((local.slot.clone(), number));
             if let Err(err) = write.budget(now) {
                 return Err((index, err));
@@ -295,10 +292,9 @@ pub(super) fn admit_here(
     query_timeout: Duration,
 ) -> Option<Result<Admitted, LockError>> {
     let slot = slots.existing(id)?;
-    let st = slot.current(id, Instant::now(), slots.metrics());
-    let claim_id = st.claim_id()?;
-    let current = st.lease().cloned();
-    drop(st);
+    let (claim_id, current) = slot.current(id, slots.metrics(), |st| {
+        Some((st.claim_id()?, st.lease().cloned()))
+    })?;
     Some(
         lease_rule(id, current.as_ref(), lease_id)
             .map(|lease| Admitted::local(id.clone(), lease, slot, claim_id, query_timeout)),

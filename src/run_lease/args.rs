@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::client::GatewayUrl;
 use super::info;
+use super::target::Target;
 
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
@@ -80,8 +81,17 @@ pub struct LockArgs {
     #[arg(long = "info", value_name = "KEY=VALUE", value_parser = info::parse_pair)]
     pub info: Vec<(String, String)>,
 
+    /// Also take a slot of pool NAME, which lets at most LIMIT (1 to 1000)
+    /// runs hold it at once; repeatable. Pools are taken in name order, then
+    /// the state_id, all within --wait; a pool still full past it exits 75.
+    #[arg(long = "pool", value_name = "NAME=LIMIT", value_parser = parse_pool)]
+    pub pools: Vec<(String, u16)>,
+
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
-    pub state_id: String,
+    /// May be left out when --pool is given.
+    // A run that holds nothing would guard nothing.
+    #[arg(required_unless_present = "pools")]
+    pub state_id: Option<String>,
 
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
@@ -156,9 +166,44 @@ impl LockArgs {
         Ok((url, token))
     }
 
+    /// What to take, in order: the pools by name (byte order, the same in
+    /// every run, so that two runs never each hold a pool the other waits
+    /// for), then the state_id. A pool named twice is a bad command line.
+    pub fn targets(&self) -> Result<Vec<Target>, String> {
+        let mut pools = self.pools.clone();
+        pools.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(twice) = pools.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+            return Err(format!("--pool {:?} is given twice", twice[0].0));
+        }
+        let pools = pools
+            .into_iter()
+            .map(|(name, limit)| Target::Pool { name, limit });
+        Ok(pools
+            .chain(self.state_id.clone().map(Target::State))
+            .collect())
+    }
+
     /// The lock-delay to ask for: --lock-delay, or --grace + 5s.
     pub fn lock_delay(&self) -> Duration {
         self.lock_delay.unwrap_or(self.grace + LOCK_DELAY_MARGIN)
+    }
+}
+
+/// The limits a pool may have, as the gateway takes them.
+const POOL_LIMITS: std::ops::RangeInclusive<u16> = 1..=1000;
+
+/// A `--pool NAME=LIMIT`: the name is whatever comes before the last `=`
+/// (a pool name may hold one, as a state_id may), the limit 1 to 1000.
+fn parse_pool(raw: &str) -> Result<(String, u16), String> {
+    let (name, limit) = raw
+        .rsplit_once('=')
+        .filter(|(name, _)| !name.is_empty())
+        .ok_or("expected NAME=LIMIT with a non-empty NAME")?;
+    match limit.parse::<u16>() {
+        Ok(limit) if POOL_LIMITS.contains(&limit) => Ok((name.to_owned(), limit)),
+        _ => Err(format!(
+            "the LIMIT of pool {name:?} must be a whole number from 1 to 1000, not {limit:?}"
+        )),
     }
 }
 
@@ -189,7 +234,11 @@ mod tests {
     #[test]
     fn defaults_and_flags() {
         let args = parse(&["dev:tap-to-target", "--", "meltano", "run", "--force"]).unwrap();
-        assert_eq!(args.state_id, "dev:tap-to-target");
+        assert_eq!(args.state_id.as_deref(), Some("dev:tap-to-target"));
+        assert_eq!(
+            args.targets().unwrap(),
+            [Target::State("dev:tap-to-target".into())]
+        );
         assert_eq!(args.command, ["meltano", "run", "--force"]);
         assert_eq!(args.ttl, Duration::from_secs(30));
         assert_eq!(args.wait, Duration::ZERO);
@@ -243,6 +292,15 @@ mod tests {
             &["--url=http://gw/?a=b", "id", "--", "true"],
             &["--info=novalue", "id", "--", "true"],
             &["--info==v", "id", "--", "true"],
+            &["--pool=db", "--", "true"],
+            &["--pool==2", "--", "true"],
+            &["--pool=db=", "--", "true"],
+            &["--pool=db=0", "--", "true"],
+            &["--pool=db=1001", "--", "true"],
+            &["--pool=db=-1", "--", "true"],
+            &["--pool=db=1.5", "--", "true"],
+            &["--pool=db=2", "--"],
+            &["--pool=db=2"],
         ] {
             assert!(parse(argv).is_err(), "{argv:?}");
         }
@@ -315,6 +373,72 @@ mod tests {
         let err = settings(&[], &bad).unwrap_err();
         assert!(err.contains(MELTANO_URI), "{err}");
         assert!(settings(&["--url=http://mine:1"], &bad).is_ok(), "not read");
+    }
+
+    #[test]
+    fn pools_are_taken_in_name_order_then_the_state_id() {
+        let pool = |name: &str, limit| Target::Pool {
+            name: name.into(),
+            limit,
+        };
+        let args = parse(&[
+            "--pool=source-db=2",
+            "--pool",
+            "api=1000",
+            "--pool=Zed=1",
+            "--pool=a=b=3",
+            "dev:t-to-u",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.targets().unwrap(),
+            [
+                pool("Zed", 1),
+                pool("a=b", 3),
+                pool("api", 1000),
+                pool("source-db", 2),
+                Target::State("dev:t-to-u".into()),
+            ],
+            "byte order (upper case first), the state_id last"
+        );
+        // A pool alone is enough: the next argument after `--` is the command.
+        let args = parse(&["--pool=db=2", "--", "sh", "-c", "exit 0"]).unwrap();
+        assert_eq!(args.state_id, None);
+        assert_eq!(args.targets().unwrap(), [pool("db", 2)]);
+        assert_eq!(args.command, ["sh", "-c", "exit 0"]);
+    }
+
+    #[test]
+    fn a_pool_named_twice_is_refused_whatever_its_limits() {
+        for argv in [
+            &["--pool=db=2", "--pool=db=2", "--", "true"][..],
+            &[
+                "--pool=db=2",
+                "--pool=x=1",
+                "--pool=db=3",
+                "id",
+                "--",
+                "true",
+            ],
+        ] {
+            let err = parse(argv).unwrap().targets().unwrap_err();
+            assert!(err.contains("\"db\"") && err.contains("twice"), "{err}");
+        }
+        // Names differing only in case are different pools.
+        let args = parse(&["--pool=db=2", "--pool=DB=2", "--", "true"]).unwrap();
+        assert_eq!(args.targets().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn pool_limits_run_from_1_to_1000() {
+        assert_eq!(parse_pool("db=1"), Ok(("db".into(), 1)));
+        assert_eq!(parse_pool("db=1000"), Ok(("db".into(), 1000)));
+        for bad in ["db=0", "db=1001", "db=65536", "db=", "db=two", "=5", "db"] {
+            assert!(parse_pool(bad).is_err(), "{bad}");
+        }
+        assert!(parse_pool("db=0").unwrap_err().contains("1 to 1000"));
     }
 
     #[test]

@@ -38,20 +38,26 @@ pub struct Child {
 }
 
 impl Child {
-    /// Starts `command` (program and arguments) with the lease in its
-    /// environment, as the leader of a new process group, its standard input
-    /// /dev/null when the runner's is a terminal. On Linux the kernel sends it
-    /// SIGTERM if the runner dies first.
-    pub fn spawn(command: &[OsString], id: &str, lease: &Lease) -> Result<Self, StartFailure> {
+    /// Starts `command` (program and arguments) with the state_id's lease,
+    /// if the run holds one, in its environment (a pool's lease has nothing
+    /// for the command to write with), as the leader of a new process group,
+    /// its standard input /dev/null when the runner's is a terminal. On Linux
+    /// the kernel sends it SIGTERM if the runner dies first.
+    pub fn spawn(
+        command: &[OsString],
+        state: Option<(&str, &Lease)>,
+    ) -> Result<Self, StartFailure> {
         let (program, args) = command
             .split_first()
             .expect("the command line requires a command");
         let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .env(LEASE_STATE_ID, id)
-            .env(LEASE_ID, &lease.lease_id)
-            .env(FENCING_TOKEN, lease.fencing_token.to_string())
-            .process_group(0)
+        cmd.args(args);
+        if let Some((id, lease)) = state {
+            cmd.env(LEASE_STATE_ID, id)
+                .env(LEASE_ID, &lease.lease_id)
+                .env(FENCING_TOKEN, lease.fencing_token.to_string());
+        }
+        cmd.process_group(0)
             // Should the runner unwind past it, the command goes too.
             .kill_on_drop(true);
         // In a background process group, reading the terminal would stop the

@@ -40,6 +40,7 @@ mod proxy;
 mod reload_auth;
 mod run_lease;
 mod run_lease_delay;
+mod run_lease_pool;
 mod run_lease_tls;
 mod run_lease_tree;
 mod scope_auth;

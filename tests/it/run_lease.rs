@@ -48,6 +48,12 @@ pub fn lock(
     dir: &Path,
     script: &str,
 ) -> tokio::process::Child {
+    lock_with(base, &[flags, &[id]].concat(), dir, script)
+}
+
+/// `statehouse lock --url BASE ARGS... -- sh -c SCRIPT`, as [`lock`] runs
+/// it: ARGS are the flags and, if any, the state_id.
+pub fn lock_with(base: &str, args: &[&str], dir: &Path, script: &str) -> tokio::process::Child {
     let mut runner = tokio::process::Command::new(BIN);
     // Tests started in the background (`nohup scripts/test &`) inherit SIGINT
     // and SIGHUP ignored from the shell, and the runner rightly keeps an
@@ -65,8 +71,8 @@ pub fn lock(
     }
     runner
         .args(["lock", "--url", base])
-        .args(flags)
-        .args([id, "--", "sh", "-c", script])
+        .args(args)
+        .args(["--", "sh", "-c", script])
         .current_dir(dir)
         .env_remove("STATEHOUSE_TOKEN")
         .env_remove("STATEHOUSE_LOCK_OWNER")
@@ -653,6 +659,10 @@ fn help_documents_every_flag_with_its_env_var_and_the_exit_codes() {
     for code in ["75", "76"] {
         assert!(help.contains(code), "exit code {code} missing from --help");
     }
+    assert!(
+        help.contains("--pool <NAME=LIMIT>"),
+        "--pool missing from --help"
+    );
     for meltano in [
         "MELTANO_STATE_BACKEND_URI",
         "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN",

@@ -224,7 +224,11 @@ impl SlotState {
 
     /// A write goes out under the claim, and may land until `until`:
     /// answers its number.
-    pub fn start_send(&mut self, until: Instant) -> u64 {
+    pub fn send(&mut self, until: Instant) -> Effects<u64> {
+        Effects::quiet(self.start_send(until))
+    }
+
+    fn start_send(&mut self, until: Instant) -> u64 {
         let number = self.next_send;
         self.next_send += 1;
         self.sending.insert(number, until);

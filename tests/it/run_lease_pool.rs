@@ -1,0 +1,343 @@
+//! `statehouse lock --pool NAME=LIMIT [STATE_ID] -- COMMAND`: the binary
+//! against a real gateway's pools, with small shell scripts as the command.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+
+use crate::helpers::{metric, spawn_app};
+use crate::run_lease::{BIN, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until};
+
+/// A command that records when it ran, as `START END` in seconds, in `interval-N`.
+fn recorded_second(n: usize) -> String {
+    format!("s=$(date +%s.%N); sleep 1; e=$(date +%s.%N); echo \"$s $e\" > interval-{n}")
+}
+
+/// The most intervals that overlap at any one moment.
+fn most_at_once(intervals: &[(f64, f64)]) -> usize {
+    // The most is reached at some interval's start.
+    intervals
+        .iter()
+        .map(|&(at, _)| {
+            intervals
+                .iter()
+                .filter(|&&(start, end)| start <= at && at < end)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn four_runs_of_a_pool_of_two_go_two_at_a_time_and_all_finish() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let flags = ["--pool", "P=2", "--wait", "10s"];
+    let runs: Vec<_> = [None, None, Some("dev:job-a"), Some("dev:job-b")]
+        .into_iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let args: Vec<&str> = flags.iter().copied().chain(id).collect();
+            lock_with(&app.base, &args, &scratch.0, &recorded_second(n))
+        })
+        .collect();
+    for (n, run) in runs.into_iter().enumerate() {
+        let (status, stderr) = ended(run, Duration::from_secs(30)).await;
+        assert_eq!(status, Some(0), "run {n}: {stderr}");
+        assert_eq!(stderr, "", "run {n}: nothing to say");
+    }
+    let intervals: Vec<(f64, f64)> = (0..4)
+        .map(|n| {
+            let line = scratch
+                .read(&format!("interval-{n}"))
+                .unwrap_or_else(|| panic!("run {n} ran its command"));
+            let (start, end) = line.trim().split_once(' ').unwrap();
+            (start.parse().unwrap(), end.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        most_at_once(&intervals),
+        2,
+        "never more than the limit, and the limit used: {intervals:?}"
+    );
+    let first = intervals.iter().map(|i| i.0).fold(f64::MAX, f64::min);
+    let last = intervals.iter().map(|i| i.1).fold(f64::MIN, f64::max);
+    assert!(
+        last - first < 5.0,
+        "all done {:.2}s after the first start",
+        last - first
+    );
+    // Everything was released.
+    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+    for id in ["dev:job-a", "dev:job-b"] {
+        assert_eq!(lock_status(&app, id).await, StatusCode::NOT_FOUND, "{id}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_pool_exits_75_naming_its_holder_and_what_was_taken_is_released() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--owner", "holder-run"],
+        &scratch.0,
+        WAIT_FOR_GO,
+    );
+    until(
+        "the holder's command starts",
+        Duration::from_secs(20),
+        || scratch.path("ready").exists(),
+    )
+    .await;
+
+    let busy = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--wait", "0s"],
+        &scratch.0,
+        "touch ran",
+    );
+    let (status, stderr) = ended(busy, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(!scratch.path("ran").exists(), "nothing was run");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for part in ["pool P", "holder-run", "sh -c touch ready"] {
+        assert!(stderr.contains(part), "{part} in {stderr}");
+    }
+
+    // Pool A comes before P: taken, then released when P is full.
+    let busy = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--pool", "A=1"],
+        &scratch.0,
+        "touch ran",
+    );
+    let (status, stderr) = ended(busy, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(!scratch.path("ran").exists());
+    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+
+    // So is a pool taken before a state_id another holds.
+    let (lease_id, _) = app.lease("job", "other-worker", 60, 0.0).await;
+    let busy = lock_with(
+        &app.base,
+        &["--pool", "A=1", "job"],
+        &scratch.0,
+        "touch ran",
+    );
+    let (status, stderr) = ended(busy, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(stderr.contains("other-worker"), "{stderr}");
+    assert!(!scratch.path("ran").exists());
+    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+    app.release("job", &lease_id).await;
+
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (status, stderr) = ended(holder, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let script = "trap 'touch terminated' TERM; touch ready; while :; do sleep 0.02; done";
+    let run = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--ttl", "3s", "--grace", "1s", "job"],
+        &scratch.0,
+        script,
+    );
+    until("the command starts", Duration::from_secs(20), || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let ended_by_admin = app
+        .request(Method::DELETE, "/v1/pools/P?reason=x", None, &[])
+        .await;
+    assert_eq!(ended_by_admin.status, StatusCode::NO_CONTENT);
+    // A renewal goes out every third of the TTL (1 s); slack for a loaded machine.
+    until("SIGTERM", Duration::from_secs(5), || {
+        scratch.path("terminated").exists()
+    })
+    .await;
+    let (status, stderr) = ended(run, Duration::from_secs(10)).await;
+    assert_eq!(status, Some(76), "{stderr}");
+    let lost: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.contains("lost the lease"))
+        .collect();
+    assert_eq!(lost.len(), 1, "{stderr}");
+    assert!(lost[0].contains("pool P"), "{stderr}");
+    assert_eq!(
+        lock_status(&app, "job").await,
+        StatusCode::NOT_FOUND,
+        "the state lease, still current, was released"
+    );
+    // The ended lease's lock-delay (--grace + 5 s) keeps its slot: the next
+    // run is busy, told when the slot is free.
+    let next = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "touch ran");
+    let (status, stderr) = ended(next, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(75), "{stderr}");
+    assert!(
+        stderr.contains("lock-delays") && stderr.contains("free at"),
+        "{stderr}"
+    );
+    assert!(!scratch.path("ran").exists());
+}
+
+#[tokio::test]
+async fn a_pool_shows_who_holds_it_and_what_it_runs() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let run = lock_with(
+        &app.base,
+        &[
+            "--pool",
+            "P=2",
+            "--owner",
+            "shown-run",
+            "--info",
+            "dag=nightly",
+        ],
+        &scratch.0,
+        WAIT_FOR_GO,
+    );
+    until("the command starts", Duration::from_secs(20), || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let pid = run.id().unwrap();
+    let view = app.get("/v1/pools/P").await;
+    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    let view = view.json();
+    assert_eq!(view["limit"], 2);
+    let holders = view["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{view}");
+    let holder = &holders[0];
+    assert_eq!(holder["owner"], "shown-run");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(holder["info"]["host"], host.trim());
+    assert_eq!(holder["info"]["pid"], pid);
+    assert_eq!(holder["info"]["command"], format!("sh -c {WAIT_FOR_GO}"));
+    assert_eq!(holder["info"]["dag"], "nightly");
+    assert!(running(i32::try_from(pid).unwrap()));
+
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (status, stderr) = ended(run, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bad_pool_command_lines_and_a_limit_of_its_own_exit_1_and_run_nothing() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let cases: [(&str, &[&str]); 7] = [
+        ("a limit of 0", &["--pool", "P=0"]),
+        ("a limit over 1000", &["--pool", "P=1001"]),
+        ("no limit", &["--pool", "P"]),
+        ("a limit that is no number", &["--pool", "P=two"]),
+        ("no name", &["--pool", "=2"]),
+        ("a pool twice", &["--pool", "P=2", "--pool", "P=2"]),
+        ("neither a pool nor a state_id", &[]),
+    ];
+    for (case, flags) in cases {
+        let output = tokio::process::Command::new(BIN)
+            .args(["lock", "--url", &app.base])
+            .args(flags)
+            .args(["--", "touch", "ran"])
+            .current_dir(&scratch.0)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{case}: {stderr}");
+        assert!(!stderr.is_empty(), "{case} says why");
+        assert!(!scratch.path("ran").exists(), "{case}: nothing was run");
+    }
+
+    // A limit other than the pool's, while it has a holder, is refused.
+    let holder = lock_with(&app.base, &["--pool", "P=2"], &scratch.0, WAIT_FOR_GO);
+    until(
+        "the holder's command starts",
+        Duration::from_secs(20),
+        || scratch.path("ready").exists(),
+    )
+    .await;
+    let other = lock_with(&app.base, &["--pool", "P=3"], &scratch.0, "touch ran");
+    let (status, stderr) = ended(other, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(1), "{stderr}");
+    assert!(stderr.contains("/v1/pools/P"), "{stderr}");
+    assert!(!scratch.path("ran").exists());
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
+}
+
+#[tokio::test]
+async fn a_pool_taken_first_is_renewed_while_the_run_waits_for_the_next() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "sleep 3");
+    // A comes before P: held, with a TTL of 1 s, all the while P is waited for.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let run = lock_with(
+        &app.base,
+        &[
+            "--pool", "P=1", "--pool", "A=1", "--ttl", "1s", "--wait", "20s",
+        ],
+        &scratch.0,
+        "touch ran",
+    );
+    let (status, stderr) = ended(holder, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    let (status, stderr) = ended(run, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    assert_eq!(stderr, "", "A outlived three of its TTLs");
+    assert!(scratch.path("ran").exists());
+    let metrics = app.get("/metrics").await.text;
+    let renewals = metric(
+        &metrics,
+        r#"statehouse_http_requests_total{method="PUT",route="/v1/pools/{name}/{lease_id}",status="200"}"#,
+    )
+    .unwrap_or(0.0);
+    assert!(renewals >= 4.0, "{renewals} renewals in about 3 s");
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_for_a_pool_releases_those_taken() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, WAIT_FOR_GO);
+    until(
+        "the holder's command starts",
+        Duration::from_secs(20),
+        || scratch.path("ready").exists(),
+    )
+    .await;
+    let run = lock_with(
+        &app.base,
+        &["--pool", "P=1", "--pool", "A=1", "--wait", "30s"],
+        &scratch.0,
+        "touch ran",
+    );
+    let mut taken = false;
+    for _ in 0..100 {
+        if app.get("/v1/pools/A").await.status == StatusCode::OK {
+            taken = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(taken, "the run took A before waiting for P");
+    let pid = i32::try_from(run.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on the runner this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (status, stderr) = ended(run, Duration::from_secs(5)).await;
+    assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(!scratch.path("ran").exists(), "nothing was run");
+    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+    std::fs::write(scratch.path("go"), "").unwrap();
+    assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
+}

@@ -8,10 +8,12 @@
 
 use std::time::{Duration, Instant};
 
+use uuid::Uuid;
+
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::Recorder;
-use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Rules, Step, Waiter};
+use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseInfo, StateId};
@@ -34,6 +36,28 @@ pub struct Ask {
     /// Cut to `--max-lock-delay` by the lock handle.
     pub lock_delay: Duration,
     pub info: LeaseInfo,
+}
+
+/// A grant not yet answered: dropped unanswered, its lease is taken back
+/// and recorded as released, so that no place stays held for a holder that
+/// never heard of it.
+struct Unanswered<'a> {
+    slot: &'a Slot,
+    recorder: &'a Recorder,
+    lease_id: Uuid,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let taken = self.slot.apply(|st, now| st.release(self.lease_id, now));
+        if let Some(Released { lease, .. }) = taken {
+            self.recorder.released(lease.lease, lease.version);
+        }
+    }
 }
 
 /// One acquire, with the parts of the lock core it uses.
@@ -65,25 +89,32 @@ impl Acquirer<'_> {
             lock_delay: ask.lock_delay,
             info: ask.info,
         };
-        let mut result = self.wait_for_grant(id, &in_line, waiter).await;
-        if let Ok(lease) = &result
-            && let Err(err) = self.recorder.landed().await
-        {
-            // A pool's holders are known to a next authority only by their
-            // rows: a grant whose row did not land is taken back.
-            drop(
-                in_line
-                    .slot()
-                    .apply(|st, now| st.release(lease.lease_id, now)),
-            );
-            result = Err(err.into());
-        }
+        let result = match self.wait_for_grant(id, &in_line, waiter).await {
+            Ok(lease) => self.answer(in_line.slot(), lease).await,
+            Err(err) => Err(err),
+        };
         match &result {
             Ok(_) => self.slots.metrics().lock_event(LockEvent::Grant),
             Err(LockError::Held { .. }) => self.slots.metrics().lock_event(LockEvent::Timeout),
             Err(_) => {}
         }
         result
+    }
+
+    /// Answers a grant once its row has landed where rows must land first
+    /// (a pool's: its holders are known to a next authority only by their
+    /// rows). A grant whose row failed, or whose acquire is dropped while
+    /// the row is on its way (its client hung up), is taken back.
+    async fn answer(&self, slot: &Slot, lease: Lease) -> Result<Lease, LockError> {
+        let mut unanswered = Unanswered {
+            slot,
+            recorder: self.recorder,
+            lease_id: lease.lease_id,
+            answered: false,
+        };
+        self.recorder.landed().await?;
+        unanswered.answered = true;
+        Ok(lease)
     }
 
     async fn wait_for_grant(

@@ -11,6 +11,8 @@
 //! 2. Worker leases, in memory ([`slot`]): the authority grants, renews and
 //!    releases leases first come, first served with no ClickHouse round trip;
 //!    their rows, for other gateways' views, are written behind ([`record`]).
+//!    A slot holds one lease on a state_id, up to its limit on a pool: pools
+//!    are this same core over tables of their own, one `LockManager` each.
 //!
 //! Invariants, for checking the code against:
 //! - One authority per state_id: a gateway grants, renews and releases leases
@@ -40,7 +42,8 @@
 //!   not hold the id for the whole TTL (`http::forward`).
 //! - An acquire abandoned at any await point (its client hung up) leaves the
 //!   line, clears its claim attempt and withdraws its candidate: guards in
-//!   [`slot`] and [`claim`]. A write abandoned in flight keeps its id from
+//!   [`slot`] and [`claim`]. A pool's grant is answered only once its row has
+//!   landed; one dropped before that is taken back ([`acquire`]). A write abandoned in flight keeps its id from
 //!   the next grant until its time budget is spent, since it may still land.
 //! - What a waiter does next is decided by a pure function of the slot's
 //!   state and the time (`SlotState::next_step`); its effects (grants' rows,

@@ -94,14 +94,14 @@ impl Store {
     ) -> Self {
         ch.sequential_reads = layout.cluster.is_some();
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
-        let claims_table = claims_table_name(table);
+        let claims_table = companion(table, "claims");
         let lease_history = match history {
             History::Off => None,
             History::Kept(retention) => Some(LeaseHistoryStore::new(
                 ch.clone(),
-                qualified(&lease_history_table_name(table)),
-                qualified(&lease_history_view_name(table)),
-                qualified(&lease_table_name(table)),
+                qualified(&companion(table, "lease_history")),
+                qualified(&companion(table, "lease_history_writes")),
+                qualified(&companion(table, "lease")),
                 retention,
             )),
         };
@@ -109,20 +109,20 @@ impl Store {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
             leases: LeaseStore::new(
                 ch.clone(),
-                qualified(&lease_table_name(table)),
+                qualified(&companion(table, "lease")),
                 LeaseRows::PerId,
             ),
             pool_leases: LeaseStore::new(
                 ch.clone(),
-                qualified(&pool_lease_table_name(table)),
+                qualified(&companion(table, "pool_lease")),
                 LeaseRows::PerLease,
             ),
             pool_claims: KeeperClaimStore::new(
                 ch.clone(),
-                qualified(&pool_claims_table_name(table)),
-                keeper_claims::keeper_path(schema.as_str(), &pool_claims_table_name(table)),
+                qualified(&companion(table, "pool_claims")),
+                keeper_claims::keeper_path(schema.as_str(), &companion(table, "pool_claims")),
             ),
-            gateways: GatewayStore::new(ch.clone(), qualified(&gateways_table_name(table))),
+            gateways: GatewayStore::new(ch.clone(), qualified(&companion(table, "gateways"))),
             claims: KeeperClaimStore::new(
                 ch.clone(),
                 qualified(&claims_table),
@@ -132,8 +132,8 @@ impl Store {
                 History::Off => None,
                 History::Kept(retention) => Some(HistoryStore::new(
                     ch.clone(),
-                    qualified(&history_table_name(table)),
-                    qualified(&history_view_name(table)),
+                    qualified(&companion(table, "history")),
+                    qualified(&companion(table, "history_writes")),
                     qualified(table.as_str()),
                     retention,
                 )),
@@ -164,13 +164,13 @@ impl Store {
             self.layout.cluster.clone(),
             &ch.database_engine(self.schema.as_str()).await?,
         );
-        let lease_table = lease_table_name(&self.table);
-        let history_table = history_table_name(&self.table);
-        let history_view = history_view_name(&self.table);
-        let gateways_table = gateways_table_name(&self.table);
-        let lease_history_table = lease_history_table_name(&self.table);
-        let lease_history_view = lease_history_view_name(&self.table);
-        let pool_lease_table = pool_lease_table_name(&self.table);
+        let lease_table = companion(&self.table, "lease");
+        let history_table = companion(&self.table, "history");
+        let history_view = companion(&self.table, "history_writes");
+        let gateways_table = companion(&self.table, "gateways");
+        let lease_history_table = companion(&self.table, "lease_history");
+        let lease_history_view = companion(&self.table, "lease_history_writes");
+        let pool_lease_table = companion(&self.table, "pool_lease");
         let present = ch
             .present_tables(
                 self.schema.as_str(),
@@ -240,8 +240,8 @@ impl Store {
             return Ok(());
         }
         let ch = &self.clickhouse;
-        let claims_table = claims_table_name(&self.table);
-        let pool_claims_table = pool_claims_table_name(&self.table);
+        let claims_table = companion(&self.table, "claims");
+        let pool_claims_table = companion(&self.table, "pool_claims");
         let present = ch
             .present_tables(self.schema.as_str(), &[&claims_table, &pool_claims_table])
             .await?;
@@ -261,40 +261,9 @@ impl Store {
     }
 }
 
-fn history_table_name(table: &Identifier) -> String {
-    format!("{}_history", table.as_str())
-}
-
-fn history_view_name(table: &Identifier) -> String {
-    format!("{}_history_writes", table.as_str())
-}
-
-fn lease_table_name(table: &Identifier) -> String {
-    format!("{}_lease", table.as_str())
-}
-
-fn lease_history_table_name(table: &Identifier) -> String {
-    format!("{}_lease_history", table.as_str())
-}
-
-fn lease_history_view_name(table: &Identifier) -> String {
-    format!("{}_lease_history_writes", table.as_str())
-}
-
-fn gateways_table_name(table: &Identifier) -> String {
-    format!("{}_gateways", table.as_str())
-}
-
-fn pool_lease_table_name(table: &Identifier) -> String {
-    format!("{}_pool_lease", table.as_str())
-}
-
-fn pool_claims_table_name(table: &Identifier) -> String {
-    format!("{}_pool_claims", table.as_str())
-}
-
-fn claims_table_name(table: &Identifier) -> String {
-    format!("{}_claims", table.as_str())
+/// The name of one of the state table's companions, `<table>_<suffix>`.
+fn companion(table: &Identifier, suffix: &str) -> String {
+    format!("{}_{suffix}", table.as_str())
 }
 
 /// The tables' statements together: each table's module makes its own, and

@@ -44,17 +44,21 @@ class Gateway:
         return reply.json()
 
 
-def start_gateway(tokens: str | None = None, args: tuple[str, ...] = ()) -> Gateway:
+def start_gateway(tokens: str | None = None, args: tuple[str, ...] = (), schema: str | None = None) -> Gateway:
+    """A gateway on a database of its own, or on `schema`, shared with other
+    gateways (then it advertises its URL, so that they forward to it)."""
     clickhouse = os.environ.get("STATEHOUSE_TEST_CLICKHOUSE_URL")
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
     binary = Path(os.environ.get("STATEHOUSE_BIN", ROOT / "target" / "debug" / "statehouse"))
     port = free_port()
+    if schema:
+        args = ("--advertise-url", f"http://127.0.0.1:{port}", *args)
     env = {**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn"}
     if tokens:
         env["STATEHOUSE_TOKENS"] = tokens
     process = subprocess.Popen(
-        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", f"browser_{uuid.uuid4().hex}",
+        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema or f"browser_{uuid.uuid4().hex}",
          "--claim-settle", "200ms", *args],
         env=env,
     )

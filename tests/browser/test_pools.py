@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from urllib.parse import quote
 
 from playwright.sync_api import expect
@@ -71,19 +72,27 @@ def test_both_holders_show_with_their_owner_and_info_and_each_row_is_whole(page,
     shot(page, "pools")
 
 
-def test_a_waiting_acquire_is_counted(page, gateway: Gateway):
-    pool = "api-quota"
-    held = take(gateway, pool, "etl-1:4242", 1, {"host": "etl-1"})
-    # A second acquire waits in the gateway until the first lease is released;
-    # it gives up (409) before the client's own 10 s timeout would.
+def waiting_behind(gateway: Gateway, pool: str, holder: dict) -> threading.Thread:
+    """A second acquire, waiting in the gateway until `holder`'s lease is
+    released; it gives up (409) before the client's own 10 s timeout would."""
     waiter = threading.Thread(target=lambda: gateway.call(
         "POST", f"/v1/pools/{pool}", json={"owner": "etl-2:77", "limit": 1, "ttl_seconds": 600, "wait_seconds": 8}))
     waiter.start()
+    deadline = time.monotonic() + 5
+    while gateway.call("GET", f"/v1/pools/{pool}").json()["waiting"] != 1:
+        if time.monotonic() > deadline:
+            gateway.call("DELETE", f"/v1/pools/{pool}/{holder['lease_id']}")
+            waiter.join()
+            raise AssertionError("the second acquire never waited")
+        time.sleep(0.1)
+    return waiter
+
+
+def test_a_waiting_acquire_is_counted(page, gateway: Gateway):
+    pool = "api-quota"
+    held = take(gateway, pool, "etl-1:4242", 1, {"host": "etl-1"})
+    waiter = waiting_behind(gateway, pool, held)
     try:
-        deadline = time.monotonic() + 5
-        while gateway.call("GET", f"/v1/pools/{pool}").json()["waiting"] != 1:
-            assert time.monotonic() < deadline, "the second acquire never waited"
-            time.sleep(0.1)
         page.goto(gateway.base + "/#/pools")
         row = page.locator(f'[data-testid="pool-row"][data-pool="{pool}"]')
         expect(row.get_by_test_id("waiting")).to_have_text("1")
@@ -95,6 +104,29 @@ def test_a_waiting_acquire_is_counted(page, gateway: Gateway):
     page.reload()
     expect(page.locator(f'[data-testid="pool"][data-pool="{pool}"]').get_by_test_id("holder-owner")).to_have_text("etl-2:77")
     expect(row.get_by_test_id("waiting")).to_have_text("0")
+
+
+def test_the_waiters_show_through_a_gateway_that_is_not_the_pools_authority(page):
+    schema = f"browser_{uuid.uuid4().hex}"
+    authority = start_gateway(schema=schema)
+    other = start_gateway(schema=schema)
+    try:
+        pool = "shared-source-db"
+        held = take(authority, pool, "etl-1:4242", 1, {"host": "etl-1"})
+        waiter = waiting_behind(authority, pool, held)
+        try:
+            # Acquires wait at the authority: the other gateway's listing
+            # cannot count them, the pool's own GET (forwarded) can.
+            page.goto(other.base + "/#/pools")
+            row = page.locator(f'[data-testid="pool-row"][data-pool="{pool}"]')
+            expect(row.get_by_test_id("waiting")).to_have_text("1")
+            expect(page.get_by_test_id("holder-owner")).to_have_text("etl-1:4242")
+        finally:
+            authority.call("DELETE", f"/v1/pools/{pool}/{held['lease_id']}")
+            waiter.join()
+    finally:
+        stop(other)
+        stop(authority)
 
 
 def test_without_pools_in_use_the_view_says_so(page, gateway: Gateway):

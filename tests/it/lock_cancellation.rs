@@ -23,6 +23,16 @@ use crate::proxy::Proxy;
 /// A lock manager of its own on a fresh database, reaching ClickHouse through
 /// a proxy the test can slow down, with its maintenance running.
 async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
+    lock_core(proxy, settle, Kind::Locks).await
+}
+
+/// Which lock core: the state_ids' or the pools'.
+enum Kind {
+    Locks,
+    Pools,
+}
+
+async fn lock_core(proxy: &Proxy, settle: Duration, kind: Kind) -> Arc<LockManager> {
     let mut config = test_config(&unique_schema());
     proxy.route(&mut config);
     config.locks.settle = settle;
@@ -43,11 +53,15 @@ async fn manager(proxy: &Proxy, settle: Duration) -> Arc<LockManager> {
     );
     store.ensure_schema().await.expect("tables");
     store.ensure_claims().await.expect("claims table");
+    let (leases, claims) = match kind {
+        Kind::Locks => (store.leases, store.claims),
+        Kind::Pools => (store.pool_leases, store.pool_claims),
+    };
     let locks = Arc::new(LockManager::new(
         config.locks.clone(),
         config.query_timeout,
-        store.leases,
-        store.claims,
+        leases,
+        claims,
         metrics,
     ));
     tokio::spawn(locks.clone().maintain());
@@ -267,4 +281,43 @@ fn ask(owner: &str, wait: Duration) -> Ask {
         lock_delay: Duration::ZERO,
         info: LeaseInfo::default(),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_grant_dropped_while_its_row_is_written_gives_its_place_back() {
+    let proxy = Proxy::to_clickhouse().await;
+    let pools = lock_core(&proxy, Duration::from_millis(200), Kind::Pools).await;
+    let pool = id("dropped-while-recorded");
+    // A pool's grant is answered once its row has landed; the row's INSERT
+    // is held far past the moment the acquire is dropped.
+    proxy.hold_requests_containing(Some((
+        &["INSERT", "pool_lease", "RowBinary"],
+        Duration::from_secs(3),
+    )));
+    let acquire = pools.acquire(
+        &pool,
+        Ask {
+            limit: 1,
+            ..ask("abandoned", Duration::ZERO)
+        },
+    );
+    let dropped = tokio::time::timeout(Duration::from_millis(1500), acquire).await;
+    assert!(
+        dropped.is_err(),
+        "answered before its row landed: {dropped:?}"
+    );
+    proxy.hold_requests_containing(None);
+    // The place is free again at once, not after the lease's 30 s.
+    let next = pools
+        .acquire(
+            &pool,
+            Ask {
+                limit: 1,
+                ..ask("next", Duration::from_secs(5))
+            },
+        )
+        .await
+        .expect("the dropped grant's place is free");
+    assert_eq!(next.owner, "next");
+    pools.release(&pool, next.lease_id).await.unwrap();
 }

@@ -4,6 +4,20 @@
 
 import { api, cardTable, el, infoList, problemText, say, show } from "./common.js";
 
+/**
+ * How many pools the view then reads one by one. The listing counts waiters
+ * only for the pools the gateway it reaches is the authority for (acquires
+ * wait at the authority); a pool's own GET is answered by its authority.
+ */
+const EXACT = 50;
+
+/** The pool as its authority sees it; null once nobody holds or waits for it. */
+async function exact(listed) {
+  const reply = await api("/v1/pools/" + encodeURIComponent(listed.pool));
+  if (reply.status === 200) return reply.body;
+  return reply.status === 404 ? null : listed;
+}
+
 /** "2 / 4": slots taken of the limit, marked when none is left. */
 function heldCell(pool) {
   const full = pool.holders.length >= pool.limit;
@@ -43,7 +57,9 @@ export async function renderPools() {
   const reply = await api("/v1/pools");
   if (reply.status !== 200) { say(problemText(reply)); show(route); return; }
   say("");
-  const pools = reply.body.pools;
+  const listed = reply.body.pools;
+  const read = await Promise.all(listed.slice(0, EXACT).map(exact));
+  const pools = read.filter((p) => p !== null).concat(listed.slice(EXACT));
   if (pools.length === 0) {
     show(route, el("section", {}, el("h2", { text: "Pools" }), el("p", { "data-testid": "no-pools", text: "No pool is in use." })));
     return;

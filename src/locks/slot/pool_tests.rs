@@ -16,17 +16,7 @@ fn pool() -> StateId {
 /// A slot of `limit` places under a fresh claim, with `waiters` in line.
 fn pool_of(limit: usize, waiters: usize, now: Instant) -> SlotState {
     let mut st = SlotState {
-        claim: Some(HeldClaim {
-            candidate: Candidate {
-                claim_id: CLAIM,
-                gateway_id: GATEWAY,
-                created_ms: 0,
-                advertise_url: String::new(),
-                expires_ms: 0,
-            },
-            valid_until: now + Duration::from_secs(600),
-            handover: false,
-        }),
+        claim: Some(fresh_claim(now)),
         tokens: TokenBlock { next: 5, last: 99 },
         ..SlotState::default()
     };
@@ -177,17 +167,7 @@ fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
     let ticket = st.join(2).out.unwrap();
     let ends = |secs: u64| Delay::ending(1_000 + 1_000 * secs as i64, now, 1_000);
     let won = WonClaim {
-        claim: HeldClaim {
-            candidate: Candidate {
-                claim_id: CLAIM,
-                gateway_id: GATEWAY,
-                created_ms: 0,
-                advertise_url: String::new(),
-                expires_ms: 0,
-            },
-            valid_until: now + Duration::from_secs(600),
-            handover: false,
-        },
+        claim: fresh_claim(now),
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: Vec::new(),
@@ -212,4 +192,87 @@ fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
         panic!("granted once the first kept place ends")
     };
     assert_eq!(lease.fencing_token, 40);
+}
+
+#[test]
+fn a_renewal_or_a_force_elsewhere_touches_only_its_own_lease() {
+    let now = Instant::now();
+    let mut st = pool_of(2, 2, now);
+    let first = grant_first(&mut st, now, Duration::ZERO);
+    let second = grant_first(&mut st, now, Duration::from_secs(4));
+    let later = now + Duration::from_secs(10);
+    let renewed = st.renew(second.lease_id, Duration::from_secs(30), later, 11_000);
+    let (row, _) = renewed.out.expect("a current lease renews");
+    assert_eq!(row.lease_id, second.lease_id);
+    assert_eq!(st.leases[0].deadline, now + Duration::from_secs(30));
+    assert_eq!(st.leases[1].deadline, later + Duration::from_secs(30));
+    assert!(st.forced_elsewhere(second.lease_id, later, 11_000).wake);
+    assert_eq!(st.holders(), std::slice::from_ref(&first));
+    assert_eq!(st.delayed.len(), 1, "its lock-delay keeps its place");
+}
+
+#[test]
+fn a_tick_and_a_hand_back_carry_every_holder() {
+    let now = Instant::now();
+    let mut st = pool_of(3, 2, now);
+    let leases = [
+        grant_first(&mut st, now, Duration::ZERO),
+        grant_first(&mut st, now, Duration::ZERO),
+    ];
+    assert_eq!(
+        st.tick(now, Duration::from_secs(60)).out,
+        Tick::Held(CLAIM, leases.to_vec())
+    );
+    let (claim_id, handed) = st.hand_back().out.expect("a claim to hand back");
+    assert_eq!(claim_id, CLAIM);
+    let handed: Vec<Uuid> = handed.iter().map(|l| l.lease.lease_id).collect();
+    assert_eq!(handed, leases.map(|l| l.lease_id));
+    assert!(st.holders().is_empty());
+}
+
+#[test]
+fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
+    let now = Instant::now();
+    let mut before = pool_of(3, 2, now);
+    grant_first(&mut before, now, Duration::ZERO);
+    grant_first(&mut before, now, Duration::ZERO);
+    let (_, handed) = before.hand_back().out.unwrap();
+    let mut st = SlotState::default();
+    let ticket = st.join(3).out.unwrap();
+    let won = WonClaim {
+        claim: fresh_claim(now),
+        tokens: TokenBlock { next: 40, last: 99 },
+        inherited: Inherited {
+            leases: handed,
+            delays: Vec::new(),
+        },
+    };
+    let me = waiter(ticket, now + Duration::from_secs(60));
+    let grant = Grant {
+        id: &pool(),
+        waiter: &me,
+        gateway_id: GATEWAY,
+        now,
+        now_ms: 1_000,
+    };
+    let adopted = st.claim_won(won, grant, Duration::from_secs(1)).out;
+    assert_eq!(adopted.adopted.len(), 2);
+    let (granted, _) = adopted.granted.expect("the third place is free");
+    assert_eq!(granted.fencing_token, 40);
+    assert_eq!(st.holders().len(), 3);
+}
+
+/// A claim as a fresh authority holds it.
+fn fresh_claim(now: Instant) -> HeldClaim {
+    HeldClaim {
+        candidate: Candidate {
+            claim_id: CLAIM,
+            gateway_id: GATEWAY,
+            created_ms: 0,
+            advertise_url: String::new(),
+            expires_ms: 0,
+        },
+        valid_until: now + Duration::from_secs(600),
+        handover: false,
+    }
 }

@@ -152,7 +152,9 @@ impl Admitted {
 
 /// Permission to send writes: while it lasts (and, if dropped before
 /// [`Sending::run`] finished, until its budget is spent), no lease is granted
-/// on their ids here and their claims stay.
+/// on their ids here and their claims stay. It outlives the send: its holder
+/// drops it once it has settled what it knows of the ids, since the next
+/// holder, granted the moment it goes, may read them at once.
 pub struct Sending {
     entries: Vec<(Arc<Slot>, u64)>,
     /// Other authorities' tickets for the writes they admitted.
@@ -242,11 +244,13 @@ impl Sending {
         self.done = known;
     }
 
-    /// Sends: runs `write` (ClickHouse round trips) within the budget. A
-    /// write that timed out, here or in the store, or whose connection was
-    /// cut, leaves its outcome unknown (see `Drop`).
+    /// Sends: runs `write` (ClickHouse round trips) within the budget. The
+    /// ids stay held until the permit is dropped, whatever the outcome: the
+    /// caller updates what it remembers of them first. A write that timed
+    /// out, here or in the store, or whose connection was cut, leaves its
+    /// outcome unknown (see `Drop`).
     pub async fn run<T>(
-        mut self,
+        &mut self,
         write: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout_at(self.until.into(), write).await {
@@ -417,7 +421,7 @@ mod tests {
     async fn a_write_clickhouse_refused_frees_the_id_at_once() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
-        let sending = admitted(&slot, &mine).sending().unwrap();
+        let mut sending = admitted(&slot, &mine).sending().unwrap();
         assert_eq!(slot.lock().sending_for_tests(), 1);
         let refused: Result<(), StoreError> = sending
             .run(async {
@@ -427,6 +431,7 @@ mod tests {
             })
             .await;
         assert!(refused.is_err());
+        drop(sending);
         assert!(
             slot.lock().sending_for_tests() == 0,
             "a refused write has ended"
@@ -434,14 +439,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_landed_write_keeps_its_id_from_the_next_grant_until_its_sender_lets_go() {
+        let mine = lease(1);
+        let slot = slot_holding(&mine);
+        {
+            let mut sending = admitted(&slot, &mine).sending().unwrap();
+            let landed: Result<(), StoreError> = sending.run(async { Ok(()) }).await;
+            assert!(landed.is_ok());
+            // The sender brings what it remembers of the id up to date now:
+            // a holder granted meanwhile could read the state from before.
+            assert_eq!(
+                slot.lock().sending_for_tests(),
+                1,
+                "the id is free before its sender has settled the write"
+            );
+        }
+        assert!(
+            slot.lock().sending_for_tests() == 0,
+            "a settled write holds nothing back"
+        );
+    }
+
+    #[tokio::test]
     async fn a_write_that_timed_out_in_the_store_may_still_land_past_its_budget() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
-        let sending = admitted(&slot, &mine).sending().unwrap();
+        let mut sending = admitted(&slot, &mine).sending().unwrap();
         let timed_out: Result<(), StoreError> = sending
             .run(async { Err(StoreError::Timeout(TIMEOUT)) })
             .await;
         assert!(timed_out.is_err());
+        drop(sending);
         let until = slot.lock().landing_until().expect("its outcome is unknown");
         assert!(
             until > Instant::now() + TIMEOUT + TIMEOUT / 2,
@@ -453,8 +481,12 @@ mod tests {
     async fn a_write_dropped_in_flight_may_still_land_until_its_budget_is_spent() {
         let mine = lease(1);
         let slot = slot_holding(&mine);
-        let sending = admitted(&slot, &mine).sending().unwrap();
-        let in_flight = sending.run(std::future::pending::<Result<(), StoreError>>());
+        let mut sending = admitted(&slot, &mine).sending().unwrap();
+        let in_flight = async move {
+            sending
+                .run(std::future::pending::<Result<(), StoreError>>())
+                .await
+        };
         // The client hangs up: the future is dropped mid-flight.
         assert!(
             tokio::time::timeout(Duration::from_millis(10), in_flight)

@@ -24,7 +24,7 @@
 //! (`max_insert_block_size`, about a million), so it is written as one
 //! block: all of it, or none. An import is never split.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
@@ -216,8 +216,21 @@ impl GroupCommit {
             return;
         }
         let rows: usize = parts.iter().map(|part| part.changes.len()).sum();
-        let sent = Sending::join(permits).run(self.write(&parts)).await;
+        let mut permit = Sending::join(permits);
+        let sent = permit.run(self.write(&parts)).await;
         self.metrics.observe_write_batch(rows);
+        // What this gateway remembers of the batch's ids is stale now (the
+        // writes landed, or may have), and goes before the permit: dropped,
+        // the permit lets the next lease on an id be granted, and its holder
+        // may read here at once. Such a read finds nothing remembered and
+        // waits for the id's writer lock, held until its change is settled
+        // below; the state from before the write is never served to it.
+        let ids: HashSet<&StateId> = parts
+            .iter()
+            .flat_map(|part| part.changes.iter().map(|change| &change.id))
+            .collect();
+        self.memory.forget(|known| ids.contains(known));
+        drop(permit);
         match sent {
             Ok(()) => {
                 for part in parts {

@@ -24,7 +24,7 @@
 //! (`max_insert_block_size`, about a million), so it is written as one
 //! block: all of it, or none. An import is never split.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
@@ -225,11 +225,11 @@ impl GroupCommit {
         // may read here at once. Such a read finds nothing remembered and
         // waits for the id's writer lock, held until its change is settled
         // below; the state from before the write is never served to it.
-        let ids: HashSet<&StateId> = parts
-            .iter()
-            .flat_map(|part| part.changes.iter().map(|change| &change.id))
-            .collect();
-        self.memory.forget(|known| ids.contains(known));
+        self.memory.forget_each(
+            parts
+                .iter()
+                .flat_map(|part| part.changes.iter().map(|change| &change.id)),
+        );
         drop(permit);
         match sent {
             Ok(()) => {
@@ -251,7 +251,6 @@ impl GroupCommit {
                         // version, and the id is read afresh from ClickHouse.
                         self.memory
                             .remember_failed(&change.id, change.prepared.version);
-                        self.memory.forget(|known| *known == change.id);
                     }
                     let _ = part.answer.send(Err(CommitError::Store(err.clone())));
                     drop(part.writing);
@@ -266,7 +265,7 @@ impl GroupCommit {
         let (row, state) = change.prepared.written.unzip();
         match change.claim {
             Some(claim) => self.memory.keep(&change.id, claim, row),
-            None => self.memory.forget(|known| *known == change.id),
+            None => self.memory.forget_each([&change.id]),
         }
         state
     }

@@ -84,9 +84,12 @@ impl Memory {
         }
     }
 
-    pub fn forget(&self, matching: impl Fn(&StateId) -> bool) {
+    /// Forgets each of `ids`: a write of theirs has landed, or may have.
+    pub fn forget_each<'a>(&self, ids: impl IntoIterator<Item = &'a StateId>) {
         let mut rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
-        rows.by_id.retain(|id, _| !matching(id));
+        for id in ids {
+            rows.by_id.remove(id);
+        }
     }
 
     /// A version whose history row landed but whose state write failed: the

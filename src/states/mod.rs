@@ -401,7 +401,7 @@ impl States {
         let grant = self.locks.issue_ticket(writes).map_err(|(index, err)| {
             StateError::in_batch(index, writes[index].0.as_str(), err.into())
         })?;
-        self.memory.forget(|id| writes.iter().any(|(w, _)| w == id));
+        self.memory.forget_each(writes.iter().map(|(id, _)| id));
         Ok(grant)
     }
 
@@ -409,7 +409,7 @@ impl States {
     /// outcome is unknown. False for an unknown ticket.
     pub fn settle_ticket(&self, ticket: Uuid, known: bool) -> bool {
         self.locks.settle_ticket(ticket, known, |ids| {
-            self.memory.forget(|id| ids.contains(id));
+            self.memory.forget_each(ids);
         })
     }
 

@@ -247,6 +247,7 @@ async fn burst_worker(api: Api, name: String, cycles: usize, tally: Arc<Tally>) 
             .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), &lease)
             .await;
         let answered = Instant::now();
+        let acknowledged = write.status.is_success();
         match write.status {
             StatusCode::OK | StatusCode::CREATED => {
                 tally.acknowledged.fetch_add(1, Ordering::SeqCst);
@@ -257,11 +258,15 @@ async fn burst_worker(api: Api, name: String, cycles: usize, tally: Arc<Tally>) 
             }
             other => panic!("{name}: write got {other}: {}", write.text),
         }
+        // The lease surely ran until the write's answer if its release
+        // worked, until the write was sent if the write was acknowledged
+        // under it; a lease lost with its write refused or unknown may have
+        // ended any time after its grant (a slow read outlives a 2 s lease).
         let released = api.release(id, &lease).await;
-        let end = if released.status == StatusCode::NO_CONTENT {
-            answered
-        } else {
-            sent
+        let end = match (released.status == StatusCode::NO_CONTENT, acknowledged) {
+            (true, _) => answered,
+            (false, true) => sent,
+            (false, false) => start,
         };
         tally
             .cycles

@@ -139,20 +139,18 @@ impl App {
             },
         );
         prepare_clickhouse(&store, config).await?;
-        let locks = Arc::new(LockManager::new(
-            config.locks.clone(),
-            config.query_timeout,
-            store.leases,
-            store.claims,
-            metrics.clone(),
-        ));
-        let pools = Arc::new(LockManager::new(
-            config.locks.clone(),
-            config.query_timeout,
-            store.pool_leases,
-            store.pool_claims,
-            metrics.clone(),
-        ));
+        // One lock core for state_ids, one for pools, over tables of their own.
+        let lock_core = |leases, claims| {
+            Arc::new(LockManager::new(
+                config.locks.clone(),
+                config.query_timeout,
+                leases,
+                claims,
+                metrics.clone(),
+            ))
+        };
+        let locks = lock_core(store.leases, store.claims);
+        let pools = lock_core(store.pool_leases, store.pool_claims);
         match &config.locks.advertise_url {
             Some(url) => {
                 tracing::info!(advertise_url = %url, "peers forward lock operations to this gateway")

@@ -254,6 +254,11 @@ impl Sending {
         write: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout_at(self.until.into(), write).await {
+            // Landed, but seen past the budget (a busy thread polls the
+            // timer after the write): the slot may have let the ids go at
+            // `until`, and a next holder read them before this landed. Not
+            // acknowledged: its outcome is as unknown as a timeout's.
+            Ok(Ok(_)) if Instant::now() >= self.until => Err(StoreError::Timeout(self.budget)),
             Ok(result) => {
                 // Landed, or refused by ClickHouse: the outcome is known.
                 self.done = result
@@ -458,6 +463,24 @@ mod tests {
             slot.lock().sending_for_tests() == 0,
             "a settled write holds nothing back"
         );
+    }
+
+    #[tokio::test]
+    async fn a_write_that_lands_past_its_budget_is_not_acknowledged() {
+        let mine = lease(1);
+        let slot = slot_holding(&mine);
+        let short = Duration::from_millis(20);
+        let admitted = Admitted::local(id(), Some(mine.clone()), slot.clone(), CLAIM, short);
+        let mut sending = admitted.sending().unwrap();
+        // The write is done only after the budget: the slot may have let the
+        // id go meanwhile, so a success would not be one the next holder reads.
+        let late: Result<(), StoreError> = sending
+            .run(async {
+                std::thread::sleep(short * 3);
+                Ok(())
+            })
+            .await;
+        assert!(matches!(late, Err(StoreError::Timeout(_))), "{late:?}");
     }
 
     #[tokio::test]

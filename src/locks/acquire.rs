@@ -133,8 +133,7 @@ impl Acquirer<'_> {
             notified.as_mut().enable();
 
             let metrics = self.slots.metrics();
-            let decision = slot.apply(|st, now| {
-                st.expire(id, now, metrics);
+            let decision = slot.apply_current(id, metrics, |st, now| {
                 st.next_step(id, &waiter, &rules, now, now_ms())
             });
             let attempt = (decision.step == Step::Claim).then(|| ClaimAttempt::under_way(slot));

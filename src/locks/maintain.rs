@@ -46,10 +46,7 @@ impl Maintenance {
         let idle_release = self.coordinator.timing().idle_release();
         for (id, slot) in self.slots.snapshot() {
             let metrics = self.slots.metrics();
-            let tick = slot.apply(|st, now| {
-                st.expire(&id, now, metrics);
-                st.tick(now, idle_release)
-            });
+            let tick = slot.apply_current(&id, metrics, |st, now| st.tick(now, idle_release));
             match tick {
                 Tick::Gone(claim_id) => withdrawn.push((id, claim_id)),
                 Tick::Held(claim_id, holders) => {

@@ -173,8 +173,7 @@ impl LockManager {
         ttl: Duration,
     ) -> Result<Lease, LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let renewed = slot.apply(|st, now| {
-                st.expire(id, now, &self.metrics);
+            let renewed = slot.apply_current(id, &self.metrics, |st, now| {
                 st.renew(lease_id, ttl, now, now_ms())
             });
             if let Some((renewed, version)) = renewed {
@@ -190,10 +189,8 @@ impl LockManager {
     /// Releases the lease if it is the current one.
     pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let released = slot.apply(|st, now| {
-                st.expire(id, now, &self.metrics);
-                st.release(lease_id, now)
-            });
+            let released =
+                slot.apply_current(id, &self.metrics, |st, now| st.release(lease_id, now));
             if let Some(Released { lease, withdraw }) = released {
                 self.metrics.lock_event(LockEvent::Release);
                 self.recorder.released(lease.lease, lease.version);
@@ -232,10 +229,8 @@ impl LockManager {
     pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
-            let ended = slot.apply(|st, now| {
-                st.expire(id, now, &self.metrics);
-                st.force_unlock(now, at_ms)
-            });
+            let ended =
+                slot.apply_current(id, &self.metrics, |st, now| st.force_unlock(now, at_ms));
             if let Some(ended) = ended {
                 let had_lease = !ended.is_empty();
                 for local in ended {

@@ -40,18 +40,28 @@ impl Slot {
         read(&self.guard())
     }
 
-    /// Reads the state as of now: what has run out by then (a lapsed claim,
-    /// an expired lease, an ended lock-delay, writes that have surely
-    /// landed) is dropped first, so that no decision is taken on it.
+    /// Reads the state as of now (see [`Slot::apply_current`]).
     pub fn current<T>(
         &self,
         id: &StateId,
         metrics: &Metrics,
         read: impl FnOnce(&SlotState) -> T,
     ) -> T {
+        self.apply_current(id, metrics, |st, _| Effects::quiet(read(st)))
+    }
+
+    /// [`Slot::apply`] on the state as of now: what has run out by then (a
+    /// lapsed claim, an expired lease, an ended lock-delay, writes that have
+    /// surely landed) is dropped first, so that no decision is taken on it.
+    pub fn apply_current<T>(
+        &self,
+        id: &StateId,
+        metrics: &Metrics,
+        transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>,
+    ) -> T {
         self.apply(|st, now| {
             st.expire(id, now, metrics);
-            Effects::quiet(read(st))
+            transition(st, now)
         })
     }
 

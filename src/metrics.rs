@@ -80,6 +80,9 @@ pub enum LockEvent {
     ClaimLoss,
     /// A held claim could not be renewed in time and lapsed.
     ClaimLost,
+    /// A claim that lapsed with leases running was re-won with nothing in
+    /// between, and its leases run on.
+    ClaimReadopted,
     Renewal,
     /// A lease ran out without being released.
     Expiry,
@@ -88,13 +91,14 @@ pub enum LockEvent {
 }
 
 impl LockEvent {
-    const ALL: [Self; 10] = [
+    const ALL: [Self; 11] = [
         Self::Grant,
         Self::Wait,
         Self::Timeout,
         Self::ClaimWin,
         Self::ClaimLoss,
         Self::ClaimLost,
+        Self::ClaimReadopted,
         Self::Renewal,
         Self::Expiry,
         Self::Release,
@@ -109,6 +113,7 @@ impl LockEvent {
             Self::ClaimWin => "claim_win",
             Self::ClaimLoss => "claim_loss",
             Self::ClaimLost => "claim_lapsed",
+            Self::ClaimReadopted => "claim_readopted",
             Self::Renewal => "renewal",
             Self::Expiry => "expiry",
             Self::Release => "release",

@@ -296,7 +296,9 @@ impl ApiError {
             }
             Self::AuthorityUnreachable(_)
             | Self::AuthorityMoving
-            | Self::Lock(LockError::Moving(_)) => ProblemType::AuthorityUnreachable,
+            | Self::Lock(LockError::Moving(_) | LockError::Lapsed(_)) => {
+                ProblemType::AuthorityUnreachable
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use super::context::AppContext;
 use super::error::{ApiError, Misrouted};
 use super::extract::{LOCK_BODY_LIMIT, path_id, read_body};
 use super::locks::MAX_WAIT_SECONDS;
-use crate::locks::{FORWARDED_BY, LockError, LockManager, Peer, Route};
+use crate::locks::{FORWARDED_BY, ForwardError, LockError, LockManager, Peer, Route};
 
 /// How long a forwarded request may take, beyond an acquire's own wait.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
@@ -78,7 +78,19 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 continue;
             }
         };
-        let response = send(locks, &peer, rebuild(&parts), deadline).await;
+        let response = match locks.forward(&peer, rebuild(&parts), deadline).await {
+            Ok(response) => response,
+            Err(err) => {
+                // A gateway whose claim had lapsed, asked first, is passed
+                // over once it leaves a request unanswered: looked up afresh,
+                // the id is served here. A live authority stays the one.
+                route = locks.route(&id, false).await;
+                if attempt < ATTEMPTS && matches!(route, Ok(Route::Here(_))) {
+                    continue;
+                }
+                unreachable_answer(err, &peer)
+            }
+        };
         if response.status() == StatusCode::CREATED && is_acquire(&parts) {
             return confirm_grant(locks, &peer, &parts, &body, response).await;
         }
@@ -189,12 +201,15 @@ fn moving(response: Response, forwarded: bool) -> Response {
 async fn send(locks: &LockManager, peer: &Peer, request: Request, deadline: Duration) -> Response {
     match locks.forward(peer, request, deadline).await {
         Ok(response) => response,
-        Err(err) => {
-            let mut response = ApiError::AuthorityUnreachable(err).into_response();
-            retry_after(&mut response, peer.lapses_in());
-            response
-        }
+        Err(err) => unreachable_answer(err, peer),
     }
+}
+
+/// The 503 for an authority that did not answer, with when to come back.
+fn unreachable_answer(err: ForwardError, peer: &Peer) -> Response {
+    let mut response = ApiError::AuthorityUnreachable(err).into_response();
+    retry_after(&mut response, peer.lapses_in());
+    response
 }
 
 /// The loop guard's answer: the forwarding gateway looks the authority up afresh.

@@ -136,7 +136,8 @@ impl Acquirer<'_> {
             let decision = slot.apply_current(id, metrics, |st, now| {
                 st.next_step(id, &waiter, &rules, now, now_ms())
             });
-            let attempt = (decision.step == Step::Claim).then(|| ClaimAttempt::under_way(slot));
+            let attempt =
+                matches!(decision.step, Step::Claim(_)).then(|| ClaimAttempt::under_way(slot));
             if let Some(candidate) = decision.withdraw {
                 self.coordinator
                     .withdraw_in_background(id.clone(), candidate);
@@ -168,11 +169,19 @@ impl Acquirer<'_> {
                         None => st.claim_refused(id, claim_id, metrics),
                     });
                 }
-                Step::Claim => {
-                    let outcome = self.coordinator.try_claim(id, deadline).await;
+                Step::Claim(lapsed) => {
+                    let outcome = self
+                        .coordinator
+                        .try_claim(id, deadline, lapsed.as_ref())
+                        .await;
                     // Cleared before the outcome is applied: the guard takes the lock.
                     drop(attempt);
                     waiter.attempted_claim = true;
+                    if let (Some(lapsed), Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost)) =
+                        (&lapsed, &outcome)
+                    {
+                        slot.apply(|st, _| st.lapse_refused(lapsed.claim.claim_id));
+                    }
                     match outcome? {
                         ClaimOutcome::Won(won) => {
                             let write_budget = self.coordinator.timing().write_budget();

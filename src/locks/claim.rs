@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::peer::{Peer, SeenLease};
-use super::slot::{Delay, Inherited, LocalLease, TokenBlock, WonClaim};
+use super::slot::{Delay, Inherited, Lapsed, LocalLease, TokenBlock, WonClaim};
 use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, LeaseState, StateId};
@@ -67,6 +67,11 @@ pub(super) struct Authority {
     pub claims: Vec<Candidate>,
     /// The id's lease rows: a state_id's one, a pool's that may matter.
     pub leases: Vec<StoredLease>,
+    /// With no live claim: the gateway whose claim lapsed while its leases
+    /// ran, if nobody claimed the id since and it advertised a URL. It may
+    /// re-win the claim and keep them (see `locks::slot::Lapsed`), so it is
+    /// asked first.
+    pub lapsed: Option<Candidate>,
 }
 
 impl Authority {
@@ -82,6 +87,14 @@ impl Authority {
                 self.claims.iter().any(|c| c.gateway_id == gateway)
             })
         })
+    }
+
+    /// The gateway to ask first when no claim is live: the lapsed holder,
+    /// unless it is `me`.
+    pub fn lapsed_holder(&self, me: Uuid) -> Option<&Candidate> {
+        self.lapsed
+            .as_ref()
+            .filter(|c| self.claims.is_empty() && c.gateway_id != me)
     }
 
     /// The latest recorded lease in force: a state_id's lease.
@@ -130,15 +143,18 @@ impl Coordinator {
     }
 
     /// Claims `id` for this gateway, waiting in line until `deadline` behind
-    /// a holder that cannot be forwarded to.
+    /// a holder that cannot be forwarded to. With `lapsed`, this gateway's
+    /// own claim that lapsed with leases kept: re-won with nothing in
+    /// between, the win adopts them again ([`WonClaim::readopted`]).
     pub(super) async fn try_claim(
         &self,
         id: &StateId,
         deadline: Instant,
+        lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
         match &self.claims {
-            Claims::Table => self.claim_in_table(id, deadline).await,
-            Claims::Keeper(store) => self.claim_in_keeper(store, id, deadline).await,
+            Claims::Table => self.claim_in_table(id, deadline, lapsed).await,
+            Claims::Keeper(store) => self.claim_in_keeper(store, id, deadline, lapsed).await,
         }
     }
 
@@ -243,28 +259,48 @@ impl Coordinator {
         match &self.claims {
             Claims::Table => {
                 let locks = self.leases.id_locks(id).await?;
+                // A lease row that runs with no live claim at all: its
+                // gateway's claim lapsed, and no other was made since (a
+                // winner's candidate stays live while its lease runs).
+                let lapsed = locks
+                    .leases
+                    .iter()
+                    .filter(|l| locks.candidates.is_empty() && l.unexpired)
+                    .filter(|l| l.record.state == LeaseState::Held && !l.authority_url.is_empty())
+                    .map(|l| Candidate {
+                        claim_id: Uuid::nil(),
+                        gateway_id: l.record.lease.gateway_id,
+                        created_ms: 0,
+                        advertise_url: l.authority_url.clone(),
+                        expires_ms: 0,
+                    })
+                    .next_back();
                 Ok(Authority {
                     claims: locks.candidates,
                     leases: locks.leases,
+                    lapsed,
                 })
             }
             Claims::Keeper(store) => {
                 let (read, locks) = tokio::join!(store.read(id), self.leases.id_locks(id));
                 let read = read?;
-                let holder = read
-                    .claim
-                    .and_then(|c| c.holder)
-                    .filter(|h| h.expires_ms > read.now_ms)
-                    .map(|h| Candidate {
-                        claim_id: h.claim_id,
-                        gateway_id: h.gateway_id,
-                        created_ms: 0,
-                        advertise_url: h.advertise_url,
-                        expires_ms: h.expires_ms,
-                    });
+                let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
+                    claim_id: h.claim_id,
+                    gateway_id: h.gateway_id,
+                    created_ms: 0,
+                    advertise_url: h.advertise_url,
+                    expires_ms: h.expires_ms,
+                });
+                // A holder lapsed in the key: nobody claimed the id since
+                // (a claim replaces it, a release clears it).
+                let (live, lapsed) = match holder {
+                    Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
+                    lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
+                };
                 Ok(Authority {
-                    claims: holder.into_iter().collect(),
+                    claims: live.into_iter().collect(),
                     leases: locks?.leases,
+                    lapsed,
                 })
             }
         }
@@ -336,11 +372,15 @@ impl Coordinator {
 
     /// What this gateway takes over with a claim just won, from the id's
     /// lease rows: leases handed on at a shutdown and still running, and the
-    /// places the others keep (see [`place_end`]).
-    pub(super) fn inherit(&self, rows: Vec<StoredLease>) -> Inherited {
+    /// places the others keep (see [`place_end`]). The rows of leases that
+    /// `readopting` keeps are this gateway's own, running on.
+    pub(super) fn inherit(&self, rows: Vec<StoredLease>, readopting: Option<&Lapsed>) -> Inherited {
         let (now, now_ms) = (Instant::now(), now_ms());
         let mut inherited = Inherited::default();
-        for stored in rows {
+        let kept = |stored: &StoredLease| {
+            readopting.is_some_and(|l| l.leases.contains(&stored.record.lease.lease_id))
+        };
+        for stored in rows.into_iter().filter(|stored| !kept(stored)) {
             if stored.unexpired && stored.record.state == LeaseState::HandedOver {
                 let record = stored.record;
                 let remaining = u64::try_from(record.lease.expires_ms - now_ms).unwrap_or(0);
@@ -410,6 +450,7 @@ mod tests {
                 forced: None,
             },
             unexpired,
+            authority_url: String::new(),
         }
     }
 
@@ -510,6 +551,7 @@ mod tests {
         let read = Authority {
             claims: vec![candidate(OTHER), candidate(HOLDER)],
             leases: vec![stored(LeaseState::Held, true)],
+            lapsed: None,
         };
         assert_eq!(read.holder().map(|c| c.gateway_id), Some(OTHER));
         assert!(read.lease_in_force().is_some(), "its gateway is in line");

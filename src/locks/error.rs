@@ -31,6 +31,13 @@ pub enum LockError {
     /// (a hand-over or a lapse): the id's authority is moving.
     #[error("the claim on {0} moved while the write was on its way; retry shortly")]
     Moving(StateId),
+    /// The id's claim lapsed here while its leases ran (Keeper or ClickHouse
+    /// out of reach past the claim TTL): their renewals and writes are not
+    /// done until the claim is re-won, or found taken (then 409).
+    #[error(
+        "the claim on {0} lapsed while Keeper or ClickHouse was out of reach; nothing was done or written; retry shortly"
+    )]
+    Lapsed(StateId),
     /// This gateway holds no claim on the id, so it cannot admit a write
     /// to it for another gateway (a ticket asked of the wrong gateway).
     #[error("this gateway is not the authority for {0}")]

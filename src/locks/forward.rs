@@ -83,6 +83,10 @@ fn with_causes(err: &dyn std::error::Error) -> String {
     text
 }
 
+/// How long a peer that left a request unanswered is remembered at most:
+/// longer than any claim TTL it is asked about.
+const UNANSWERED_KEPT: Duration = Duration::from_secs(600);
+
 /// A peer that does not take the connection within this is taken for gone.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -101,6 +105,9 @@ pub(super) struct Router {
     peers: PeerClient,
     /// Who the authority for an id is, as looked up lately.
     authorities: Authorities,
+    /// Peers that did not answer a forwarded request lately, and when: a
+    /// lapsed holder among them is not asked first (see [`Router::route`]).
+    unanswered: Mutex<HashMap<Uuid, Instant>>,
     gateway_id: Uuid,
 }
 
@@ -109,6 +116,7 @@ impl Router {
         Self {
             peers: PeerClient::new(settings.peer_tls.clone()),
             authorities: Authorities::default(),
+            unanswered: Mutex::default(),
             gateway_id: settings.gateway_id,
         }
     }
@@ -119,9 +127,13 @@ impl Router {
     }
 
     /// Where requests about `id` go: here, when this gateway holds its claim
-    /// or nobody does; else to the live authority, if it advertised a URL.
-    /// `remembered` allows an authority looked up lately instead of asking
-    /// ClickHouse.
+    /// (or keeps leases under its lapsed claim) or nobody does; else to the
+    /// live authority, if it advertised a URL. With no live claim, a gateway
+    /// whose claim lapsed while its leases ran is asked first, as it may
+    /// re-win the claim and keep them, unless it left a forwarded request
+    /// unanswered within the claim TTL (it is gone, and the id is claimed
+    /// here). `remembered` allows an authority looked up lately instead of
+    /// asking ClickHouse.
     pub async fn route(
         &self,
         id: &StateId,
@@ -129,7 +141,7 @@ impl Router {
         slots: &Slots,
         coordinator: &Coordinator,
     ) -> Result<Route, LockError> {
-        if slots.authority_claim(id).is_some() {
+        if slots.answers_for(id) {
             return Ok(Route::Here(None));
         }
         if remembered && let Some(peer) = self.authorities.cached(id) {
@@ -138,6 +150,11 @@ impl Router {
         let at = Instant::now();
         let authority = coordinator.authority(id).await?;
         let Some(first) = authority.holder() else {
+            if let Some(lapsed) = authority.lapsed_holder(self.gateway_id)
+                && !self.unanswered_within(lapsed.gateway_id, coordinator.timing().ttl())
+            {
+                return Ok(Route::Peer(Peer::of(lapsed)));
+            }
             let lease = authority.lease_in_force().cloned();
             return Ok(Route::Here(Some(SeenLease { lease, at })));
         };
@@ -174,10 +191,26 @@ impl Router {
             .peers
             .send(self.gateway_id, peer, request, deadline)
             .await;
-        if let Err(ForwardError::Unreachable { refused: true, .. }) = &sent {
-            self.authorities.forget_peer(peer.gateway_id);
+        if let Err(ForwardError::Unreachable { refused, .. }) = &sent {
+            if *refused {
+                self.authorities.forget_peer(peer.gateway_id);
+            }
+            let mut unanswered = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            // Entries older than any TTL asked about go with each insert.
+            unanswered.retain(|_, at| now.duration_since(*at) < UNANSWERED_KEPT);
+            unanswered.insert(peer.gateway_id, now);
         }
         sent
+    }
+
+    /// Whether `gateway_id` left a forwarded request unanswered within `within`.
+    fn unanswered_within(&self, gateway_id: Uuid, within: Duration) -> bool {
+        self.unanswered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&gateway_id)
+            .is_some_and(|at| at.elapsed() < within)
     }
 }
 

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::claim::Coordinator;
+use super::claim::{ClaimOutcome, Coordinator};
 use super::record::Recorder;
-use super::slot::{SlotState, Tick};
+use super::slot::{ClaimAttempt, Lapsed, Slot, SlotState, Tick};
 use super::slots::Slots;
 use crate::domain::{Lease, LeaseState, StateId};
+use crate::metrics::LockEvent;
 use crate::store::{LeaseRecord, LeaseStore, now_ms};
 
 /// The background task of the locks, apart from the handle requests use:
@@ -53,6 +54,10 @@ impl Maintenance {
                     held.push((id, claim_id));
                     leases.extend(holders);
                 }
+                // Its own task: a table-mode attempt waits out the settle.
+                Tick::Lapsed(lapsed) => {
+                    tokio::spawn(self.reclaim(id, slot, lapsed));
+                }
                 Tick::Unclaimed => {}
             }
         }
@@ -87,6 +92,51 @@ impl Maintenance {
                     slot.apply(|st, _| st.claim_refused(id, *claim_id, metrics));
                 } else {
                     slot.apply(|st, _| st.claim_renewed(*claim_id, valid_until));
+                }
+            }
+        }
+    }
+
+    /// Tries to re-win `lapsed`, a claim of this gateway's that lapsed with
+    /// leases kept (the tick marked the attempt under way). Re-won with
+    /// nothing in between, they run on; the id found claimed elsewhere, they
+    /// end; Keeper or ClickHouse still out of reach, they stay kept for the
+    /// next tick.
+    fn reclaim(
+        &self,
+        id: StateId,
+        slot: Arc<Slot>,
+        lapsed: Lapsed,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let (coordinator, recorder) = (self.coordinator.clone(), self.recorder.clone());
+        let slots = self.slots.clone();
+        async move {
+            let attempt = ClaimAttempt::under_way(&slot);
+            let outcome = coordinator
+                .try_claim(&id, Instant::now(), Some(&lapsed))
+                .await;
+            drop(attempt);
+            match outcome {
+                Ok(ClaimOutcome::Won(won)) => {
+                    let readopted = won.readopted;
+                    let budget = coordinator.timing().write_budget();
+                    let adopted = slot.apply(|st, now| st.claim_rewon(*won, now, budget));
+                    for (lease, version) in adopted {
+                        recorder.held(&lease, version);
+                    }
+                    if readopted {
+                        slots.metrics().lock_event(LockEvent::ClaimReadopted);
+                        tracing::info!(state_id = %id, leases = lapsed.leases.len(), "lapsed claim re-won with nothing in between: its leases run on");
+                    } else {
+                        tracing::warn!(state_id = %id, "the id was claimed elsewhere while its claim had lapsed: its kept leases end");
+                    }
+                }
+                Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost) => {
+                    slot.apply(|st, _| st.lapse_refused(lapsed.claim.claim_id));
+                    tracing::warn!(state_id = %id, "the id is claimed elsewhere since its claim lapsed: its kept leases end");
+                }
+                Err(err) => {
+                    tracing::warn!(state_id = %id, error = %err, "could not re-win a lapsed claim yet; its leases stay kept, answering 503");
                 }
             }
         }

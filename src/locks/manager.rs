@@ -20,7 +20,7 @@ use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row};
-use super::slot::{Released, SlotState};
+use super::slot::{LeaseAct, Released, SlotState};
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
@@ -93,6 +93,7 @@ impl LockManager {
         keeper: KeeperClaimStore,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let leases = leases.advertised_at(settings.advertise_url.as_deref());
         let coordinator = Arc::new(Coordinator::new(
             settings.clone(),
             ClaimTiming::new(&settings, query_timeout),
@@ -176,11 +177,15 @@ impl LockManager {
             let renewed = slot.apply_current(id, &self.metrics, |st, now| {
                 st.renew(lease_id, ttl, now, now_ms())
             });
-            if let Some((renewed, version)) = renewed {
-                self.recorder.held(&renewed, version);
-                self.recorder.landed().await?;
-                self.metrics.lock_event(LockEvent::Renewal);
-                return Ok(renewed);
+            match renewed {
+                LeaseAct::Done((renewed, version)) => {
+                    self.recorder.held(&renewed, version);
+                    self.recorder.landed().await?;
+                    self.metrics.lock_event(LockEvent::Renewal);
+                    return Ok(renewed);
+                }
+                LeaseAct::Lapsed => return Err(LockError::Lapsed(id.clone())),
+                LeaseAct::Unknown => {}
             }
         }
         Err(self.not_here(id, lease_id).await)

@@ -115,6 +115,13 @@ impl<T> Effects<T> {
 pub(super) struct SlotState {
     /// This gateway's claim on the id, without which it grants nothing.
     claim: Option<HeldClaim>,
+    /// The claim that lapsed here while leases ran under it (Keeper or
+    /// ClickHouse out of reach past the claim TTL). Its leases stay in
+    /// `leases` but act on nothing: renewals and writes answer 503, and no
+    /// lease is granted. A claim attempt that re-wins the claim with nothing
+    /// in between adopts them again; one that finds another gateway's claim
+    /// ends them (see [`Lapsed`]).
+    lapsed: Option<Candidate>,
     /// A waiter runs a claim attempt (settle included) outside the lock; no
     /// other waiter starts one meanwhile.
     claiming: bool,
@@ -169,6 +176,9 @@ pub(super) enum Tick {
     /// The claim stays: renew it, and look out for a force-unlock of its
     /// leases through another gateway.
     Held(Uuid, Vec<Lease>),
+    /// The claim lapsed with leases kept: try to re-win it. The attempt is
+    /// marked under way (see [`ClaimAttempt`]).
+    Lapsed(Lapsed),
     /// No claim here.
     Unclaimed,
 }
@@ -182,6 +192,30 @@ pub(super) enum Standing {
     Locked(Lease),
     /// Its lease, or the claim it was admitted under, has ended.
     Gone,
+    /// The claim it was admitted under lapsed and is not re-won yet: it is
+    /// not sent, and may be tried again.
+    Lapsed,
+}
+
+/// What a lease operation (a renewal, a release) found.
+#[derive(Debug, PartialEq)]
+pub(super) enum LeaseAct<T> {
+    /// Done, answering this.
+    Done(T),
+    /// The lease is kept under a lapsed claim: nothing was done.
+    Lapsed,
+    /// It is no lease of this gateway's.
+    Unknown,
+}
+
+/// A lapsed claim of this gateway's and the leases kept under it: what a
+/// claim attempt tries to re-win, so that they run on.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Lapsed {
+    pub claim: Candidate,
+    /// The kept leases: their rows are this gateway's own grants, not an
+    /// earlier authority's to inherit.
+    pub leases: Vec<Uuid>,
 }
 
 /// The end of a lock-delay, or of a place an earlier authority's lease keeps.
@@ -220,6 +254,9 @@ pub(super) struct WonClaim {
     pub tokens: TokenBlock,
     /// What the id's lease row leaves to this authority.
     pub inherited: Inherited,
+    /// The claim re-won is the lapsed one the attempt was given, and
+    /// nothing shows another claim or grant since: its kept leases run on.
+    pub readopted: bool,
 }
 
 /// What a claim just won takes over from the id's lease rows.
@@ -293,8 +330,8 @@ pub(super) enum Step {
     RenewClaim(Uuid),
     /// The token block is spent: reserve the next one.
     ReserveTokens { claim_id: Uuid, first: u64 },
-    /// Run a claim attempt.
-    Claim,
+    /// Run a claim attempt, re-winning this lapsed claim if one is given.
+    Claim(Option<Lapsed>),
     /// Give up: the wait ran out. With the holder this gateway knows of.
     GiveUp(Option<Lease>),
     /// Give up: the id is in a lock-delay that ends (ms since the epoch)
@@ -389,6 +426,8 @@ impl SlotState {
 mod decide;
 mod transitions;
 
+#[cfg(test)]
+mod lapse_tests;
 #[cfg(test)]
 mod pool_tests;
 #[cfg(test)]

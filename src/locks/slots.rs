@@ -66,6 +66,13 @@ impl Slots {
         slot.current(id, &self.metrics, SlotState::claim_id)
     }
 
+    /// Whether this gateway answers for `id`: it holds its claim, or keeps
+    /// leases under its lapsed claim.
+    pub fn answers_for(&self, id: &StateId) -> bool {
+        self.existing(id)
+            .is_some_and(|slot| slot.current(id, &self.metrics, SlotState::answers_for))
+    }
+
     /// Whether no write sent under this gateway's claim on `id` may still
     /// land (its own, or one another gateway sends under its ticket): only
     /// then does what it reads of the id stay current.

@@ -146,6 +146,7 @@ impl Admitted {
                 holder: Box::new(holder),
             }),
             Standing::Gone => Err(not_current()),
+            Standing::Lapsed => Err(LockError::Lapsed(self.state_id.clone())),
         }
     }
 }
@@ -301,9 +302,16 @@ pub(super) fn admit_here(
     query_timeout: Duration,
 ) -> Option<Result<Admitted, LockError>> {
     let slot = slots.existing(id)?;
-    let (claim_id, current) = slot.current(id, slots.metrics(), |st| {
-        Some((st.claim_id()?, st.lease().cloned()))
-    })?;
+    let (claim_id, current) = match slot.current(id, slots.metrics(), |st| {
+        st.claim_id()
+            .map(|claim| (claim, st.lease().cloned()))
+            .ok_or(st.answers_for())
+    }) {
+        Ok(claimed) => claimed,
+        // Leases kept under a lapsed claim: nothing is written until it is re-won.
+        Err(true) => return Some(Err(LockError::Lapsed(id.clone()))),
+        Err(false) => return None,
+    };
     Some(
         lease_rule(id, current.as_ref(), lease_id)
             .map(|lease| Admitted::local(id.clone(), lease, slot, claim_id, query_timeout)),

@@ -83,6 +83,10 @@ pub struct StoredLease {
     pub record: LeaseRecord,
     /// Not expired by ClickHouse's clock.
     pub unexpired: bool,
+    /// Where peers reach the gateway that granted it (empty when it said
+    /// nothing): after its claim lapsed, it may still re-win the claim and
+    /// answer for the lease.
+    pub authority_url: String,
 }
 
 /// Every column, for batched lease writes.
@@ -226,6 +230,7 @@ fn stored_lease(row: LockRowIn) -> Result<Option<StoredLease>, StoreError> {
     Ok(Some(StoredLease {
         record,
         unexpired: row.unexpired != 0,
+        authority_url: row.advertise_url,
     }))
 }
 

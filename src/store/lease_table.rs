@@ -24,6 +24,9 @@ pub struct LeaseStore {
     table: String,
     /// One row per state_id, or one per lease (a pool's).
     rows: LeaseRows,
+    /// This gateway's advertised URL, written on its lease rows (see
+    /// `StoredLease::authority_url`).
+    advertise_url: String,
     /// Point reads of one id's lock rows, coalesced: every routing read and
     /// lock check is one.
     lock_reads: Arc<ReadBatch<String, Vec<LockRowIn>>>,
@@ -53,7 +56,16 @@ impl LeaseStore {
             ch,
             table,
             rows,
+            advertise_url: String::new(),
             lock_reads: Arc::new(lock_reads),
+        }
+    }
+
+    /// The store as the gateway advertised at `url` writes it.
+    pub fn advertised_at(self, url: Option<&str>) -> Self {
+        Self {
+            advertise_url: url.unwrap_or("").to_owned(),
+            ..self
         }
     }
 
@@ -196,6 +208,36 @@ impl LeaseStore {
             }
         }
         Ok(renewed)
+    }
+
+    /// Whether a gateway other than `me` proposed a claim on `id` at or after
+    /// `since_ms` (server time), whatever became of it: withdrawn and lapsed
+    /// candidates stay a day (the table's TTL), so this sees every one made
+    /// since a claim of the last day.
+    pub async fn claimed_since(
+        &self,
+        id: &StateId,
+        me: Uuid,
+        since_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "SELECT count() FROM {} FINAL
+             WHERE state_id = {{id:String}} AND kind = 'claim' AND gateway_id != {{me:UUID}}
+               AND created_at >= fromUnixTimestamp64Milli({{since:Int64}})",
+            self.table
+        );
+        let query = self
+            .ch
+            .client
+            .query(&sql)
+            .param("id", id.as_str())
+            .param("me", me.to_string())
+            .param("since", since_ms);
+        let count = self
+            .ch
+            .timed("claims_since", query.fetch_one::<u64>())
+            .await?;
+        Ok(count > 0)
     }
 
     /// Of the state_ids this gateway holds claims on, those where another
@@ -408,7 +450,7 @@ impl LeaseStore {
                             expires_at: lease.expires_ms,
                             released: record.state as u8,
                             version: record.version.bits(),
-                            advertise_url: String::new(),
+                            advertise_url: self.advertise_url.clone(),
                             lock_delay_ms: u64::try_from(lease.lock_delay.as_millis())
                                 .unwrap_or(u64::MAX),
                             ended_at: record.ended_ms.unwrap_or(0),

@@ -16,6 +16,10 @@ use crate::lock_concurrency::{Log, check, final_counter, worker};
 /// Claim timings short enough that a dead gateway's claims lapse within the
 /// test; the mechanism is the one production runs.
 const CLAIM_TTL_SECONDS: u64 = 3;
+/// The claim TTL a production gateway runs with, for tests where no gateway
+/// dies: on a loaded 2-core machine one Keeper or ClickHouse call can take a
+/// second or two, and a 3 s claim would lapse for that alone.
+const PRODUCTION_CLAIM_TTL_SECONDS: u64 = 10;
 const SETTLE_MS: u64 = 200;
 
 struct Cluster {
@@ -26,10 +30,10 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(schema: String, size: usize) -> Self {
+    async fn start(schema: String, size: usize, claim_ttl_seconds: u64) -> Self {
         let mut gateways = Vec::new();
         for _ in 0..size {
-            gateways.push(spawn_gateway(&schema).await);
+            gateways.push(spawn_gateway(&schema, claim_ttl_seconds).await);
         }
         let balancer =
             Balancer::start(gateways.iter().map(|(_, g)| g.base.clone()).collect()).await;
@@ -60,9 +64,9 @@ impl Cluster {
     }
 }
 
-async fn spawn_gateway(schema: &str) -> (String, GatewayProcess) {
+async fn spawn_gateway(schema: &str, claim_ttl_seconds: u64) -> (String, GatewayProcess) {
     let gateway_id = uuid::Uuid::new_v4().to_string();
-    let ttl = format!("{CLAIM_TTL_SECONDS}s");
+    let ttl = format!("{claim_ttl_seconds}s");
     let settle = format!("{SETTLE_MS}ms");
     let process = spawn_peer_process(
         &clickhouse_url(),
@@ -119,7 +123,7 @@ async fn lease_after_takeover(api: &Api, id: &str, owner: &str) -> (String, u64)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twelve_workers_cycle_through_a_round_robin_balancer() {
-    let cluster = Cluster::start(unique_schema(), 3).await;
+    let cluster = Cluster::start(unique_schema(), 3, PRODUCTION_CLAIM_TTL_SECONDS).await;
     let log: Log = Arc::default();
     let workers: Vec<_> = (0..12)
         .map(|w| {
@@ -141,7 +145,7 @@ async fn twelve_workers_cycle_through_a_round_robin_balancer() {
 
 #[tokio::test]
 async fn a_lock_taken_through_the_balancer_shows_on_every_gateway_and_its_release_frees_it() {
-    let cluster = Cluster::start(unique_schema(), 3).await;
+    let cluster = Cluster::start(unique_schema(), 3, PRODUCTION_CLAIM_TTL_SECONDS).await;
     let api = cluster.api();
     let (lease, token) = api.lease("seen", "worker", 60, 0.0).await;
     for (_, gateway) in &cluster.gateways {
@@ -168,7 +172,7 @@ async fn a_lock_taken_through_the_balancer_shows_on_every_gateway_and_its_releas
 /// another gateway takes over. Every acknowledged increment counts once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_authority_is_replaced_and_no_acknowledged_increment_is_lost_or_doubled() {
-    let mut cluster = Cluster::start(unique_schema(), 3).await;
+    let mut cluster = Cluster::start(unique_schema(), 3, CLAIM_TTL_SECONDS).await;
     let api = cluster.api();
     let acknowledged = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -300,7 +304,7 @@ impl Fence {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_a_killed_authority_and_a_restart_of_every_gateway() {
-    let mut cluster = Cluster::start(unique_schema(), 3).await;
+    let mut cluster = Cluster::start(unique_schema(), 3, CLAIM_TTL_SECONDS).await;
     let api = cluster.api();
     let mut fence = Fence { last: 0 };
     fence.take(&api).await;
@@ -317,7 +321,7 @@ async fn fencing_tokens_increase_across_a_killed_authority_and_a_restart_of_ever
     for (_, mut gateway) in std::mem::take(&mut cluster.gateways) {
         terminate(&mut gateway).await;
     }
-    let restarted = Cluster::start(cluster.schema.clone(), 3).await;
+    let restarted = Cluster::start(cluster.schema.clone(), 3, CLAIM_TTL_SECONDS).await;
     fence.take(&restarted.api()).await;
     fence.take(&restarted.api()).await;
 }

@@ -71,6 +71,48 @@ impl KeeperNode {
     pub fn kill_zookeeper(&self) {
         self.zookeeper(&["stop", "-9"]);
     }
+
+    /// Another ClickHouse node on this ZooKeeper: its MergeTree tables are
+    /// its own, its KeeperMap tables the first node's.
+    pub fn start_second_node(&self) -> SecondNode {
+        let port = free_port();
+        let node = SecondNode {
+            url: format!("clickhouse://default@127.0.0.1:{port}/default"),
+            port,
+            data: self.data.join("engine-b"),
+        };
+        let status = Command::new(script("localch"))
+            .arg("start")
+            .env("LOCALCH_PORT", port.to_string())
+            .env("LOCALCH_DATA", &node.data)
+            .env(
+                "LOCALCH_ZOOKEEPER",
+                format!("127.0.0.1:{}", self.zookeeper_port),
+            )
+            .env("LOCALCH_TLS_PORT", "")
+            .env("LOCALCH_USERS", "")
+            .status()
+            .expect("localch runs");
+        assert!(status.success(), "the second ClickHouse node starts");
+        node
+    }
+}
+
+/// A second ClickHouse node on a [`KeeperNode`]'s ZooKeeper, stopped on drop.
+pub struct SecondNode {
+    pub url: String,
+    port: u16,
+    data: PathBuf,
+}
+
+impl Drop for SecondNode {
+    fn drop(&mut self) {
+        let _ = Command::new(script("localch"))
+            .arg("stop")
+            .env("LOCALCH_PORT", self.port.to_string())
+            .env("LOCALCH_DATA", &self.data)
+            .status();
+    }
 }
 
 impl Drop for KeeperNode {

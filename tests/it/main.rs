@@ -24,6 +24,7 @@ mod import_faults;
 mod keeper_claims;
 mod keeper_locks;
 mod keeper_loss;
+mod lease_outage;
 mod lock_cancellation;
 mod lock_concurrency;
 mod lock_delay;

@@ -24,9 +24,9 @@ use super::Coordinator;
 use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
 use crate::domain::StateId;
 use crate::locks::peer::Peer;
-use crate::locks::slot::{HeldClaim, TokenBlock};
+use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock};
 use crate::metrics::LockEvent;
-use crate::store::{Candidate, KeeperClaimStore, NewClaim, Outcome, StoreError};
+use crate::store::{Candidate, KeeperClaim, KeeperClaimStore, NewClaim, Outcome, StoreError};
 
 /// How many times a conditional write that raced another is tried again
 /// before the attempt gives up for now.
@@ -67,6 +67,7 @@ impl Coordinator {
         store: &KeeperClaimStore,
         id: &StateId,
         deadline: Instant,
+        lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
         let me = self.settings.gateway_id;
         let url = self.settings.advertise_url.as_deref().unwrap_or("");
@@ -76,6 +77,10 @@ impl Coordinator {
         loop {
             let started = Instant::now();
             let read = store.read(id).await?;
+            // Every claim writes a key of its own id and a release the nil
+            // one: with the lapsed claim's id still in the key, nobody
+            // claimed the id since, and its kept leases may run on.
+            let readopting = lapsed.filter(|l| unclaimed_since(read.claim.as_ref(), l));
             // The lease rows are read after the key: a gateway that shuts
             // down writes its hand-over before it releases the key, so a read
             // that saw the release sees the lease handed on. With them, the
@@ -173,7 +178,7 @@ impl Coordinator {
                             claim.valid_until = self.timing.valid_until(renewing);
                         }
                     }
-                    let inherited = self.inherit(locks?.leases);
+                    let inherited = self.inherit(locks?.leases, readopting);
                     making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,
@@ -182,6 +187,7 @@ impl Coordinator {
                             last: base + TOKENS_PER_BLOCK,
                         },
                         inherited,
+                        readopted: readopting.is_some(),
                     })));
                 }
                 // Another gateway wrote the key between the read and the
@@ -261,5 +267,66 @@ impl Coordinator {
             }
         }
         Ok(lost)
+    }
+}
+
+/// Whether the key shows no claim made since `lapsed`: every claim writes
+/// a key of its own id and a release the nil one, so the lapsed claim's id
+/// still in the key (lapsed or not) means nobody claimed the id meanwhile.
+fn unclaimed_since(key: Option<&KeeperClaim>, lapsed: &Lapsed) -> bool {
+    key.is_some_and(|key| key.holder_claim_id() == lapsed.claim.claim_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::ClaimHolder;
+
+    const MINE: Uuid = Uuid::from_u128(1);
+
+    fn lapsed() -> Lapsed {
+        Lapsed {
+            claim: Candidate {
+                claim_id: MINE,
+                gateway_id: Uuid::from_u128(7),
+                created_ms: 0,
+                advertise_url: String::new(),
+                expires_ms: 1_000,
+            },
+            leases: vec![Uuid::from_u128(9)],
+        }
+    }
+
+    fn key(holder: Option<Uuid>, expires_ms: i64) -> KeeperClaim {
+        KeeperClaim {
+            holder: holder.map(|claim_id| ClaimHolder {
+                claim_id,
+                gateway_id: Uuid::from_u128(7),
+                advertise_url: String::new(),
+                expires_ms,
+            }),
+            last_token: 1_024,
+            waiting_gateway: None,
+        }
+    }
+
+    #[test]
+    fn the_lapsed_claim_still_in_the_key_is_re_won_with_its_leases() {
+        assert!(unclaimed_since(Some(&key(Some(MINE), 1_000)), &lapsed()));
+        assert!(
+            unclaimed_since(Some(&key(Some(MINE), 99_000)), &lapsed()),
+            "a renewal that landed after all leaves it ours"
+        );
+    }
+
+    #[test]
+    fn another_claim_or_a_release_since_the_lapse_ends_the_leases() {
+        let other = Uuid::from_u128(2);
+        assert!(!unclaimed_since(Some(&key(Some(other), 1_000)), &lapsed()));
+        assert!(
+            !unclaimed_since(Some(&key(None, 0)), &lapsed()),
+            "released: another may have claimed and let go"
+        );
+        assert!(!unclaimed_since(None, &lapsed()));
     }
 }

@@ -11,7 +11,7 @@ use super::Coordinator;
 use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
 use crate::domain::StateId;
 use crate::locks::peer::Peer;
-use crate::locks::slot::{HeldClaim, TokenBlock};
+use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock};
 use crate::metrics::LockEvent;
 use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 
@@ -53,6 +53,7 @@ impl Coordinator {
         &self,
         id: &StateId,
         deadline: Instant,
+        lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
         let gateway_id = self.settings.gateway_id;
         let claim_ttl = self.timing.ttl();
@@ -113,6 +114,7 @@ impl Coordinator {
                         written_at,
                         others_waiting,
                         leases,
+                        lapsed,
                     )
                     .await?;
                 // Won late (a slow ClickHouse, a long line): renew before the
@@ -157,7 +159,8 @@ impl Coordinator {
     /// token before, and what the id's lease rows leave to it. `rows` were
     /// read with the candidates that showed the win: a gateway hands its
     /// leases on before it withdraws its claims, so a read that sees the
-    /// withdrawal sees the hand-over too.
+    /// withdrawal sees the hand-over too. With `lapsed`, the win re-adopts
+    /// its kept leases if nothing shows another claim or grant since.
     async fn won(
         &self,
         id: &StateId,
@@ -165,7 +168,12 @@ impl Coordinator {
         written_at: Instant,
         others_waiting: bool,
         rows: Vec<StoredLease>,
+        lapsed: Option<&Lapsed>,
     ) -> Result<WonClaim, StoreError> {
+        let readopting = match lapsed {
+            Some(lapsed) if self.nothing_since(id, lapsed, &rows).await? => Some(lapsed),
+            _ => None,
+        };
         let tokens = self.reserve_in_table(id, 0).await?;
         self.metrics.lock_event(LockEvent::ClaimWin);
         Ok(WonClaim {
@@ -175,8 +183,27 @@ impl Coordinator {
                 handover: others_waiting,
             },
             tokens,
-            inherited: self.inherit(rows),
+            inherited: self.inherit(rows, readopting),
+            readopted: readopting.is_some(),
         })
+    }
+
+    /// Whether nothing shows another claim or grant on `id` since `lapsed`
+    /// was made: no other gateway's candidate row (in line, won, withdrawn
+    /// or lapsed: any may have won while ours had lapsed), and no lease row
+    /// of another gateway's granted since.
+    async fn nothing_since(
+        &self,
+        id: &StateId,
+        lapsed: &Lapsed,
+        rows: &[StoredLease],
+    ) -> Result<bool, StoreError> {
+        let me = self.settings.gateway_id;
+        let since_ms = lapsed.claim.created_ms;
+        if !granted_only_by(rows, me, since_ms) {
+            return Ok(false);
+        }
+        Ok(!self.leases.claimed_since(id, me, since_ms).await?)
     }
 
     /// Reserves the next block of fencing tokens for `id`, above every token
@@ -191,5 +218,60 @@ impl Coordinator {
         let last = next + TOKENS_PER_BLOCK - 1;
         self.leases.reserve_tokens(id, last).await?;
         Ok(TokenBlock { next, last })
+    }
+}
+
+/// Whether every lease row granted at or after `since_ms` is `me`'s.
+fn granted_only_by(rows: &[StoredLease], me: Uuid, since_ms: i64) -> bool {
+    rows.iter().all(|stored| {
+        stored.record.lease.gateway_id == me || stored.record.lease.acquired_ms < since_ms
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Lease, LeaseInfo, LeaseState, LeaseVersion};
+    use crate::store::LeaseRecord;
+
+    const ME: Uuid = Uuid::from_u128(7);
+
+    fn row(gateway_id: Uuid, acquired_ms: i64) -> StoredLease {
+        StoredLease {
+            record: LeaseRecord {
+                lease: Lease {
+                    state_id: StateId::parse("id".to_owned()).unwrap(),
+                    lease_id: Uuid::new_v4(),
+                    owner: "worker".to_owned(),
+                    fencing_token: 3,
+                    gateway_id,
+                    acquired_ms,
+                    expires_ms: acquired_ms + 60_000,
+                    lock_delay: std::time::Duration::ZERO,
+                    info: LeaseInfo::default(),
+                    limit: 1,
+                },
+                version: LeaseVersion::granted(3),
+                state: LeaseState::Held,
+                ended_ms: None,
+                forced: None,
+            },
+            unexpired: true,
+            authority_url: String::new(),
+        }
+    }
+
+    #[test]
+    fn only_this_gateways_grants_since_the_lapsed_claim_allow_re_adoption() {
+        assert!(granted_only_by(&[row(ME, 6_000)], ME, 5_000));
+        assert!(granted_only_by(&[], ME, 5_000));
+        assert!(
+            granted_only_by(&[row(Uuid::from_u128(2), 4_000)], ME, 5_000),
+            "a grant before the lapsed claim was made is history"
+        );
+        assert!(
+            !granted_only_by(&[row(Uuid::from_u128(2), 5_000)], ME, 5_000),
+            "another gateway granted since: it held the claim"
+        );
     }
 }

@@ -5,17 +5,18 @@
 use super::*;
 
 impl SlotState {
-    /// Drops what has run out by now: a lapsed claim (its leases end with
-    /// it), expired leases (their lock-delays begin), ended delays, writes
-    /// that have surely landed. Nobody is woken for it: every waiter already
-    /// sleeps no later than the first of these ends (see `next_step`).
+    /// Drops what has run out by now: a lapsed claim (its leases are kept,
+    /// acting on nothing, until a claim attempt re-wins it or finds another
+    /// gateway's), expired leases (their lock-delays begin), ended delays,
+    /// writes that have surely landed. Nobody is woken for it: every waiter
+    /// already sleeps no later than the first of these ends (see `next_step`).
     pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
         if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
-            self.claim = None;
+            let claim = self.claim.take().expect("checked above");
             metrics.lock_event(LockEvent::ClaimLost);
-            tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its leases end with it");
-            for _ in self.leases.drain(..) {
-                metrics.lock_event(LockEvent::Expiry);
+            if !self.leases.is_empty() {
+                tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its leases are kept, answering 503, until the claim is re-won or found taken");
+                self.lapsed = Some(claim.candidate);
             }
         }
         let (expired, running): (Vec<_>, Vec<_>) =
@@ -24,6 +25,9 @@ impl SlotState {
         for lease in expired {
             self.delay_after(&lease, lease.deadline, lease.lease.expires_ms);
             metrics.lock_event(LockEvent::Expiry);
+        }
+        if self.leases.is_empty() {
+            self.lapsed = None;
         }
         self.delayed.retain(|d| now < d.until);
         self.sending.retain(|_, until| now < *until);
@@ -77,6 +81,7 @@ impl SlotState {
 
     pub fn is_idle(&self) -> bool {
         self.claim.is_none()
+            && self.lapsed.is_none()
             && !self.claiming
             && self.leases.is_empty()
             && self.queue.is_empty()
@@ -166,7 +171,7 @@ impl SlotState {
                 None if waiter.attempted_claim && now >= waiter.deadline => None,
                 None => {
                     self.claiming = true;
-                    Some(Step::Claim)
+                    Some(Step::Claim(self.lapsed_claim()))
                 }
             };
             if let Some(step) = step {

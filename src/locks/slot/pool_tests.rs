@@ -173,6 +173,7 @@ fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
             leases: Vec::new(),
             delays: vec![ends(3), ends(5)],
         },
+        readopted: false,
     };
     let me = waiter(ticket, now + Duration::from_secs(60));
     let grant = Grant {
@@ -202,7 +203,9 @@ fn a_renewal_or_a_force_elsewhere_touches_only_its_own_lease() {
     let second = grant_first(&mut st, now, Duration::from_secs(4));
     let later = now + Duration::from_secs(10);
     let renewed = st.renew(second.lease_id, Duration::from_secs(30), later, 11_000);
-    let (row, _) = renewed.out.expect("a current lease renews");
+    let LeaseAct::Done((row, _)) = renewed.out else {
+        panic!("a current lease renews")
+    };
     assert_eq!(row.lease_id, second.lease_id);
     assert_eq!(st.leases[0].deadline, now + Duration::from_secs(30));
     assert_eq!(st.leases[1].deadline, later + Duration::from_secs(30));
@@ -246,6 +249,7 @@ fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
             leases: handed,
             delays: Vec::new(),
         },
+        readopted: false,
     };
     let me = waiter(ticket, now + Duration::from_secs(60));
     let grant = Grant {

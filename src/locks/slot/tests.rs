@@ -162,7 +162,7 @@ fn a_contested_claim_is_handed_over_before_the_next_claim_attempt() {
     let mut st = claimed(now, &[0]);
     st.claim.as_mut().unwrap().handover = true;
     let decision = decide(&mut st, &waiter(0, now + Duration::from_secs(5)), now);
-    assert_eq!(decision.step, Step::Claim);
+    assert_eq!(decision.step, Step::Claim(None));
     assert_eq!(
         decision.withdraw.map(|c| c.claim_id),
         Some(Uuid::from_u128(1))
@@ -192,7 +192,7 @@ fn a_claim_short_of_validity_is_renewed_and_a_spent_block_refilled_first() {
 }
 
 #[test]
-fn a_claim_that_lapses_ends_its_lease_and_the_next_waiter_claims_anew() {
+fn a_claim_that_lapses_keeps_its_lease_and_the_next_waiter_claims_once_it_ends() {
     let now = Instant::now();
     let mut st = claimed(now, &[0, 1]);
     assert!(matches!(
@@ -200,15 +200,18 @@ fn a_claim_that_lapses_ends_its_lease_and_the_next_waiter_claims_anew() {
         Step::Granted(..)
     ));
     let lapsed = now + Duration::from_secs(9);
-    let deadline = lapsed + Duration::from_secs(5);
-    assert_eq!(
-        decide(&mut st, &waiter(1, deadline), lapsed).step,
-        Step::Wait(deadline)
-    );
+    let deadline = lapsed + Duration::from_secs(60);
     st.queue.pop_front();
     assert_eq!(
         decide(&mut st, &waiter(1, deadline), lapsed).step,
-        Step::Claim
+        Step::Wait(now + Duration::from_secs(30)),
+        "the kept lease holds its place until its deadline"
+    );
+    let ended = now + Duration::from_secs(30);
+    assert_eq!(
+        decide(&mut st, &waiter(1, deadline), ended).step,
+        Step::Claim(None),
+        "with the lease gone nothing is kept: a fresh claim"
     );
 }
 
@@ -221,18 +224,31 @@ fn granted(st: &mut SlotState, now: Instant) -> Lease {
 }
 
 #[test]
-fn a_claim_past_its_validity_ends_with_its_lease() {
+fn a_claim_past_its_validity_keeps_its_lease_under_the_lapse() {
     let now = Instant::now();
     let mut st = claimed(now, &[0]);
-    granted(&mut st, now);
+    let lease = granted(&mut st, now);
     st.expire(&id(), now + Duration::from_secs(8), &Metrics::default());
-    assert!(st.claim.is_some() && !st.leases.is_empty());
+    assert!(st.claim.is_some() && st.lapsed.is_none());
     st.expire(&id(), now + Duration::from_secs(9), &Metrics::default());
     assert!(
         st.claim.is_none(),
         "past valid_until the claim may have lapsed"
     );
-    assert!(st.leases.is_empty(), "a lease lives as long as its claim");
+    let lapsed = st
+        .lapsed_claim()
+        .expect("the lease is kept under the lapse");
+    assert_eq!(lapsed.claim.claim_id, Uuid::from_u128(1));
+    assert_eq!(lapsed.leases, [lease.lease_id]);
+    assert!(st.answers_for() && !st.is_idle());
+}
+
+#[test]
+fn a_claim_that_lapses_with_no_lease_is_simply_gone() {
+    let now = Instant::now();
+    let mut st = claimed(now, &[]);
+    st.expire(&id(), now + Duration::from_secs(9), &Metrics::default());
+    assert!(st.claim.is_none() && st.lapsed.is_none() && st.is_idle());
 }
 
 #[test]
@@ -345,7 +361,10 @@ fn only_the_first_in_line_claims_and_a_second_attempt_past_the_deadline_gives_up
         decide(&mut st, &waiter(1, deadline), now).step,
         Step::Wait(deadline)
     );
-    assert_eq!(decide(&mut st, &waiter(0, deadline), now).step, Step::Claim);
+    assert_eq!(
+        decide(&mut st, &waiter(0, deadline), now).step,
+        Step::Claim(None)
+    );
     let mut tried = waiter(0, deadline);
     tried.attempted_claim = true;
     assert_eq!(decide(&mut st, &tried, deadline).step, Step::GiveUp(None));

@@ -41,24 +41,39 @@ impl SlotState {
         ttl: Duration,
         now: Instant,
         now_ms: i64,
-    ) -> Effects<Option<(Lease, LeaseVersion)>> {
+    ) -> Effects<LeaseAct<(Lease, LeaseVersion)>> {
         let Some(local) = self.current_mut(lease_id) else {
-            return Effects::quiet(None);
+            return Effects::quiet(self.not_current(lease_id));
         };
         local.lease.expires_ms = now_ms.saturating_add(millis(ttl));
         local.version = local.version.renewed();
         local.deadline = now + ttl;
         let row = (local.lease.clone(), local.version);
         self.last_used = Some(now);
-        Effects::quiet(Some(row))
+        Effects::quiet(LeaseAct::Done(row))
+    }
+
+    /// Why `lease_id` is not current here: kept under a lapsed claim, or
+    /// none of this gateway's.
+    fn not_current<T>(&self, lease_id: Uuid) -> LeaseAct<T> {
+        let kept =
+            self.lapsed.is_some() && self.leases.iter().any(|l| l.lease.lease_id == lease_id);
+        if kept {
+            LeaseAct::Lapsed
+        } else {
+            LeaseAct::Unknown
+        }
     }
 
     /// Ends `lease_id` at its holder's request, if it is a current lease
-    /// under the claim. The claim goes with it when another gateway waits
-    /// and nothing here needs it; writes sent under the lease that may still
-    /// land keep it (maintenance hands it over then).
+    /// under the claim, or one kept under a lapsed claim (ending a lease
+    /// early is safe whoever holds the claim). The claim goes with it when
+    /// another gateway waits and nothing here needs it; writes sent under
+    /// the lease that may still land keep it (maintenance hands it over then).
     pub fn release(&mut self, lease_id: Uuid, now: Instant) -> Effects<Option<Released>> {
-        if self.current_mut(lease_id).is_none() {
+        if self.current_mut(lease_id).is_none()
+            && self.not_current::<()>(lease_id) != LeaseAct::Lapsed
+        {
             return Effects::quiet(None);
         }
         let at = self
@@ -68,6 +83,9 @@ impl SlotState {
             .expect("checked above");
         let lease = self.leases.remove(at);
         self.last_used = Some(now);
+        if self.leases.is_empty() {
+            self.lapsed = None;
+        }
         let handover = self.claim.as_ref().is_some_and(|c| c.handover)
             && self.queue.is_empty()
             && self.claim_can_go();
@@ -87,11 +105,12 @@ impl SlotState {
     }
 
     /// A force-unlock through this gateway: None when it is not the id's
-    /// authority (no claim), else every lease it ended.
+    /// authority (no claim, lapsed or held), else every lease it ended.
     pub fn force_unlock(&mut self, now: Instant, now_ms: i64) -> Effects<Option<Vec<LocalLease>>> {
-        if self.claim.is_none() {
+        if !self.answers_for() {
             return Effects::quiet(None);
         }
+        self.lapsed = None;
         let ended = self.end_all_by_force(now, now_ms);
         Effects::waking_if(!ended.is_empty(), Some(ended))
     }
@@ -122,6 +141,39 @@ impl SlotState {
             now,
             now_ms,
         } = grant;
+        let adopted = self.take_claim(won, now, write_budget);
+        let granted = if self.has_room() {
+            self.grant(id, waiter, gateway_id, now_ms, now)
+        } else {
+            None
+        };
+        Effects::waking(Adopted { adopted, granted })
+    }
+
+    /// A claim attempt of the background task's won the lapsed claim back,
+    /// or another claim: taken on as [`SlotState::claim_won`] does, with no
+    /// waiter to grant. Answers the rows of the leases adopted.
+    pub fn claim_rewon(
+        &mut self,
+        won: WonClaim,
+        now: Instant,
+        write_budget: Duration,
+    ) -> Effects<Vec<(Lease, LeaseVersion)>> {
+        Effects::waking(self.take_claim(won, now, write_budget))
+    }
+
+    /// Takes a won claim on. Leases kept under a lapsed claim run on if the
+    /// win re-adopted them (nothing showed another claim or grant since);
+    /// else another gateway may have granted meanwhile, and they end.
+    fn take_claim(
+        &mut self,
+        won: WonClaim,
+        now: Instant,
+        write_budget: Duration,
+    ) -> Vec<(Lease, LeaseVersion)> {
+        if self.lapsed.take().is_some() && !won.readopted {
+            self.leases.clear();
+        }
         self.claim = Some(won.claim);
         self.tokens = won.tokens;
         self.delayed.extend(won.inherited.delays);
@@ -135,12 +187,19 @@ impl SlotState {
             self.leases.extend(won.inherited.leases);
             self.start_send(now + write_budget);
         }
-        let granted = if self.has_room() {
-            self.grant(id, waiter, gateway_id, now_ms, now)
-        } else {
-            None
-        };
-        Effects::waking(Adopted { adopted, granted })
+        adopted
+    }
+
+    /// A claim attempt on `lapsed` found the id claimed by another gateway
+    /// (or lost it to one): the leases kept under it end, if they are still
+    /// kept under that claim. Their holders get 409 from now on.
+    pub fn lapse_refused(&mut self, lapsed: Uuid) -> Effects<()> {
+        let ours = self.lapsed.as_ref().is_some_and(|c| c.claim_id == lapsed);
+        if ours {
+            self.lapsed = None;
+            self.leases.clear();
+        }
+        Effects::waking_if(ours, ())
     }
 
     /// The claim turned out to be another gateway's, if it is still
@@ -191,7 +250,13 @@ impl SlotState {
             .last_used
             .map_or(Duration::MAX, |t| now.duration_since(t));
         let Some(claim) = &self.claim else {
-            return Effects::quiet(Tick::Unclaimed);
+            return Effects::quiet(match self.lapsed_claim() {
+                Some(lapsed) if !self.claiming => {
+                    self.claiming = true;
+                    Tick::Lapsed(lapsed)
+                }
+                _ => Tick::Unclaimed,
+            });
         };
         let goes = self.claim_can_go()
             && (claim.handover || (self.queue.is_empty() && idle_for >= idle_release));
@@ -205,7 +270,13 @@ impl SlotState {
 
     /// Hands the claim back at shutdown: answers it, with the leases it ends
     /// here (to record as handed over, for the next authority to adopt).
+    /// Leases kept under a lapsed claim are not handed on: another gateway
+    /// may have claimed the id meanwhile, and a hand-over row would bring
+    /// them back to life.
     pub fn hand_back(&mut self) -> Effects<Option<(Uuid, Vec<LocalLease>)>> {
+        if self.lapsed.take().is_some() {
+            self.leases.clear();
+        }
         let Some(claim) = self.claim.take() else {
             return Effects::quiet(None);
         };
@@ -254,6 +325,20 @@ impl SlotState {
         self.claim.as_ref().map(|c| c.candidate.claim_id)
     }
 
+    /// The lapsed claim and the leases kept under it, if any.
+    pub fn lapsed_claim(&self) -> Option<Lapsed> {
+        self.lapsed.as_ref().map(|claim| Lapsed {
+            claim: claim.clone(),
+            leases: self.leases.iter().map(|l| l.lease.lease_id).collect(),
+        })
+    }
+
+    /// Whether this gateway answers for the id: it holds the claim, or
+    /// keeps leases under its lapsed claim (whose holders it answers 503).
+    pub fn answers_for(&self) -> bool {
+        self.claim.is_some() || self.lapsed.is_some()
+    }
+
     /// The current lease of a state_id: the first of a pool's.
     pub fn lease(&self) -> Option<&Lease> {
         self.leases.first().map(|l| &l.lease)
@@ -293,6 +378,9 @@ impl SlotState {
             .first()
             .filter(|l| now < l.deadline)
             .map(|l| &l.lease);
+        if claim.is_none() && self.lapsed.as_ref().is_some_and(|c| c.claim_id == claim_id) {
+            return Standing::Lapsed;
+        }
         match (claim, current, mine) {
             (Some(claim), None, None) => Standing::Until(claim.valid_until),
             (Some(claim), Some(current), Some(mine)) if current.lease_id == mine => {

@@ -81,21 +81,23 @@ fn a_renewal_extends_the_current_lease_only_and_wakes_no_one() {
     let later = now + Duration::from_secs(10);
     let renewed = st.renew(lease.lease_id, Duration::from_secs(30), later, 11_000);
     assert!(!renewed.wake);
-    let (row, version) = renewed.out.expect("renewed");
+    let LeaseAct::Done((row, version)) = renewed.out else {
+        panic!("renewed")
+    };
     assert_eq!(row.expires_ms, 41_000);
     assert_eq!(version, LeaseVersion::granted(5).renewed());
     assert_eq!(st.leases[0].deadline, later + Duration::from_secs(30));
     assert_eq!(st.last_used, Some(later));
-    assert!(
+    assert_eq!(
         st.renew(Uuid::nil(), Duration::from_secs(30), later, 11_000)
-            .out
-            .is_none()
+            .out,
+        LeaseAct::Unknown
     );
     st.claim = None;
-    assert!(
+    assert_eq!(
         st.renew(lease.lease_id, Duration::from_secs(30), later, 11_000)
-            .out
-            .is_none()
+            .out,
+        LeaseAct::Unknown
     );
 }
 
@@ -176,6 +178,7 @@ fn won(now: Instant, inherited: Inherited) -> WonClaim {
         claim: held_claim(CLAIM, now + Duration::from_secs(9)),
         tokens: TokenBlock { next: 11, last: 20 },
         inherited,
+        readopted: false,
     }
 }
 

@@ -1,0 +1,298 @@
+//! A lease outlives a coordination outage shorter than itself: Keeper down,
+//! or the authority's link to ClickHouse cut, for 14 s, longer than the
+//! production claim TTL (10 s, used here as it is). The authority lives on,
+//! so its claim lapses but nobody else claims the id: its renewals and
+//! writes answer 503 meanwhile, never 409, and once coordination is back it
+//! re-wins the claim and the lease renews, writes and releases. A competitor
+//! through the other gateway is never granted in between. If the other
+//! gateway did claim the id (the authority out of its reach too), the old
+//! lease is dead: 409, and its late write is refused.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use statehouse::config::parse_clickhouse_url;
+use statehouse::domain::Coordination;
+
+use crate::helpers::{
+    Api, TestApp, clickhouse_url, free_port, peer_config, spawn_configured, unique_schema,
+};
+use crate::keeper_loss::KeeperNode;
+use crate::lock_concurrency::final_counter;
+use crate::proxy::Proxy;
+
+/// Longer than the claim TTL, shorter than the lease's.
+const OUTAGE: Duration = Duration::from_secs(14);
+const LEASE_TTL: u64 = 60;
+/// How long after the outage the lease must renew again.
+const RECOVERY: Duration = Duration::from_secs(40);
+
+/// A gateway with the production claim TTL, advertising its address (or,
+/// with `unreachable_advertised`, an address nobody listens on: a gateway
+/// its peers cannot reach).
+async fn gateway(
+    schema: &str,
+    coordination: Coordination,
+    clickhouse: &str,
+    proxy: Option<&Proxy>,
+    unreachable_advertised: bool,
+) -> TestApp {
+    let mut config = peer_config(schema);
+    config.clickhouse = parse_clickhouse_url(clickhouse).unwrap();
+    config.locks.coordination = coordination;
+    config.locks.claim_ttl = Duration::from_secs(10);
+    if let Some(proxy) = proxy {
+        proxy.route(&mut config);
+    }
+    if unreachable_advertised {
+        config.locks.advertise_url = Some(format!("http://127.0.0.1:{}", free_port()));
+    }
+    spawn_configured(config).await
+}
+
+fn counter(n: u64) -> serde_json::Value {
+    json!({"completed": {"counter": n}})
+}
+
+/// Acquires through `competitor` again and again until stopped; fails the
+/// test on a grant. Answers how many answers it saw.
+fn compete(
+    competitor: Api,
+    id: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut answers = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let reply = competitor
+                .acquire(
+                    id,
+                    &json!({"owner": "competitor", "ttl_seconds": 30, "wait_seconds": 1}),
+                )
+                .await;
+            assert!(
+                matches!(
+                    reply.status,
+                    StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+                ),
+                "the competitor must not be granted while the lease lives: {} {}",
+                reply.status,
+                reply.text
+            );
+            answers += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        answers
+    })
+}
+
+/// Holds a lease through `holder` across an outage that `begin` starts and
+/// `end` ends, with a competitor acquiring through `competitor` all along.
+async fn ride_out(
+    holder: &Api,
+    competitor: &Api,
+    id: &'static str,
+    begin: impl FnOnce(),
+    end: impl FnOnce(),
+) {
+    assert!(holder.put_state(id, &counter(0)).await.status.is_success());
+    let (lease, _) = holder.lease(id, "holder", LEASE_TTL, 0.0).await;
+    let write = holder.put_state_with_lease(id, &counter(1), &lease).await;
+    assert!(write.status.is_success(), "{}", write.text);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let competing = compete(competitor.clone(), id, stop.clone());
+    begin();
+    let cut = Instant::now();
+    let mut during = Vec::new();
+    while cut.elapsed() < OUTAGE {
+        let renewal = holder.renew(id, &lease, LEASE_TTL).await;
+        assert!(
+            matches!(
+                renewal.status,
+                StatusCode::OK | StatusCode::SERVICE_UNAVAILABLE
+            ),
+            "a renewal during the outage ({:?} in): {} {}",
+            cut.elapsed(),
+            renewal.status,
+            renewal.text
+        );
+        during.push(renewal.status);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    end();
+    let back = Instant::now();
+    assert!(
+        during.contains(&StatusCode::SERVICE_UNAVAILABLE),
+        "the claim lapsed during the outage: {during:?}"
+    );
+    loop {
+        let renewal = holder.renew(id, &lease, LEASE_TTL).await;
+        if renewal.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(
+            renewal.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{:?} after the outage: {}",
+            back.elapsed(),
+            renewal.text
+        );
+        assert!(
+            back.elapsed() < RECOVERY,
+            "the lease renews within {RECOVERY:?} of the outage: {}",
+            renewal.text
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let write = holder.put_state_with_lease(id, &counter(2), &lease).await;
+    assert!(write.status.is_success(), "{}", write.text);
+    stop.store(true, Ordering::SeqCst);
+    let answers = competing.await.expect("the competitor saw no grant");
+    assert!(answers > 0);
+    let released = holder.release(id, &lease).await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+    // Two ClickHouse nodes share no state table: read where it was written.
+    assert_eq!(final_counter(holder, id).await, 2);
+    let (_, _) = competitor.lease(id, "competitor", 30, 10.0).await;
+}
+
+/// Acceptance 1: keeper mode, two gateways on two ClickHouse nodes that
+/// share only ZooKeeper, which is SIGKILLed for 14 s and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_outlives_a_keeper_outage_longer_than_the_claim_ttl() {
+    let keeper = tokio::task::spawn_blocking(KeeperNode::start)
+        .await
+        .unwrap();
+    let node_b = keeper.start_second_node();
+    let schema = unique_schema();
+    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
+    let b = gateway(&schema, Coordination::Keeper, &node_b.url, None, false).await;
+    ride_out(
+        &a,
+        &b,
+        "dev:keeper-outage",
+        || keeper.kill_zookeeper(),
+        || keeper.start_zookeeper(),
+    )
+    .await;
+}
+
+/// Acceptance 2: table mode, the authority's link to ClickHouse cut for 14 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_outlives_a_cut_to_clickhouse_in_table_mode() {
+    cut_link_ride_out(Coordination::Table, "dev:table-cut").await;
+}
+
+/// Keeper mode, the authority's link to its ClickHouse node (and so to
+/// Keeper) cut for 14 s while the other gateway reaches both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_outlives_a_cut_to_clickhouse_in_keeper_mode() {
+    cut_link_ride_out(Coordination::Keeper, "dev:keeper-cut").await;
+}
+
+async fn cut_link_ride_out(coordination: Coordination, id: &'static str) {
+    let schema = unique_schema();
+    let proxy = Proxy::to_clickhouse().await;
+    let a = gateway(
+        &schema,
+        coordination,
+        &clickhouse_url(),
+        Some(&proxy),
+        false,
+    )
+    .await;
+    let b = gateway(&schema, coordination, &clickhouse_url(), None, false).await;
+    ride_out(
+        &a,
+        &b,
+        id,
+        || proxy.set_down(true),
+        || proxy.set_down(false),
+    )
+    .await;
+}
+
+/// Acceptance 3: the other gateway claims the id while the authority is cut
+/// off from ClickHouse and out of its peers' reach: the old lease is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_claimed_elsewhere_during_a_cut_is_dead_in_table_mode() {
+    taken_over_during_a_cut(Coordination::Table, "dev:table-taken").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_claimed_elsewhere_during_a_cut_is_dead_in_keeper_mode() {
+    taken_over_during_a_cut(Coordination::Keeper, "dev:keeper-taken").await;
+}
+
+async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
+    let schema = unique_schema();
+    let proxy = Proxy::to_clickhouse().await;
+    let a = gateway(&schema, coordination, &clickhouse_url(), Some(&proxy), true).await;
+    let b = gateway(&schema, coordination, &clickhouse_url(), None, false).await;
+    assert!(a.put_state(id, &counter(0)).await.status.is_success());
+    let (lease, token) = a.lease(id, "holder", LEASE_TTL, 0.0).await;
+
+    proxy.set_down(true);
+    let cut = Instant::now();
+    // Once the claim lapses, the other gateway finds the authority out of
+    // reach and claims the id itself.
+    let (next, next_token) = loop {
+        let reply = b
+            .acquire(
+                id,
+                &json!({"owner": "next", "ttl_seconds": 30, "wait_seconds": 1}),
+            )
+            .await;
+        if reply.status == StatusCode::CREATED {
+            let body = reply.json();
+            break (
+                body["lease_id"].as_str().unwrap().to_owned(),
+                body["fencing_token"].as_u64().unwrap(),
+            );
+        }
+        assert!(
+            matches!(
+                reply.status,
+                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+            ),
+            "{}",
+            reply.text
+        );
+        assert!(cut.elapsed() < Duration::from_secs(40), "{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(next_token > token, "{next_token} after {token}");
+    let write = b.put_state_with_lease(id, &counter(7), &next).await;
+    assert!(write.status.is_success(), "{}", write.text);
+    proxy.set_down(false);
+    let back = Instant::now();
+
+    // The old authority learns the claim is gone: its lease gets 409, 503
+    // only until then.
+    loop {
+        let renewal = a.renew(id, &lease, LEASE_TTL).await;
+        if renewal.status == StatusCode::CONFLICT {
+            break;
+        }
+        assert_eq!(
+            renewal.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the old lease never renews again: {}",
+            renewal.text
+        );
+        assert!(back.elapsed() < RECOVERY, "{}", renewal.text);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let late = a.put_state_with_lease(id, &counter(1), &lease).await;
+    assert_eq!(late.status, StatusCode::CONFLICT, "{}", late.text);
+    assert_eq!(late.problem_type(), "lease-not-current");
+    assert_eq!(
+        final_counter(&b, id).await,
+        7,
+        "the late write changed nothing"
+    );
+}

@@ -1,119 +1,47 @@
 //! The gateway claim: which gateway is a state_id's authority. One
-//! interface, two protocols chosen at start with `--coordination`:
-//! [`table`] (candidates in the lease table and a settle, for one ClickHouse
-//! node) and [`keeper`] (a KeeperMap key per state_id, for any topology).
-//! Everything above the claim (leases in memory, forwarding, lease rows)
-//! is the same for both.
+//! interface ([`protocol::ClaimProtocol`]), two protocols chosen at start
+//! with `--coordination`: [`table`] (candidates in the lease table and a
+//! settle, for one ClickHouse node) and [`keeper`] (a KeeperMap key per
+//! state_id, for any topology), each in its own file; the steps their claim
+//! attempts share are in [`claimant`], the guard that withdraws an
+//! abandoned claim in [`guard`]. Everything above the claim (leases in
+//! memory, forwarding, lease rows) is the same for both.
 
+mod claimant;
+mod guard;
 mod keeper;
+mod protocol;
 mod table;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::peer::{Peer, SeenLease};
-use super::slot::{Delay, Inherited, Lapsed, LocalLease, TokenBlock, WonClaim};
+use self::claimant::Claimant;
+use self::keeper::KeeperClaims;
+use self::protocol::ClaimProtocol;
+pub(super) use self::protocol::{Authority, ClaimOutcome};
+use self::table::TableClaims;
+use super::peer::SeenLease;
+use super::slot::{Lapsed, TokenBlock};
 use super::timing::ClaimTiming;
 use crate::config::LockSettings;
-use crate::domain::{Coordination, Lease, LeaseState, StateId};
+use crate::domain::{Coordination, Lease, StateId};
 use crate::metrics::Metrics;
-use crate::store::{
-    Candidate, IdLocks, KeeperClaimStore, LeaseRows, LeaseStore, StoreError, StoredLease, now_ms,
-};
+use crate::store::{Candidate, KeeperClaimStore, LeaseStore, StoreError};
 
-/// Fencing tokens reserved per ClickHouse write: a claim holder hands out
-/// this many before it writes again.
-const TOKENS_PER_BLOCK: u64 = 1024;
-
-/// How often a gateway waiting in line for a claim looks whether its turn
-/// has come.
-const CLAIM_POLL: Duration = Duration::from_millis(100);
-
-/// The claim protocol this gateway speaks.
-#[derive(Clone)]
-pub(super) enum Claims {
-    Table,
-    Keeper(Box<KeeperClaimStore>),
-}
-
-/// This gateway's side of the claim protocol: where claims and lease rows
-/// are kept, and the settings their timing comes from. The lock handle
-/// (`LockManager`) and the maintenance task share one.
+/// This gateway's side of the claim protocol: the protocol it speaks, and
+/// the timing its claims follow. The lock handle (`LockManager`) and the
+/// maintenance task share one.
 pub(super) struct Coordinator {
-    claims: Claims,
-    leases: LeaseStore,
-    settings: LockSettings,
+    /// Where claims are kept and how they are won: every operation on a
+    /// claim is handed to it.
+    protocol: Box<dyn ClaimProtocol>,
     /// Every wait and margin derived from the claim TTL, the settle time
     /// and the query timeout.
     timing: ClaimTiming,
-    metrics: Arc<Metrics>,
-}
-
-/// What one claim attempt came to.
-pub(super) enum ClaimOutcome {
-    Won(Box<WonClaim>),
-    /// A gateway peers can reach holds the claim: the request belongs there.
-    Elsewhere(Peer),
-    Lost,
-}
-
-/// Who holds an id's claim, with the leases ClickHouse records for it.
-pub(super) struct Authority {
-    /// Gateways with a live claim on the id, the holder first (in table
-    /// mode the others are candidates in line).
-    pub claims: Vec<Candidate>,
-    /// The id's lease rows: a state_id's one, a pool's that may matter.
-    pub leases: Vec<StoredLease>,
-    /// With no live claim: the gateway whose claim lapsed while its leases
-    /// ran, if nobody claimed the id since and it advertised a URL. It may
-    /// re-win the claim and keep them (see `locks::slot::Lapsed`), so it is
-    /// asked first.
-    pub lapsed: Option<Candidate>,
-}
-
-impl Authority {
-    /// The gateway holding the claim, if any does.
-    pub fn holder(&self) -> Option<&Candidate> {
-        self.claims.first()
-    }
-
-    /// The recorded lease rows whose leases are in force, oldest first.
-    pub fn in_force(&self) -> impl Iterator<Item = &StoredLease> {
-        self.leases.iter().filter(|stored| {
-            in_force(stored, |gateway| {
-                self.claims.iter().any(|c| c.gateway_id == gateway)
-            })
-        })
-    }
-
-    /// The gateway to ask first when no claim is live: the lapsed holder,
-    /// unless it is `me`.
-    pub fn lapsed_holder(&self, me: Uuid) -> Option<&Candidate> {
-        self.lapsed
-            .as_ref()
-            .filter(|c| self.claims.is_empty() && c.gateway_id != me)
-    }
-
-    /// The latest recorded lease in force: a state_id's lease.
-    pub fn lease_in_force(&self) -> Option<&Lease> {
-        self.in_force().last().map(|stored| &stored.record.lease)
-    }
-}
-
-/// Whether a recorded lease is in force: this is the one place the rule is
-/// written. Unexpired, and either handed over at a shutdown (no gateway
-/// holds it; the next authority adopts it) or held by a gateway whose claim
-/// on the id is live: a lease ends with its authority's claim.
-pub(super) fn in_force(stored: &StoredLease, has_claim: impl Fn(Uuid) -> bool) -> bool {
-    stored.unexpired
-        && match stored.record.state {
-            LeaseState::HandedOver => true,
-            LeaseState::Held => has_claim(stored.record.lease.gateway_id),
-            LeaseState::Released => false,
-        }
 }
 
 impl Coordinator {
@@ -124,17 +52,21 @@ impl Coordinator {
         keeper: KeeperClaimStore,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let claims = match settings.coordination {
-            Coordination::Table => Claims::Table,
-            Coordination::Keeper => Claims::Keeper(Box::new(keeper)),
-        };
-        Self {
-            claims,
+        let coordination = settings.coordination;
+        let claimant = Claimant {
             leases,
             settings,
             timing,
             metrics,
-        }
+        };
+        let protocol: Box<dyn ClaimProtocol> = match coordination {
+            Coordination::Table => Box::new(TableClaims { claimant }),
+            Coordination::Keeper => Box::new(KeeperClaims {
+                claimant,
+                store: keeper,
+            }),
+        };
+        Self { protocol, timing }
     }
 
     /// The claim timing, for the acquire loop, routing and maintenance.
@@ -143,19 +75,15 @@ impl Coordinator {
     }
 
     /// Claims `id` for this gateway, waiting in line until `deadline` behind
-    /// a holder that cannot be forwarded to. With `lapsed`, this gateway's
-    /// own claim that lapsed with leases kept: re-won with nothing in
-    /// between, the win adopts them again ([`WonClaim::readopted`]).
+    /// a holder that cannot be forwarded to; with `lapsed`, re-winning this
+    /// gateway's lapsed claim (see [`ClaimProtocol::try_claim`]).
     pub(super) async fn try_claim(
         &self,
         id: &StateId,
         deadline: Instant,
         lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
-        match &self.claims {
-            Claims::Table => self.claim_in_table(id, deadline, lapsed).await,
-            Claims::Keeper(store) => self.claim_in_keeper(store, id, deadline, lapsed).await,
-        }
+        self.protocol.try_claim(id, deadline, lapsed).await
     }
 
     /// Reserves the next block of fencing tokens under the held claim, from
@@ -166,10 +94,7 @@ impl Coordinator {
         claim_id: Uuid,
         first: u64,
     ) -> Result<Option<TokenBlock>, StoreError> {
-        match &self.claims {
-            Claims::Table => self.reserve_in_table(id, first).await.map(Some),
-            Claims::Keeper(store) => self.reserve_in_keeper(store, id, claim_id, first).await,
-        }
+        self.protocol.reserve_tokens(id, claim_id, first).await
     }
 
     /// Renews held claims; answers the ones found lost (another gateway's
@@ -178,17 +103,7 @@ impl Coordinator {
         &self,
         held: &[(StateId, Uuid)],
     ) -> Result<Vec<Uuid>, StoreError> {
-        match &self.claims {
-            Claims::Table => {
-                let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
-                let renewed = self
-                    .leases
-                    .renew_claims(self.settings.gateway_id, &ids, self.timing.ttl())
-                    .await?;
-                Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
-            }
-            Claims::Keeper(store) => self.renew_in_keeper(store, held).await,
-        }
+        self.protocol.renew_claims(held).await
     }
 
     /// Gives up held claims (idle, handed over, or at shutdown).
@@ -196,114 +111,23 @@ impl Coordinator {
         &self,
         claims: &[(StateId, Uuid)],
     ) -> Result<(), StoreError> {
-        match &self.claims {
-            Claims::Table => {
-                let ids: Vec<Uuid> = claims.iter().map(|(_, claim)| *claim).collect();
-                self.leases
-                    .withdraw_claims(self.settings.gateway_id, &ids)
-                    .await
-            }
-            Claims::Keeper(store) => {
-                for (id, claim_id) in claims {
-                    store.release(id, *claim_id).await?;
-                }
-                Ok(())
-            }
-        }
+        self.protocol.withdraw_claims(claims).await
     }
 
     /// Withdraws a claim without making anyone wait for it (a drop guard, a
     /// hand-over): nothing here depends on its landing before the caller goes on.
     pub(super) fn withdraw_in_background(&self, id: StateId, candidate: Candidate) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (claims, leases) = (self.claims.clone(), self.leases.clone());
-        runtime.spawn(async move {
-            let withdrawn = match &claims {
-                Claims::Table => leases.withdraw_claim(&id, &candidate).await,
-                Claims::Keeper(store) => store.release(&id, candidate.claim_id).await.map(drop),
-            };
-            if let Err(err) = withdrawn {
-                tracing::warn!(state_id = %id, error = %err, "could not withdraw a claim");
-            }
-        });
+        self.protocol.withdraw_in_background(id, candidate);
     }
 
     /// Which of the held ids another gateway waits for.
     pub(super) async fn contested(&self, ids: &[StateId]) -> Result<HashSet<StateId>, StoreError> {
-        match &self.claims {
-            Claims::Table => Ok(self
-                .leases
-                .contested(self.settings.gateway_id, ids)
-                .await?
-                .into_iter()
-                .collect()),
-            Claims::Keeper(store) => Ok(store
-                .read_many(ids)
-                .await?
-                .into_iter()
-                .filter(|(_, read)| {
-                    read.claim.as_ref().is_some_and(|c| {
-                        c.waiting_gateway
-                            .is_some_and(|w| w != self.settings.gateway_id)
-                    })
-                })
-                .map(|(id, _)| id)
-                .collect()),
-        }
+        self.protocol.contested(ids).await
     }
 
     /// Who holds `id`'s claim, with the lease row recorded for it.
     pub(super) async fn authority(&self, id: &StateId) -> Result<Authority, StoreError> {
-        match &self.claims {
-            Claims::Table => {
-                let locks = self.leases.id_locks(id).await?;
-                // A lease row that runs with no live claim at all: its
-                // gateway's claim lapsed, and no other was made since (a
-                // winner's candidate stays live while its lease runs).
-                let lapsed = locks
-                    .leases
-                    .iter()
-                    .filter(|l| locks.candidates.is_empty() && l.unexpired)
-                    .filter(|l| l.record.state == LeaseState::Held && !l.authority_url.is_empty())
-                    .map(|l| Candidate {
-                        claim_id: Uuid::nil(),
-                        gateway_id: l.record.lease.gateway_id,
-                        created_ms: 0,
-                        advertise_url: l.authority_url.clone(),
-                        expires_ms: 0,
-                    })
-                    .next_back();
-                Ok(Authority {
-                    claims: locks.candidates,
-                    leases: locks.leases,
-                    lapsed,
-                })
-            }
-            Claims::Keeper(store) => {
-                let (read, locks) = tokio::join!(store.read(id), self.leases.id_locks(id));
-                let read = read?;
-                let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
-                    claim_id: h.claim_id,
-                    gateway_id: h.gateway_id,
-                    created_ms: 0,
-                    advertise_url: h.advertise_url,
-                    expires_ms: h.expires_ms,
-                });
-                // A holder lapsed in the key: nobody claimed the id since
-                // (a claim replaces it, a release clears it).
-                let (live, lapsed) = match holder {
-                    Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
-                    lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
-                };
-                Ok(Authority {
-                    claims: live.into_iter().collect(),
-                    leases: locks?.leases,
-                    lapsed,
-                })
-            }
-        }
+        self.protocol.authority(id).await
     }
 
     /// The lease in force on `id` by ClickHouse's record: `seen`'s while it
@@ -324,112 +148,31 @@ impl Coordinator {
 
     /// Every lease ClickHouse records as in force, through any gateway.
     pub(super) async fn recorded_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        let unexpired = self.leases.unexpired_leases().await?;
-        let keeper_holders: HashMap<StateId, Uuid> = match &self.claims {
-            Claims::Table => HashMap::new(),
-            Claims::Keeper(store) => {
-                let ids: Vec<StateId> = unexpired
-                    .iter()
-                    .filter_map(|l| l.latest())
-                    .map(|l| l.record.lease.state_id.clone())
-                    .collect();
-                store
-                    .read_many(&ids)
-                    .await?
-                    .into_iter()
-                    .filter_map(|(id, read)| {
-                        let holder = read.claim?.holder?;
-                        (holder.expires_ms > read.now_ms).then_some((id, holder.gateway_id))
-                    })
-                    .collect()
-            }
-        };
-        let keeper_holders = &keeper_holders;
-        Ok(unexpired
-            .into_iter()
-            .flat_map(|locks| {
-                let IdLocks { candidates, leases } = locks;
-                leases.into_iter().filter_map(move |stored| {
-                    let id = &stored.record.lease.state_id;
-                    let has_claim = |gateway: Uuid| match &self.claims {
-                        Claims::Table => candidates.iter().any(|c| c.gateway_id == gateway),
-                        Claims::Keeper(_) => keeper_holders.get(id) == Some(&gateway),
-                    };
-                    in_force(&stored, has_claim).then(|| stored.record.lease.clone())
-                })
-            })
-            .collect())
+        self.protocol.recorded_leases().await
     }
 
     /// The other gateways that hold claims and can be reached.
     pub(super) async fn claim_holders(&self) -> Result<Vec<(Uuid, String)>, StoreError> {
-        let me = self.settings.gateway_id;
-        match &self.claims {
-            Claims::Table => self.leases.peers(me).await,
-            Claims::Keeper(store) => store.holders(me).await,
-        }
+        self.protocol.claim_holders().await
     }
-
-    /// What this gateway takes over with a claim just won, from the id's
-    /// lease rows: leases handed on at a shutdown and still running, and the
-    /// places the others keep (see [`place_end`]). The rows of leases that
-    /// `readopting` keeps are this gateway's own, running on.
-    pub(super) fn inherit(&self, rows: Vec<StoredLease>, readopting: Option<&Lapsed>) -> Inherited {
-        let (now, now_ms) = (Instant::now(), now_ms());
-        let mut inherited = Inherited::default();
-        let kept = |stored: &StoredLease| {
-            readopting.is_some_and(|l| l.leases.contains(&stored.record.lease.lease_id))
-        };
-        for stored in rows.into_iter().filter(|stored| !kept(stored)) {
-            if stored.unexpired && stored.record.state == LeaseState::HandedOver {
-                let record = stored.record;
-                let remaining = u64::try_from(record.lease.expires_ms - now_ms).unwrap_or(0);
-                inherited.leases.push(LocalLease {
-                    deadline: now + Duration::from_millis(remaining),
-                    version: record.version.renewed(),
-                    lease: Lease {
-                        gateway_id: self.settings.gateway_id,
-                        ..record.lease
-                    },
-                });
-            } else if let Some(free_at) = place_end(&stored, self.leases.rows(), now_ms) {
-                inherited.delays.push(Delay::ending(free_at, now, now_ms));
-            }
-        }
-        inherited
-    }
-}
-
-/// Until when a recorded lease that is not in force keeps its place, if
-/// that is still to come: its lock-delay after its end. A release or
-/// force-unlock recorded its end; an expired lease ended at its expiry. An
-/// unexpired one whose authority lost its claim (it crashed, or its
-/// renewals did not land) ends now on a state_id, as this gateway takes the
-/// claim over and refuses its holder's writes from here on; on a pool,
-/// whose holders write nothing through a gateway, it runs until it would
-/// have expired.
-pub(super) fn place_end(stored: &StoredLease, rows: LeaseRows, now_ms: i64) -> Option<i64> {
-    let record = &stored.record;
-    let ended = match (record.ended_ms, rows) {
-        (Some(ended), _) => ended,
-        (None, LeaseRows::PerId) if stored.unexpired => now_ms,
-        (None, LeaseRows::PerId) => record.lease.expires_ms.min(now_ms),
-        (None, LeaseRows::PerLease) => record.lease.expires_ms,
-    };
-    let free_at = record.lease.free_at_ms(ended);
-    (free_at > now_ms).then_some(free_at)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::claimant::place_end;
+    use super::protocol::in_force;
     use super::*;
-    use crate::domain::{LeaseInfo, LeaseVersion};
-    use crate::store::LeaseRecord;
+    use crate::domain::{LeaseInfo, LeaseState, LeaseVersion};
+    use crate::store::{LeaseRecord, LeaseRows, StoredLease};
 
     const HOLDER: Uuid = Uuid::from_u128(1);
     const OTHER: Uuid = Uuid::from_u128(2);
 
-    fn stored(state: LeaseState, unexpired: bool) -> StoredLease {
+    /// A lease row of gateway `HOLDER`'s, granted at 1 ms: the fixture of
+    /// the protocols' tests too.
+    pub(super) fn stored(state: LeaseState, unexpired: bool) -> StoredLease {
         StoredLease {
             record: LeaseRecord {
                 lease: Lease {

@@ -16,15 +16,17 @@
 //! landed; it is released in the background, and a later attempt of this
 //! gateway takes a leftover of its own over at once.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::Coordinator;
-use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
-use crate::domain::StateId;
+use super::claimant::{Claimant, TOKENS_PER_BLOCK};
+use super::guard::Withdrawing;
+use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
+use crate::domain::{Lease, StateId};
 use crate::locks::peer::Peer;
-use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock};
+use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock, WonClaim};
 use crate::metrics::LockEvent;
 use crate::store::{Candidate, KeeperClaim, KeeperClaimStore, NewClaim, Outcome, StoreError};
 
@@ -32,61 +34,43 @@ use crate::store::{Candidate, KeeperClaim, KeeperClaimStore, NewClaim, Outcome, 
 /// before the attempt gives up for now.
 const RACES: usize = 3;
 
-/// A claim write on its way, or won and not yet handed to the caller.
-/// Dropped before it is settled (its future abandoned, its request failed,
-/// or the renewal or read after a win failed), the claim may be ours all
-/// the same: it is released in the background, so that no claim is left
-/// that nobody renews or uses and other gateways wait out its whole TTL.
-struct Making<'a> {
-    coordinator: &'a Coordinator,
-    id: &'a StateId,
-    candidate: Candidate,
-    settled: bool,
+/// The claim protocol of KeeperMap keys.
+pub(super) struct KeeperClaims {
+    /// This gateway, and the lease table the lease rows are kept in.
+    pub claimant: Claimant,
+    /// The claim keys.
+    pub store: KeeperClaimStore,
 }
 
-impl Making<'_> {
-    /// The claim is surely not ours, or it is handed to the caller, which
-    /// holds it from now on.
-    fn settle(&mut self) {
-        self.settled = true;
-    }
-}
-
-impl Drop for Making<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.coordinator
-                .withdraw_in_background(self.id.clone(), self.candidate.clone());
-        }
-    }
-}
-
-impl Coordinator {
-    pub(super) async fn claim_in_keeper(
+impl KeeperClaims {
+    /// Claims `id`: reads its key and wins by one conditional write when the
+    /// key is free, released, lapsed or a leftover of ours. When a gateway
+    /// with an advertised URL holds it, the request is forwarded there; when
+    /// the holder cannot be forwarded to, the key is marked waiting and read
+    /// again each poll until it is won or `deadline` passes.
+    /// With `lapsed` still in the key, the win re-adopts its kept leases.
+    async fn claim(
         &self,
-        store: &KeeperClaimStore,
         id: &StateId,
         deadline: Instant,
         lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let me = self.settings.gateway_id;
-        let url = self.settings.advertise_url.as_deref().unwrap_or("");
-        let ttl = self.timing.ttl();
+        let (claimant, store) = (&self.claimant, &self.store);
+        let me = claimant.gateway_id();
+        let url = claimant.advertise_url();
+        let ttl = claimant.timing.ttl();
         let mut marked = None;
         let mut raced = 0;
         loop {
             let started = Instant::now();
             let read = store.read(id).await?;
-            // Every claim writes a key of its own id and a release the nil
-            // one: with the lapsed claim's id still in the key, nobody
-            // claimed the id since, and its kept leases may run on.
             let readopting = lapsed.filter(|l| unclaimed_since(read.claim.as_ref(), l));
             // The lease rows are read after the key: a gateway that shuts
             // down writes its hand-over before it releases the key, so a read
             // that saw the release sees the lease handed on. With them, the
             // tokens of table mode, if the id was locked in it before.
             let (locks, recorded_token) =
-                tokio::join!(self.leases.id_locks(id), self.leases.last_token(id));
+                tokio::join!(claimant.leases.id_locks(id), claimant.leases.last_token(id));
             let key_token = read.claim.as_ref().map_or(0, |key| key.last_token);
             // Tokens go on above both; the key holds the mark from now on.
             let base = key_token.max(recorded_token?);
@@ -97,21 +81,20 @@ impl Coordinator {
                 ttl,
                 tokens: base - key_token + TOKENS_PER_BLOCK,
             };
-            let mut making = Making {
-                coordinator: self,
+            let mut making = Withdrawing::new(
+                self,
                 id,
-                candidate: Candidate {
+                Candidate {
                     claim_id: new.claim_id,
                     gateway_id: me,
                     created_ms: 0,
                     advertise_url: url.to_owned(),
                     expires_ms: read.now_ms + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
                 },
-                settled: false,
-            };
+            );
             // The key holds the reservation; the lease table gets one too,
             // so that tokens keep rising if the gateways go back to table mode.
-            let reserved_in_table = self.leases.reserve_tokens(id, base + TOKENS_PER_BLOCK);
+            let reserved_in_table = claimant.leases.reserve_tokens(id, base + TOKENS_PER_BLOCK);
             let written = match &read.claim {
                 None => {
                     let (written, reserved) =
@@ -142,17 +125,15 @@ impl Coordinator {
                             lapses_at_ms: holder.expires_ms,
                         }));
                     }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        self.metrics.lock_event(LockEvent::ClaimLoss);
-                        return Ok(ClaimOutcome::Lost);
-                    }
+                    let Some(poll) = claimant.next_poll(deadline) else {
+                        return Ok(claimant.lost());
+                    };
                     // The holder hands over when it sees that someone waits.
                     if key.waiting_gateway.is_none() && marked != Some(holder.claim_id) {
                         store.mark_waiting(id, holder.claim_id, me).await?;
                         marked = Some(holder.claim_id);
                     }
-                    tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+                    tokio::time::sleep(poll).await;
                     continue;
                 }
             };
@@ -161,24 +142,20 @@ impl Coordinator {
                 // over, so that a failed renewal or lease read, or a drop
                 // at either await, withdraws it.
                 Outcome::Done => {
-                    self.metrics.lock_event(LockEvent::ClaimWin);
+                    claimant.metrics.lock_event(LockEvent::ClaimWin);
                     let mut claim = HeldClaim {
                         candidate: making.candidate.clone(),
-                        valid_until: self.timing.valid_until(started),
+                        valid_until: claimant.timing.valid_until(started),
                         handover: false,
                     };
-                    // Won late (a slow Keeper): renewed before the winner's
-                    // grant, so that its lease is not dead on arrival.
-                    if self
-                        .timing
-                        .renew_before_grant(claim.valid_until, Instant::now())
-                    {
-                        let renewing = Instant::now();
-                        if store.renew(id, new.claim_id, ttl).await? == Outcome::Done {
-                            claim.valid_until = self.timing.valid_until(renewing);
-                        }
-                    }
-                    let inherited = self.inherit(locks?.leases, readopting);
+                    // A renewal refused leaves the claim valid as won: the
+                    // key was ours a moment ago.
+                    claimant
+                        .renew_if_late(&mut claim, || async {
+                            Ok(store.renew(id, new.claim_id, ttl).await? == Outcome::Done)
+                        })
+                        .await?;
+                    let inherited = claimant.inherit(locks?.leases, readopting);
                     making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,
@@ -195,13 +172,11 @@ impl Coordinator {
                 Outcome::Refused | Outcome::Raced => {
                     making.settle();
                     raced += 1;
-                    let now = Instant::now();
-                    if raced >= RACES && now >= deadline {
-                        self.metrics.lock_event(LockEvent::ClaimLoss);
-                        return Ok(ClaimOutcome::Lost);
-                    }
                     if raced >= RACES {
-                        tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+                        let Some(poll) = claimant.next_poll(deadline) else {
+                            return Ok(claimant.lost());
+                        };
+                        tokio::time::sleep(poll).await;
                     }
                 }
             }
@@ -209,9 +184,8 @@ impl Coordinator {
     }
 
     /// Raises the key's token mark by a block, while the claim is ours.
-    pub(super) async fn reserve_in_keeper(
+    async fn reserve(
         &self,
-        store: &KeeperClaimStore,
         id: &StateId,
         claim_id: Uuid,
         first: u64,
@@ -220,8 +194,8 @@ impl Coordinator {
         for _ in 0..RACES {
             let last = seen + TOKENS_PER_BLOCK;
             let (reserved, in_table) = tokio::join!(
-                store.reserve_tokens(id, claim_id, seen, last),
-                self.leases.reserve_tokens(id, last)
+                self.store.reserve_tokens(id, claim_id, seen, last),
+                self.claimant.leases.reserve_tokens(id, last)
             );
             in_table?;
             match reserved? {
@@ -236,7 +210,7 @@ impl Coordinator {
                 // reservation landed after its request gave up. Go on above
                 // it while the claim is still ours.
                 Outcome::Refused => {
-                    let read = store.read(id).await?;
+                    let read = self.store.read(id).await?;
                     match read.claim.filter(|key| key.holder_claim_id() == claim_id) {
                         Some(key) => seen = key.last_token,
                         None => return Ok(None),
@@ -248,16 +222,15 @@ impl Coordinator {
     }
 
     /// Renews each held claim in its key; answers those found lost.
-    pub(super) async fn renew_in_keeper(
-        &self,
-        store: &KeeperClaimStore,
-        held: &[(StateId, Uuid)],
-    ) -> Result<Vec<Uuid>, StoreError> {
+    async fn renew(&self, held: &[(StateId, Uuid)]) -> Result<Vec<Uuid>, StoreError> {
         let mut lost = Vec::new();
         for (id, claim_id) in held {
             let mut outcome = Outcome::Raced;
             for _ in 0..RACES {
-                outcome = store.renew(id, *claim_id, self.timing.ttl()).await?;
+                outcome = self
+                    .store
+                    .renew(id, *claim_id, self.claimant.timing.ttl())
+                    .await?;
                 if outcome != Outcome::Raced {
                     break;
                 }
@@ -267,6 +240,124 @@ impl Coordinator {
             }
         }
         Ok(lost)
+    }
+
+    /// The gateway holding each of `ids`' keys with a live claim, if one does.
+    async fn holders(&self, ids: &[StateId]) -> Result<HashMap<StateId, Uuid>, StoreError> {
+        Ok(self
+            .store
+            .read_many(ids)
+            .await?
+            .into_iter()
+            .filter_map(|(id, read)| {
+                let holder = read.claim?.holder?;
+                (holder.expires_ms > read.now_ms).then_some((id, holder.gateway_id))
+            })
+            .collect())
+    }
+}
+
+impl ClaimProtocol for KeeperClaims {
+    fn try_claim<'a>(
+        &'a self,
+        id: &'a StateId,
+        deadline: Instant,
+        lapsed: Option<&'a Lapsed>,
+    ) -> Step<'a, ClaimOutcome> {
+        Box::pin(self.claim(id, deadline, lapsed))
+    }
+
+    fn reserve_tokens<'a>(
+        &'a self,
+        id: &'a StateId,
+        claim_id: Uuid,
+        first: u64,
+    ) -> Step<'a, Option<TokenBlock>> {
+        Box::pin(self.reserve(id, claim_id, first))
+    }
+
+    fn renew_claims<'a>(&'a self, held: &'a [(StateId, Uuid)]) -> Step<'a, Vec<Uuid>> {
+        Box::pin(self.renew(held))
+    }
+
+    fn withdraw_claims<'a>(&'a self, claims: &'a [(StateId, Uuid)]) -> Step<'a, ()> {
+        Box::pin(async move {
+            for (id, claim_id) in claims {
+                self.store.release(id, *claim_id).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn withdraw_in_background(&self, id: StateId, candidate: Candidate) {
+        let store = self.store.clone();
+        let released = id.clone();
+        self.claimant.in_background(id, async move {
+            store.release(&released, candidate.claim_id).await.map(drop)
+        });
+    }
+
+    fn contested<'a>(&'a self, ids: &'a [StateId]) -> Step<'a, HashSet<StateId>> {
+        let me = self.claimant.gateway_id();
+        Box::pin(async move {
+            Ok(self
+                .store
+                .read_many(ids)
+                .await?
+                .into_iter()
+                .filter(|(_, read)| {
+                    read.claim
+                        .as_ref()
+                        .is_some_and(|c| c.waiting_gateway.is_some_and(|w| w != me))
+                })
+                .map(|(id, _)| id)
+                .collect())
+        })
+    }
+
+    fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority> {
+        Box::pin(async move {
+            let (read, locks) =
+                tokio::join!(self.store.read(id), self.claimant.leases.id_locks(id));
+            let read = read?;
+            let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
+                claim_id: h.claim_id,
+                gateway_id: h.gateway_id,
+                created_ms: 0,
+                advertise_url: h.advertise_url,
+                expires_ms: h.expires_ms,
+            });
+            // A holder lapsed in the key: nobody claimed the id since (a
+            // claim replaces it, a release clears it).
+            let (live, lapsed) = match holder {
+                Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
+                lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
+            };
+            Ok(Authority {
+                claims: live.into_iter().collect(),
+                leases: locks?.leases,
+                lapsed,
+            })
+        })
+    }
+
+    fn recorded_leases(&self) -> Step<'_, Vec<Lease>> {
+        Box::pin(async move {
+            let unexpired = self.claimant.leases.unexpired_leases().await?;
+            let ids: Vec<StateId> = unexpired
+                .iter()
+                .filter_map(|l| l.latest())
+                .map(|l| l.record.lease.state_id.clone())
+                .collect();
+            let holders = self.holders(&ids).await?;
+            Ok(leases_in_force(unexpired, |_, id, gateway| {
+                holders.get(id) == Some(&gateway)
+            }))
+        })
+    }
+
+    fn claim_holders(&self) -> Step<'_, Vec<(Uuid, String)>> {
+        Box::pin(self.store.holders(self.claimant.gateway_id()))
     }
 }
 

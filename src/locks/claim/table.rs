@@ -3,45 +3,27 @@
 //! claim once its candidate is the earliest live one. Correct only while
 //! every gateway's queries reach one ClickHouse node.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::Coordinator;
-use super::{CLAIM_POLL, ClaimOutcome, TOKENS_PER_BLOCK, WonClaim};
-use crate::domain::StateId;
+use super::claimant::{Claimant, TOKENS_PER_BLOCK};
+use super::guard::Withdrawing;
+use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
+use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
-use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock};
+use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock, WonClaim};
 use crate::metrics::LockEvent;
 use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 
-/// A candidate row this attempt proposed. Dropped before the attempt settles
-/// it (its future abandoned), it is withdrawn in the background: a live
-/// candidate nobody acts on would make every later attempt wait out its TTL.
-struct Proposed<'a> {
-    coordinator: &'a Coordinator,
-    id: StateId,
-    candidate: Candidate,
-    settled: bool,
+/// The claim protocol of candidate rows in the lease table.
+pub(super) struct TableClaims {
+    /// This gateway, and the lease table the candidates are kept in.
+    pub claimant: Claimant,
 }
 
-impl Proposed<'_> {
-    /// The attempt decided the candidate's fate itself.
-    fn settle(mut self) {
-        self.settled = true;
-    }
-}
-
-impl Drop for Proposed<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            self.coordinator
-                .withdraw_in_background(self.id.clone(), self.candidate.clone());
-        }
-    }
-}
-
-impl Coordinator {
+impl TableClaims {
     /// Claims `id`: proposes a candidate, lets it settle, and wins if it is
     /// the earliest live candidate. When a gateway with an advertised URL is
     /// earlier, the attempt withdraws and the request is forwarded there.
@@ -49,41 +31,44 @@ impl Coordinator {
     /// line (renewed) until it is the earliest or `deadline` passes: the
     /// holder sees it waiting and hands over, and the waiter wins by its
     /// place, not by a race against fresh candidates.
-    pub(super) async fn claim_in_table(
+    /// With `lapsed`, a win re-adopts its kept leases if nothing shows
+    /// another claim or grant since.
+    async fn claim(
         &self,
         id: &StateId,
         deadline: Instant,
         lapsed: Option<&Lapsed>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let gateway_id = self.settings.gateway_id;
-        let claim_ttl = self.timing.ttl();
+        let claimant = &self.claimant;
+        let gateway_id = claimant.gateway_id();
+        let claim_ttl = claimant.timing.ttl();
         // Until the proposal is known to have landed its place in line is
         // unknown; a withdrawal (highest version) covers it either way.
-        let mut proposed = Proposed {
-            coordinator: self,
-            id: id.clone(),
-            candidate: Candidate {
+        let mut proposed = Withdrawing::new(
+            self,
+            id,
+            Candidate {
                 claim_id: Uuid::new_v4(),
                 gateway_id,
                 created_ms: 0,
                 advertise_url: String::new(),
                 expires_ms: 0,
             },
-            settled: false,
-        };
+        );
         let mut written_at = Instant::now();
-        self.leases
+        claimant
+            .leases
             .propose_claim(
                 id,
                 proposed.candidate.claim_id,
                 gateway_id,
-                self.settings.advertise_url.as_deref().unwrap_or(""),
+                claimant.advertise_url(),
                 claim_ttl,
             )
             .await?;
-        tokio::time::sleep(self.timing.settle()).await;
+        tokio::time::sleep(claimant.timing.settle()).await;
         loop {
-            let IdLocks { candidates, leases } = self.leases.id_locks(id).await?;
+            let IdLocks { candidates, leases } = claimant.leases.id_locks(id).await?;
             let Some(mine) = candidates
                 .iter()
                 .find(|c| c.claim_id == proposed.candidate.claim_id)
@@ -91,8 +76,7 @@ impl Coordinator {
             else {
                 // Our candidate lapsed (a stall longer than the claim TTL).
                 proposed.settle();
-                self.metrics.lock_event(LockEvent::ClaimLoss);
-                return Ok(ClaimOutcome::Lost);
+                return Ok(claimant.lost());
             };
             proposed.candidate = mine;
             if let Some(first) = candidates
@@ -117,41 +101,35 @@ impl Coordinator {
                         lapsed,
                     )
                     .await?;
-                // Won late (a slow ClickHouse, a long line): renew before the
-                // winner's grant, so that its lease is not dead on arrival.
-                if self
-                    .timing
-                    .renew_before_grant(won.claim.valid_until, Instant::now())
-                {
-                    let started = Instant::now();
-                    let renewed = self
-                        .leases
-                        .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
-                        .await?;
-                    if renewed.is_empty() {
-                        // Lapsed before the renewal landed: won too late.
-                        proposed.settle();
-                        self.metrics.lock_event(LockEvent::ClaimLoss);
-                        return Ok(ClaimOutcome::Lost);
-                    }
-                    won.claim.valid_until = self.timing.valid_until(started);
-                }
+                let renewed = claimant
+                    .renew_if_late(&mut won.claim, || async {
+                        let renewed = claimant
+                            .leases
+                            .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
+                            .await?;
+                        Ok(!renewed.is_empty())
+                    })
+                    .await?;
                 proposed.settle();
+                if !renewed {
+                    // Lapsed before the renewal landed: won too late.
+                    return Ok(claimant.lost());
+                }
                 return Ok(ClaimOutcome::Won(Box::new(won)));
             }
+            let Some(poll) = claimant.next_poll(deadline) else {
+                return Ok(claimant.lost());
+            };
             let now = Instant::now();
-            if now >= deadline {
-                self.metrics.lock_event(LockEvent::ClaimLoss);
-                return Ok(ClaimOutcome::Lost);
-            }
-            if now.duration_since(written_at) >= self.timing.renew_interval() {
+            if now.duration_since(written_at) >= claimant.timing.renew_interval() {
                 // One that lapsed meanwhile is missing from the next read.
-                self.leases
+                claimant
+                    .leases
                     .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
                     .await?;
                 written_at = now;
             }
-            tokio::time::sleep(CLAIM_POLL.min(deadline - now)).await;
+            tokio::time::sleep(poll).await;
         }
     }
 
@@ -174,16 +152,16 @@ impl Coordinator {
             Some(lapsed) if self.nothing_since(id, lapsed, &rows).await? => Some(lapsed),
             _ => None,
         };
-        let tokens = self.reserve_in_table(id, 0).await?;
-        self.metrics.lock_event(LockEvent::ClaimWin);
+        let tokens = self.reserve(id, 0).await?;
+        self.claimant.metrics.lock_event(LockEvent::ClaimWin);
         Ok(WonClaim {
             claim: HeldClaim {
                 candidate,
-                valid_until: self.timing.valid_until(written_at),
+                valid_until: self.claimant.timing.valid_until(written_at),
                 handover: others_waiting,
             },
             tokens,
-            inherited: self.inherit(rows, readopting),
+            inherited: self.claimant.inherit(rows, readopting),
             readopted: readopting.is_some(),
         })
     }
@@ -198,26 +176,126 @@ impl Coordinator {
         lapsed: &Lapsed,
         rows: &[StoredLease],
     ) -> Result<bool, StoreError> {
-        let me = self.settings.gateway_id;
+        let me = self.claimant.gateway_id();
         let since_ms = lapsed.claim.created_ms;
         if !granted_only_by(rows, me, since_ms) {
             return Ok(false);
         }
-        Ok(!self.leases.claimed_since(id, me, since_ms).await?)
+        Ok(!self.claimant.leases.claimed_since(id, me, since_ms).await?)
     }
 
     /// Reserves the next block of fencing tokens for `id`, above every token
     /// reserved or recorded so far (and at least `first`); the reservation is
     /// written before any of them is handed out.
-    pub(super) async fn reserve_in_table(
-        &self,
-        id: &StateId,
-        first: u64,
-    ) -> Result<TokenBlock, StoreError> {
-        let next = (self.leases.last_token(id).await? + 1).max(first);
+    async fn reserve(&self, id: &StateId, first: u64) -> Result<TokenBlock, StoreError> {
+        let leases = &self.claimant.leases;
+        let next = (leases.last_token(id).await? + 1).max(first);
         let last = next + TOKENS_PER_BLOCK - 1;
-        self.leases.reserve_tokens(id, last).await?;
+        leases.reserve_tokens(id, last).await?;
         Ok(TokenBlock { next, last })
+    }
+}
+
+impl ClaimProtocol for TableClaims {
+    fn try_claim<'a>(
+        &'a self,
+        id: &'a StateId,
+        deadline: Instant,
+        lapsed: Option<&'a Lapsed>,
+    ) -> Step<'a, ClaimOutcome> {
+        Box::pin(self.claim(id, deadline, lapsed))
+    }
+
+    fn reserve_tokens<'a>(
+        &'a self,
+        id: &'a StateId,
+        _claim_id: Uuid,
+        first: u64,
+    ) -> Step<'a, Option<TokenBlock>> {
+        Box::pin(async move { self.reserve(id, first).await.map(Some) })
+    }
+
+    fn renew_claims<'a>(&'a self, held: &'a [(StateId, Uuid)]) -> Step<'a, Vec<Uuid>> {
+        Box::pin(async move {
+            let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
+            let renewed = self
+                .claimant
+                .leases
+                .renew_claims(self.claimant.gateway_id(), &ids, self.claimant.timing.ttl())
+                .await?;
+            Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
+        })
+    }
+
+    fn withdraw_claims<'a>(&'a self, claims: &'a [(StateId, Uuid)]) -> Step<'a, ()> {
+        Box::pin(async move {
+            let ids: Vec<Uuid> = claims.iter().map(|(_, claim)| *claim).collect();
+            self.claimant
+                .leases
+                .withdraw_claims(self.claimant.gateway_id(), &ids)
+                .await
+        })
+    }
+
+    fn withdraw_in_background(&self, id: StateId, candidate: Candidate) {
+        let leases = self.claimant.leases.clone();
+        let withdrawn = id.clone();
+        self.claimant.in_background(id, async move {
+            leases.withdraw_claim(&withdrawn, &candidate).await
+        });
+    }
+
+    fn contested<'a>(&'a self, ids: &'a [StateId]) -> Step<'a, HashSet<StateId>> {
+        Box::pin(async move {
+            Ok(self
+                .claimant
+                .leases
+                .contested(self.claimant.gateway_id(), ids)
+                .await?
+                .into_iter()
+                .collect())
+        })
+    }
+
+    fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority> {
+        Box::pin(async move {
+            let locks = self.claimant.leases.id_locks(id).await?;
+            // A lease row that runs with no live claim at all: its gateway's
+            // claim lapsed, and no other was made since (a winner's candidate
+            // stays live while its lease runs).
+            let lapsed = locks
+                .leases
+                .iter()
+                .filter(|l| locks.candidates.is_empty() && l.unexpired)
+                .filter(|l| l.record.state == LeaseState::Held && !l.authority_url.is_empty())
+                .map(|l| Candidate {
+                    claim_id: Uuid::nil(),
+                    gateway_id: l.record.lease.gateway_id,
+                    created_ms: 0,
+                    advertise_url: l.authority_url.clone(),
+                    expires_ms: 0,
+                })
+                .next_back();
+            Ok(Authority {
+                claims: locks.candidates,
+                leases: locks.leases,
+                lapsed,
+            })
+        })
+    }
+
+    fn recorded_leases(&self) -> Step<'_, Vec<Lease>> {
+        Box::pin(async move {
+            let unexpired = self.claimant.leases.unexpired_leases().await?;
+            // A gateway's claim is live while it has a candidate in line.
+            Ok(leases_in_force(unexpired, |candidates, _, gateway| {
+                candidates.iter().any(|c| c.gateway_id == gateway)
+            }))
+        })
+    }
+
+    fn claim_holders(&self) -> Step<'_, Vec<(Uuid, String)>> {
+        Box::pin(self.claimant.leases.peers(self.claimant.gateway_id()))
     }
 }
 
@@ -230,35 +308,16 @@ fn granted_only_by(rows: &[StoredLease], me: Uuid, since_ms: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::stored;
     use super::*;
-    use crate::domain::{Lease, LeaseInfo, LeaseState, LeaseVersion};
-    use crate::store::LeaseRecord;
 
     const ME: Uuid = Uuid::from_u128(7);
 
     fn row(gateway_id: Uuid, acquired_ms: i64) -> StoredLease {
-        StoredLease {
-            record: LeaseRecord {
-                lease: Lease {
-                    state_id: StateId::parse("id".to_owned()).unwrap(),
-                    lease_id: Uuid::new_v4(),
-                    owner: "worker".to_owned(),
-                    fencing_token: 3,
-                    gateway_id,
-                    acquired_ms,
-                    expires_ms: acquired_ms + 60_000,
-                    lock_delay: std::time::Duration::ZERO,
-                    info: LeaseInfo::default(),
-                    limit: 1,
-                },
-                version: LeaseVersion::granted(3),
-                state: LeaseState::Held,
-                ended_ms: None,
-                forced: None,
-            },
-            unexpired: true,
-            authority_url: String::new(),
-        }
+        let mut row = stored(LeaseState::Held, true);
+        row.record.lease.gateway_id = gateway_id;
+        row.record.lease.acquired_ms = acquired_ms;
+        row
     }
 
     #[test]

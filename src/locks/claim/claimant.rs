@@ -1,0 +1,162 @@
+//! What both claim protocols share: this gateway as a claimant (who it is,
+//! where lease rows are kept, the claim timing) and the steps every claim
+//! attempt takes the same way, whichever protocol it speaks: waiting in
+//! line, giving up at the deadline, renewing a claim won late, and taking
+//! over what the id's lease rows leave to a claim just won.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::protocol::ClaimOutcome;
+use crate::config::LockSettings;
+use crate::domain::{Lease, LeaseState, StateId};
+use crate::locks::slot::{Delay, HeldClaim, Inherited, Lapsed, LocalLease};
+use crate::locks::timing::ClaimTiming;
+use crate::metrics::{LockEvent, Metrics};
+use crate::store::{LeaseRows, LeaseStore, StoreError, StoredLease, now_ms};
+
+/// Fencing tokens reserved per ClickHouse write: a claim holder hands out
+/// this many before it writes again.
+pub(super) const TOKENS_PER_BLOCK: u64 = 1024;
+
+/// How often a gateway waiting in line for a claim looks whether its turn
+/// has come.
+const CLAIM_POLL: Duration = Duration::from_millis(100);
+
+/// This gateway's side of either claim protocol: where lease rows are
+/// kept, and the settings its claims' timing comes from.
+pub(super) struct Claimant {
+    /// The lease table: lease rows, reserved tokens, and in table mode the
+    /// claim candidates.
+    pub leases: LeaseStore,
+    /// This gateway's id and advertised URL, written with its claims.
+    pub settings: LockSettings,
+    /// Every wait and margin derived from the claim TTL, the settle time
+    /// and the query timeout.
+    pub timing: ClaimTiming,
+    /// Where claim wins and losses are counted.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Claimant {
+    /// This gateway's id, written with its claims.
+    pub fn gateway_id(&self) -> Uuid {
+        self.settings.gateway_id
+    }
+
+    /// How peers reach this gateway, written with its claims; empty when
+    /// they cannot.
+    pub fn advertise_url(&self) -> &str {
+        self.settings.advertise_url.as_deref().unwrap_or("")
+    }
+
+    /// An attempt that did not win, counted.
+    pub fn lost(&self) -> ClaimOutcome {
+        self.metrics.lock_event(LockEvent::ClaimLoss);
+        ClaimOutcome::Lost
+    }
+
+    /// How long an attempt waiting in line sleeps before it looks again: a
+    /// poll, cut short at `deadline`. None once `deadline` has passed: the
+    /// attempt gives up (see [`Claimant::lost`]).
+    pub fn next_poll(&self, deadline: Instant) -> Option<Duration> {
+        let now = Instant::now();
+        (now < deadline).then(|| CLAIM_POLL.min(deadline - now))
+    }
+
+    /// A claim won late (a slow ClickHouse or Keeper, a long line) is
+    /// renewed before the winner's grant, so that its lease is not dead on
+    /// arrival. `renew` writes the renewal and answers whether it landed;
+    /// false here: the claim lapsed before it did (it keeps the validity it
+    /// was won with).
+    pub async fn renew_if_late<F>(
+        &self,
+        claim: &mut HeldClaim,
+        renew: impl FnOnce() -> F,
+    ) -> Result<bool, StoreError>
+    where
+        F: Future<Output = Result<bool, StoreError>>,
+    {
+        if !self
+            .timing
+            .renew_before_grant(claim.valid_until, Instant::now())
+        {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let renewed = renew().await?;
+        if renewed {
+            claim.valid_until = self.timing.valid_until(started);
+        }
+        Ok(renewed)
+    }
+
+    /// Runs a claim withdrawal without making anyone wait for it; a failure
+    /// is logged, as nobody is left to answer.
+    pub fn in_background(
+        &self,
+        id: StateId,
+        withdraw: impl Future<Output = Result<(), StoreError>> + Send + 'static,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(err) = withdraw.await {
+                tracing::warn!(state_id = %id, error = %err, "could not withdraw a claim");
+            }
+        });
+    }
+
+    /// What this gateway takes over with a claim just won, from the id's
+    /// lease rows: leases handed on at a shutdown and still running, and the
+    /// places the others keep (see [`place_end`]). The rows of the leases
+    /// that `readopting` keeps are this gateway's own, running on.
+    pub fn inherit(&self, rows: Vec<StoredLease>, readopting: Option<&Lapsed>) -> Inherited {
+        let (now, now_ms) = (Instant::now(), now_ms());
+        let mut inherited = Inherited::default();
+        let kept = |stored: &StoredLease| {
+            readopting.is_some_and(|l| l.leases.contains(&stored.record.lease.lease_id))
+        };
+        for stored in rows.into_iter().filter(|stored| !kept(stored)) {
+            if stored.unexpired && stored.record.state == LeaseState::HandedOver {
+                let record = stored.record;
+                let remaining = u64::try_from(record.lease.expires_ms - now_ms).unwrap_or(0);
+                inherited.leases.push(LocalLease {
+                    deadline: now + Duration::from_millis(remaining),
+                    version: record.version.renewed(),
+                    lease: Lease {
+                        gateway_id: self.settings.gateway_id,
+                        ..record.lease
+                    },
+                });
+            } else if let Some(free_at) = place_end(&stored, self.leases.rows(), now_ms) {
+                inherited.delays.push(Delay::ending(free_at, now, now_ms));
+            }
+        }
+        inherited
+    }
+}
+
+/// Until when a recorded lease that is not in force keeps its place, if
+/// that is still to come: its lock-delay after its end. A release or
+/// force-unlock recorded its end; an expired lease ended at its expiry. An
+/// unexpired one whose authority lost its claim (it crashed, or its
+/// renewals did not land) ends now on a state_id, as this gateway takes the
+/// claim over and refuses its holder's writes from here on; on a pool,
+/// whose holders write nothing through a gateway, it runs until it would
+/// have expired.
+pub(super) fn place_end(stored: &StoredLease, rows: LeaseRows, now_ms: i64) -> Option<i64> {
+    let record = &stored.record;
+    let ended = match (record.ended_ms, rows) {
+        (Some(ended), _) => ended,
+        (None, LeaseRows::PerId) if stored.unexpired => now_ms,
+        (None, LeaseRows::PerId) => record.lease.expires_ms.min(now_ms),
+        (None, LeaseRows::PerLease) => record.lease.expires_ms,
+    };
+    let free_at = record.lease.free_at_ms(ended);
+    (free_at > now_ms).then_some(free_at)
+}

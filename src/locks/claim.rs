@@ -164,37 +164,14 @@ mod tests {
     use super::claimant::place_end;
     use super::protocol::in_force;
     use super::*;
-    use crate::domain::{LeaseInfo, LeaseState, LeaseVersion};
-    use crate::store::{LeaseRecord, LeaseRows, StoredLease};
+    use crate::domain::LeaseState;
+    use crate::store::{LeaseRows, StoredLease};
 
     const HOLDER: Uuid = Uuid::from_u128(1);
     const OTHER: Uuid = Uuid::from_u128(2);
 
-    /// A lease row of gateway `HOLDER`'s, granted at 1 ms: the fixture of
-    /// the protocols' tests too.
-    pub(super) fn stored(state: LeaseState, unexpired: bool) -> StoredLease {
-        StoredLease {
-            record: LeaseRecord {
-                lease: Lease {
-                    state_id: StateId::parse("id".to_owned()).unwrap(),
-                    lease_id: Uuid::new_v4(),
-                    owner: "worker".to_owned(),
-                    fencing_token: 7,
-                    gateway_id: HOLDER,
-                    acquired_ms: 1,
-                    expires_ms: 2,
-                    lock_delay: Duration::ZERO,
-                    info: LeaseInfo::default(),
-                    limit: 1,
-                },
-                version: LeaseVersion::granted(7),
-                state,
-                ended_ms: None,
-                forced: None,
-            },
-            unexpired,
-            authority_url: String::new(),
-        }
+    fn stored(state: LeaseState, unexpired: bool) -> StoredLease {
+        StoredLease::for_tests(state, unexpired, HOLDER, 1)
     }
 
     fn claims(gateways: &[Uuid]) -> impl Fn(Uuid) -> bool {

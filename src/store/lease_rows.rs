@@ -89,6 +89,41 @@ pub struct StoredLease {
     pub authority_url: String,
 }
 
+/// A row as the lock core's unit tests start from: `gateway_id`'s lease
+/// with token 7, granted at `acquired_ms` and expiring 1 ms later.
+#[cfg(test)]
+impl StoredLease {
+    pub fn for_tests(
+        state: LeaseState,
+        unexpired: bool,
+        gateway_id: Uuid,
+        acquired_ms: i64,
+    ) -> Self {
+        Self {
+            record: LeaseRecord {
+                lease: Lease {
+                    state_id: StateId::parse("id".to_owned()).unwrap(),
+                    lease_id: Uuid::new_v4(),
+                    owner: "worker".to_owned(),
+                    fencing_token: 7,
+                    gateway_id,
+                    acquired_ms,
+                    expires_ms: acquired_ms + 1,
+                    lock_delay: std::time::Duration::ZERO,
+                    info: LeaseInfo::default(),
+                    limit: 1,
+                },
+                version: LeaseVersion::granted(7),
+                state,
+                ended_ms: None,
+                forced: None,
+            },
+            unexpired,
+            authority_url: String::new(),
+        }
+    }
+}
+
 /// Every column, for batched lease writes.
 #[derive(clickhouse::Row, Serialize)]
 pub(super) struct LeaseRowOut {

@@ -21,7 +21,7 @@ use crate::helpers::{
     Api, TestApp, clickhouse_url, free_port, peer_config, spawn_configured, unique_schema,
 };
 use crate::keeper_loss::KeeperNode;
-use crate::lock_concurrency::final_counter;
+use crate::lock_concurrency::{Held, Log, check, final_counter};
 use crate::proxy::Proxy;
 
 /// Longer than the claim TTL, shorter than the lease's.
@@ -295,4 +295,161 @@ async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
         7,
         "the late write changed nothing"
     );
+}
+
+/// A worker that rides an outage out: each step of its cycle (acquire, read
+/// the counter, write it + 1 with the lease, renew, release) is asked again
+/// while it answers 503, and must then succeed: a 409 on its own lease
+/// fails the test. What it held goes to the checker.
+async fn patient_worker(api: Api, id: &'static str, name: String, cycles: usize, log: Log) {
+    let patiently = |reply: &crate::helpers::Reply, step: &str| {
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{name} {step}: {}",
+            reply.text
+        );
+    };
+    for _ in 0..cycles {
+        let (lease, token) = loop {
+            let reply = api
+                .acquire(
+                    id,
+                    &json!({"owner": name, "ttl_seconds": LEASE_TTL, "wait_seconds": 5}),
+                )
+                .await;
+            if reply.status == StatusCode::CREATED {
+                let body = reply.json();
+                break (
+                    body["lease_id"].as_str().unwrap().to_owned(),
+                    body["fencing_token"].as_u64().unwrap(),
+                );
+            }
+            assert!(
+                matches!(
+                    reply.status,
+                    StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+                ),
+                "{name} acquire: {}",
+                reply.text
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let start = Instant::now();
+        let counter = loop {
+            let read = api.get_state(id).await;
+            match read.status {
+                StatusCode::OK => break read.json()["completed"]["counter"].as_u64().unwrap(),
+                StatusCode::NOT_FOUND => break 0,
+                _ => patiently(&read, "read"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        // Written again on a 503: the same value, under the same lease.
+        loop {
+            let write = api
+                .put_state_with_lease(id, &self::counter(counter + 1), &lease)
+                .await;
+            if write.status.is_success() {
+                break;
+            }
+            patiently(&write, "write");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        loop {
+            let renewal = api.renew(id, &lease, LEASE_TTL).await;
+            if renewal.status == StatusCode::OK {
+                break;
+            }
+            patiently(&renewal, "renew");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let end = Instant::now();
+        loop {
+            let released = api.release(id, &lease).await;
+            if released.status == StatusCode::NO_CONTENT {
+                break;
+            }
+            patiently(&released, "release");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        log.lock().unwrap().push(Held { start, end, token });
+    }
+}
+
+/// The lock checker through an outage: 4 workers, 3 cycles each, through
+/// two gateways, while `begin` .. `end` takes coordination away from the
+/// first for 14 s. Every cycle counts once and no two leases overlap.
+async fn checker_through_an_outage(
+    a: &Api,
+    b: &Api,
+    id: &'static str,
+    begin: impl FnOnce(),
+    end: impl FnOnce(),
+) {
+    let log: Log = Arc::default();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let api = if w % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(patient_worker(
+                api,
+                id,
+                format!("worker-{w}"),
+                3,
+                log.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    begin();
+    tokio::time::sleep(OUTAGE).await;
+    end();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(final_counter(b, id).await, 12);
+    check(&log, 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lock_checker_holds_through_a_cut_to_clickhouse_in_table_mode() {
+    let schema = unique_schema();
+    let proxy = Proxy::to_clickhouse().await;
+    let a = gateway(
+        &schema,
+        Coordination::Table,
+        &clickhouse_url(),
+        Some(&proxy),
+        false,
+    )
+    .await;
+    let b = gateway(&schema, Coordination::Table, &clickhouse_url(), None, false).await;
+    checker_through_an_outage(
+        &a,
+        &b,
+        "dev:checked-cut",
+        || proxy.set_down(true),
+        || proxy.set_down(false),
+    )
+    .await;
+}
+
+/// Keeper mode, both gateways on one ClickHouse node whose ZooKeeper is
+/// SIGKILLed for 14 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lock_checker_holds_through_a_keeper_outage() {
+    let keeper = tokio::task::spawn_blocking(KeeperNode::start)
+        .await
+        .unwrap();
+    let schema = unique_schema();
+    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
+    let b = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
+    checker_through_an_outage(
+        &a,
+        &b,
+        "dev:checked-keeper",
+        || keeper.kill_zookeeper(),
+        || keeper.start_zookeeper(),
+    )
+    .await;
 }

@@ -308,16 +308,12 @@ fn granted_only_by(rows: &[StoredLease], me: Uuid, since_ms: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::stored;
     use super::*;
 
     const ME: Uuid = Uuid::from_u128(7);
 
     fn row(gateway_id: Uuid, acquired_ms: i64) -> StoredLease {
-        let mut row = stored(LeaseState::Held, true);
-        row.record.lease.gateway_id = gateway_id;
-        row.record.lease.acquired_ms = acquired_ms;
-        row
+        StoredLease::for_tests(LeaseState::Held, true, gateway_id, acquired_ms)
     }
 
     #[test]

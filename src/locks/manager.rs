@@ -272,8 +272,9 @@ impl LockManager {
     }
 
     /// The current lease of `id`: this gateway's own when it is the
-    /// authority, else what ClickHouse records (as `seen` while routing the
-    /// request, if that is fresh).
+    /// authority (or keeps it under a lapsed claim: it still holds the id),
+    /// else what ClickHouse records (as `seen` while routing the request, if
+    /// that is fresh).
     pub async fn current(
         &self,
         id: &StateId,
@@ -281,7 +282,7 @@ impl LockManager {
     ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.slots.existing(id)
             && let Some(lease) = slot.current(id, &self.metrics, |st| {
-                st.claim_id().map(|_| st.lease().cloned())
+                st.answers_for().then(|| st.lease().cloned())
             })
         {
             return Ok(lease);
@@ -305,7 +306,7 @@ impl LockManager {
     pub async fn occupancy(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
         if let Some(slot) = self.slots.existing(id)
             && let Some(here) = slot.current(id, &self.metrics, |st| {
-                st.claim_id().map(|_| Occupancy::of(id, st))
+                st.answers_for().then(|| Occupancy::of(id, st))
             })
         {
             return Ok(here);
@@ -354,7 +355,7 @@ impl LockManager {
             .into_iter()
             .filter_map(|(id, slot)| {
                 slot.current(&id, &self.metrics, |st| {
-                    st.claim_id().and(Occupancy::of(&id, st))
+                    st.answers_for().then(|| Occupancy::of(&id, st)).flatten()
                 })
             })
             .collect();

@@ -427,6 +427,8 @@ mod decide;
 mod transitions;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod lapse_tests;
 #[cfg(test)]
 mod pool_tests;

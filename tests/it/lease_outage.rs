@@ -99,7 +99,7 @@ async fn ride_out(
     end: impl FnOnce(),
 ) {
     assert!(holder.put_state(id, &counter(0)).await.status.is_success());
-    let (lease, _) = holder.lease(id, "holder", LEASE_TTL, 0.0).await;
+    let (lease, token) = holder.lease(id, "holder", LEASE_TTL, 0.0).await;
     let write = holder.put_state_with_lease(id, &counter(1), &lease).await;
     assert!(write.status.is_success(), "{}", write.text);
 
@@ -123,6 +123,11 @@ async fn ride_out(
         during.push(renewal.status);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // The gateway still answers for the id: the kept lease is its holder.
+    let shown = holder.get(&format!("/v1/locks/{id}")).await;
+    assert_eq!(shown.status, StatusCode::OK, "{}", shown.text);
+    assert_eq!(shown.json()["owner"], "holder");
+    assert_eq!(shown.json()["fencing_token"], token);
     end();
     let back = Instant::now();
     assert!(

@@ -5,28 +5,14 @@
 //! Which attempt counts as "nothing in between" is each protocol's to say
 //! (`locks::claim`); here both answers are taken.
 
-use super::tests::{GATEWAY, rules, waiter};
+use super::fixtures::{GATEWAY, claim, rules, state_id, waiter};
 use super::*;
 
 const LAPSED: Uuid = Uuid::from_u128(1);
 const REWON: Uuid = Uuid::from_u128(2);
 
 fn id() -> StateId {
-    StateId::parse("dev:lapsing".to_owned()).unwrap()
-}
-
-fn claim(claim_id: Uuid, valid_until: Instant) -> HeldClaim {
-    HeldClaim {
-        candidate: Candidate {
-            claim_id,
-            gateway_id: GATEWAY,
-            created_ms: 5_000,
-            advertise_url: "http://a".to_owned(),
-            expires_ms: 0,
-        },
-        valid_until,
-        handover: false,
-    }
+    state_id("dev:lapsing")
 }
 
 /// A slot of `limit` places whose claim (valid 9 s from `now`) granted one

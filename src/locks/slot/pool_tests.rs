@@ -5,7 +5,7 @@
 
 use super::*;
 
-use super::tests::{GATEWAY, rules, waiter};
+use super::fixtures::{GATEWAY, claim, rules, waiter};
 
 const CLAIM: Uuid = Uuid::from_u128(1);
 
@@ -16,7 +16,7 @@ fn pool() -> StateId {
 /// A slot of `limit` places under a fresh claim, with `waiters` in line.
 fn pool_of(limit: usize, waiters: usize, now: Instant) -> SlotState {
     let mut st = SlotState {
-        claim: Some(fresh_claim(now)),
+        claim: Some(claim(CLAIM, now + Duration::from_secs(600))),
         tokens: TokenBlock { next: 5, last: 99 },
         ..SlotState::default()
     };
@@ -167,7 +167,7 @@ fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
     let ticket = st.join(2).out.unwrap();
     let ends = |secs: u64| Delay::ending(1_000 + 1_000 * secs as i64, now, 1_000);
     let won = WonClaim {
-        claim: fresh_claim(now),
+        claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: Vec::new(),
@@ -243,7 +243,7 @@ fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
     let mut st = SlotState::default();
     let ticket = st.join(3).out.unwrap();
     let won = WonClaim {
-        claim: fresh_claim(now),
+        claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: handed,
@@ -264,19 +264,4 @@ fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
     let (granted, _) = adopted.granted.expect("the third place is free");
     assert_eq!(granted.fencing_token, 40);
     assert_eq!(st.holders().len(), 3);
-}
-
-/// A claim as a fresh authority holds it.
-fn fresh_claim(now: Instant) -> HeldClaim {
-    HeldClaim {
-        candidate: Candidate {
-            claim_id: CLAIM,
-            gateway_id: GATEWAY,
-            created_ms: 0,
-            advertise_url: String::new(),
-            expires_ms: 0,
-        },
-        valid_until: now + Duration::from_secs(600),
-        handover: false,
-    }
 }

@@ -1,48 +1,17 @@
 //! The slot's transitions, pure state in and a decision out, no I/O: the
 //! line, grants, hand-overs, lapses and writes that may still land.
 
+use super::fixtures::{GATEWAY, claim, rules, state_id, waiter};
 use super::*;
 
-pub(super) const GATEWAY: Uuid = Uuid::from_u128(7);
-
 fn id() -> StateId {
-    StateId::parse("dev:tap-to-target".to_owned()).unwrap()
-}
-
-pub(super) fn rules() -> Rules {
-    Rules {
-        gateway_id: GATEWAY,
-        grant_margin: Duration::from_secs(5),
-        holder_grace: Duration::from_secs(2),
-    }
-}
-
-pub(super) fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
-    Waiter {
-        ticket,
-        owner: "worker",
-        ttl: Duration::from_secs(30),
-        deadline,
-        attempted_claim: false,
-        lock_delay: Duration::ZERO,
-        info: LeaseInfo::default(),
-    }
+    state_id("dev:tap-to-target")
 }
 
 /// A slot holding a fresh claim with tokens to grant, and these waiters in line.
 fn claimed(now: Instant, tickets: &[u64]) -> SlotState {
     SlotState {
-        claim: Some(HeldClaim {
-            candidate: Candidate {
-                claim_id: Uuid::from_u128(1),
-                gateway_id: GATEWAY,
-                created_ms: 0,
-                advertise_url: String::new(),
-                expires_ms: 0,
-            },
-            valid_until: now + Duration::from_secs(9),
-            handover: false,
-        }),
+        claim: Some(claim(Uuid::from_u128(1), now + Duration::from_secs(9))),
         tokens: TokenBlock { next: 5, last: 9 },
         queue: tickets.iter().copied().collect(),
         next_ticket: tickets.len() as u64,

@@ -2,52 +2,31 @@
 //! changes, what it answers, and whether it wakes the waiters. A pool's
 //! slot of several leases is in `slot::pool_tests`.
 
+use super::super::fixtures::{GATEWAY, claim, state_id, waiter};
 use super::*;
 
-const GATEWAY: Uuid = Uuid::from_u128(7);
 const CLAIM: Uuid = Uuid::from_u128(1);
 
 fn id() -> StateId {
-    StateId::parse("dev:tap-to-target".to_owned()).unwrap()
+    state_id("dev:tap-to-target")
 }
 
-fn held_claim(claim_id: Uuid, valid_until: Instant) -> HeldClaim {
-    HeldClaim {
-        candidate: Candidate {
-            claim_id,
-            gateway_id: GATEWAY,
-            created_ms: 0,
-            advertise_url: String::new(),
-            expires_ms: 0,
-        },
-        valid_until,
-        handover: false,
-    }
-}
-
-fn waiter(ticket: u64) -> Waiter<'static> {
-    Waiter {
-        ticket,
-        owner: "worker",
-        ttl: Duration::from_secs(30),
-        deadline: Instant::now() + Duration::from_secs(60),
-        attempted_claim: false,
-        lock_delay: Duration::ZERO,
-        info: LeaseInfo::default(),
-    }
+/// A waiter giving up a minute from now.
+fn waiting(ticket: u64) -> Waiter<'static> {
+    waiter(ticket, Instant::now() + Duration::from_secs(60))
 }
 
 /// A slot whose claim holds a lease granted at `now` (1 000 ms), with
 /// `lock_delay`; answers the lease.
 fn holding(now: Instant, lock_delay: Duration) -> (SlotState, Lease) {
     let mut st = SlotState {
-        claim: Some(held_claim(CLAIM, now + Duration::from_secs(9))),
+        claim: Some(claim(CLAIM, now + Duration::from_secs(9))),
         tokens: TokenBlock { next: 5, last: 9 },
         ..SlotState::default()
     };
     let waiter = Waiter {
         lock_delay,
-        ..waiter(0)
+        ..waiting(0)
     };
     let (lease, _) = st.grant(&id(), &waiter, GATEWAY, 1_000, now).unwrap();
     (st, lease)
@@ -175,7 +154,7 @@ fn a_lease_forced_elsewhere_ends_here_only_if_still_current() {
 
 fn won(now: Instant, inherited: Inherited) -> WonClaim {
     WonClaim {
-        claim: held_claim(CLAIM, now + Duration::from_secs(9)),
+        claim: claim(CLAIM, now + Duration::from_secs(9)),
         tokens: TokenBlock { next: 11, last: 20 },
         inherited,
         readopted: false,
@@ -183,7 +162,7 @@ fn won(now: Instant, inherited: Inherited) -> WonClaim {
 }
 
 fn claim_won(st: &mut SlotState, won: WonClaim, now: Instant) -> Effects<Adopted> {
-    let waiter = waiter(0);
+    let waiter = waiting(0);
     let grant = Grant {
         id: &id(),
         waiter: &waiter,

@@ -25,21 +25,6 @@ async fn app_with_tokens(protect_metrics: bool) -> TestApp {
     .await
 }
 
-async fn call(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    body: Option<&str>,
-    token: Option<&str>,
-) -> StatusCode {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = bearer
-        .iter()
-        .map(|b| ("authorization", b.as_str()))
-        .collect();
-    app.request(method, path, body, &headers).await.status
-}
-
 #[tokio::test]
 async fn each_role_can_do_its_part_and_no_more() {
     let app = app_with_tokens(false).await;
@@ -64,23 +49,21 @@ async fn each_role_can_do_its_part_and_no_more() {
     };
     for (method, path, body, least) in cases {
         assert_eq!(
-            call(&app, method.clone(), path, body, None).await,
+            app.call(method.clone(), path, body, None).await.status,
             StatusCode::UNAUTHORIZED,
             "{method} {path}"
         );
         assert_eq!(
-            call(
-                &app,
-                method.clone(),
-                path,
-                body,
-                Some("not-a-token-at-all-000")
-            )
-            .await,
+            app.call(method.clone(), path, body, Some("not-a-token-at-all-000"))
+                .await
+                .status,
             StatusCode::UNAUTHORIZED
         );
         for token in [READ, WRITE, ADMIN] {
-            let status = call(&app, method.clone(), path, body, Some(token)).await;
+            let status = app
+                .call(method.clone(), path, body, Some(token))
+                .await
+                .status;
             if rank(token) < rank(least) {
                 assert_eq!(
                     status,
@@ -133,29 +116,38 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
 async fn health_stays_open_and_metrics_can_be_protected() {
     let open = app_with_tokens(false).await;
     assert_eq!(
-        call(&open, Method::GET, "/healthz", None, None).await,
+        open.call(Method::GET, "/healthz", None, None).await.status,
         StatusCode::OK
     );
     assert_eq!(
-        call(&open, Method::GET, "/readyz", None, None).await,
+        open.call(Method::GET, "/readyz", None, None).await.status,
         StatusCode::OK
     );
     assert_eq!(
-        call(&open, Method::GET, "/metrics", None, None).await,
+        open.call(Method::GET, "/metrics", None, None).await.status,
         StatusCode::OK
     );
 
     let guarded = app_with_tokens(true).await;
     assert_eq!(
-        call(&guarded, Method::GET, "/healthz", None, None).await,
+        guarded
+            .call(Method::GET, "/healthz", None, None)
+            .await
+            .status,
         StatusCode::OK
     );
     assert_eq!(
-        call(&guarded, Method::GET, "/metrics", None, None).await,
+        guarded
+            .call(Method::GET, "/metrics", None, None)
+            .await
+            .status,
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        call(&guarded, Method::GET, "/metrics", None, Some(READ)).await,
+        guarded
+            .call(Method::GET, "/metrics", None, Some(READ))
+            .await
+            .status,
         StatusCode::OK
     );
 }
@@ -293,11 +285,15 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     .await;
     let doc = Some(r#"{"completed": {"v": 1}}"#);
     assert_eq!(
-        call(&app, Method::PUT, "/v1/states/named", doc, Some(NAMED)).await,
+        app.call(Method::PUT, "/v1/states/named", doc, Some(NAMED))
+            .await
+            .status,
         StatusCode::CREATED
     );
     assert_eq!(
-        call(&app, Method::PUT, "/v1/states/named", doc, Some(WRITE)).await,
+        app.call(Method::PUT, "/v1/states/named", doc, Some(WRITE))
+            .await
+            .status,
         StatusCode::OK
     );
     let bearer = format!("Bearer {READ}");
@@ -320,25 +316,25 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     assert!(!unnamed.contains(WRITE), "never the token itself");
     let body = serde_json::json!({"version": versions[1]["version"]}).to_string();
     assert_eq!(
-        call(
-            &app,
+        app.call(
             Method::POST,
             "/v1/states/named/rollback",
             Some(&body),
             Some(READ)
         )
-        .await,
+        .await
+        .status,
         StatusCode::FORBIDDEN
     );
     assert_eq!(
-        call(
-            &app,
+        app.call(
             Method::POST,
             "/v1/states/named/rollback",
             Some(&body),
             Some(NAMED)
         )
-        .await,
+        .await
+        .status,
         StatusCode::OK
     );
 }

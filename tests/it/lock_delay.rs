@@ -11,19 +11,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, TestApp, clickhouse_url, peer_config, spawn_app_with, spawn_configured,
-    spawn_peer_process, unique_schema,
+    Api, clickhouse_url, spawn_app_with, spawn_peer_process, two_peers, unique_schema,
 };
 use crate::lock_concurrency::{Held, Log, check, final_counter, increment};
 use crate::lock_faults::millis;
-
-/// Two gateways on one database that forward to each other.
-async fn two_peers() -> (TestApp, TestApp) {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
-    (a, b)
-}
 
 async fn acquire(api: &Api, id: &str, ttl: u64, wait: f64, delay: u64) -> crate::helpers::Reply {
     api.acquire(

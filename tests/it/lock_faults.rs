@@ -12,22 +12,26 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, unique_schema,
+    Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, two_peers_with,
+    unique_schema,
 };
 use crate::lock_concurrency::{Held, Log, check};
 use crate::proxy::Proxy;
 
 /// Two gateways on one database that forward to each other; the first
 /// reaches ClickHouse through a proxy that the test can slow down.
-async fn two_peers(adjust: impl Fn(&mut statehouse::config::Config)) -> (TestApp, Proxy, TestApp) {
-    let schema = unique_schema();
+async fn proxied_peers(
+    adjust: impl Fn(&mut statehouse::config::Config),
+) -> (TestApp, Proxy, TestApp) {
     let proxy = Proxy::to_clickhouse().await;
-    let mut a = peer_config(&schema);
-    proxy.route(&mut a);
-    adjust(&mut a);
-    let mut b = peer_config(&schema);
-    adjust(&mut b);
-    (spawn_configured(a).await, proxy, spawn_configured(b).await)
+    let (a, b) = two_peers_with(|index, config| {
+        if index == 0 {
+            proxy.route(config);
+        }
+        adjust(config);
+    })
+    .await;
+    (a, proxy, b)
 }
 
 /// The counter `n` of `id` as ClickHouse has it now, read past every gateway.
@@ -66,7 +70,7 @@ enum End {
 /// acknowledged write has landed. With `served_first`, worker 2 asks its
 /// gateway before ClickHouse, the moment it is granted, as a Meltano run does.
 async fn write_in_flight_at_the_lease_end(end: End, next_through_peer: bool, served_first: bool) {
-    let (a, proxy, b) = two_peers(|_| {}).await;
+    let (a, proxy, b) = proxied_peers(|_| {}).await;
     let id = "in-flight";
     let (lease, _) = a.lease(id, "worker-1", 2, 0.0).await;
     let granted_at = Instant::now();
@@ -409,7 +413,7 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
 /// asked for, and every gateway shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_forwarded_grant_lives_the_ttl_its_client_asked_for() {
-    let (a, _proxy, b) = two_peers(|_| {}).await;
+    let (a, _proxy, b) = proxied_peers(|_| {}).await;
     let id = "confirmed";
     let (warm, _) = a.lease(id, "warm-up", 30, 0.0).await;
     assert_eq!(a.release(id, &warm).await.status, StatusCode::NO_CONTENT);
@@ -483,7 +487,7 @@ async fn race(first: &Api, second: &Api, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_acquires_racing_on_a_fresh_id_name_the_winner_on_one_gateway() {
-    let (a, _proxy, _b) = two_peers(|_| {}).await;
+    let (a, _proxy, _b) = proxied_peers(|_| {}).await;
     for n in 0..5 {
         race(&a, &a, &format!("race-one-{n}")).await;
     }
@@ -491,13 +495,13 @@ async fn two_acquires_racing_on_a_fresh_id_name_the_winner_on_one_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_acquires_racing_on_a_fresh_id_name_the_winner_across_gateways() {
-    let (a, _proxy, b) = two_peers(|_| {}).await;
+    let (a, _proxy, b) = proxied_peers(|_| {}).await;
     for n in 0..5 {
         race(&a, &b, &format!("race-peers-{n}")).await;
     }
     // Gateways that cannot forward to each other: the loser reads the holder
     // from the lease rows, which the winner writes behind its grant.
-    let (c, _proxy, d) = two_peers(|config| config.locks.advertise_url = None).await;
+    let (c, _proxy, d) = proxied_peers(|config| config.locks.advertise_url = None).await;
     for n in 0..5 {
         race(&c, &d, &format!("race-unforwarded-{n}")).await;
     }

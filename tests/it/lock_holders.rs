@@ -7,9 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{
-    Api, peer_config, spawn_app, spawn_app_with, spawn_configured, unique_schema,
-};
+use crate::helpers::{Api, spawn_app, spawn_app_with, two_peers};
 use crate::run_lease::{Scratch, WAIT_FOR_GO, ended, lock, until};
 
 /// The id's lease history once `done` holds for it: rows reach ClickHouse
@@ -198,9 +196,7 @@ async fn releases_and_expiries_show_in_the_history_newest_first() {
 
 #[tokio::test]
 async fn info_crosses_gateways_and_reaches_the_next_authority() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     let info = json!({"host": "etl-3", "pid": 17});
     let reply = b
         .acquire(
@@ -270,9 +266,7 @@ async fn the_runners_lease_names_its_host_pid_and_command() {
 
 #[tokio::test]
 async fn a_force_unlock_through_another_gateway_keeps_its_reason() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     a.lease("far", "on-a", 60, 0.0).await;
     let forced = b
         .request(

@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, unique_schema,
+    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, two_peers, unique_schema,
 };
 
 #[tokio::test]
@@ -587,9 +587,7 @@ async fn an_unlocked_write_reads_the_lock_table_once() {
 /// another gateway reaches it before that delete is answered.
 #[tokio::test]
 async fn a_delete_by_pattern_through_another_gateway_is_seen_by_the_authority() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     let (lease, _) = a.lease("remembered", "w", 30, 0.0).await;
     a.put_state_with_lease("remembered", &json!({"completed": {"v": 1}}), &lease)
         .await;

@@ -1,6 +1,7 @@
 //! Integration tests, one binary: a real gateway on a real ClickHouse engine
 //! (the project's local ClickHouse, see localch/), over HTTP.
 
+mod api;
 mod auth;
 mod bad_input;
 mod balancer;

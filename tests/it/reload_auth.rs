@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 
 use crate::helpers::{
-    Api, GatewayProcess, Reply, clickhouse_url, metric, spawn_gateway_process, unique_schema,
+    Api, GatewayProcess, clickhouse_url, metric, spawn_gateway_process, unique_schema,
 };
 
 const STAYS: &str = "stays-token-0123456789";
@@ -20,12 +20,8 @@ const EXPIRED: &str = "expired-token-0123456789";
 const SCOPED: &str = "scoped-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
 
-async fn call(api: &Api, method: Method, path: &str, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    let body = (method == Method::PUT).then_some(r#"{"completed": {"n": 1}}"#);
-    api.request(method, path, body, &[("authorization", &bearer)])
-        .await
-}
+/// What the tests PUT: any state will do.
+const DOC: &str = r#"{"completed": {"n": 1}}"#;
 
 async fn gateway(tokens_file: &Path) -> GatewayProcess {
     let schema = unique_schema();
@@ -54,7 +50,10 @@ fn hang_up(process: &GatewayProcess) {
 async fn until_status(api: &Api, token: &str, expected: StatusCode) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let status = call(api, Method::GET, "/v1/states", token).await.status;
+        let status = api
+            .call(Method::GET, "/v1/states", None, token)
+            .await
+            .status;
         if status == expected {
             return;
         }
@@ -95,7 +94,7 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     let mut process = gateway(&file).await;
     let api = process.api();
     assert_eq!(
-        call(&api, Method::GET, "/v1/states", OLD).await.status,
+        api.call(Method::GET, "/v1/states", None, OLD).await.status,
         StatusCode::OK
     );
 
@@ -107,8 +106,12 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
             tokio::spawn(async move {
                 let path = format!("/v1/states/client-{n}");
                 while !stop.load(Ordering::Relaxed) {
-                    let method = if n % 2 == 0 { Method::PUT } else { Method::GET };
-                    let reply = call(&api, method, &path, STAYS).await;
+                    let (method, body) = if n % 2 == 0 {
+                        (Method::PUT, Some(DOC))
+                    } else {
+                        (Method::GET, None)
+                    };
+                    let reply = api.call(method, &path, body, STAYS).await;
                     assert!(
                         reply.status.is_success() || reply.status == StatusCode::NOT_FOUND,
                         "client {n}: {} {}",
@@ -125,7 +128,7 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     hang_up(&process);
     until_status(&api, NEW, StatusCode::OK).await;
     assert_eq!(
-        call(&api, Method::GET, "/v1/states", OLD).await.status,
+        api.call(Method::GET, "/v1/states", None, OLD).await.status,
         StatusCode::UNAUTHORIZED
     );
     // Another SIGHUP in the middle of the traffic, with nothing changed.
@@ -161,12 +164,12 @@ async fn a_file_that_does_not_parse_keeps_the_old_tokens_and_a_change_is_picked_
         // Past the debounce of a change, too.
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(
-            call(&api, Method::GET, "/v1/states", OLD).await.status,
+            api.call(Method::GET, "/v1/states", None, OLD).await.status,
             StatusCode::OK,
             "{broken:?}"
         );
         assert_eq!(
-            call(&api, Method::GET, "/v1/states", NEW).await.status,
+            api.call(Method::GET, "/v1/states", None, NEW).await.status,
             StatusCode::UNAUTHORIZED,
             "{broken:?}"
         );
@@ -222,7 +225,7 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
     );
     let process = gateway(&file).await;
     let api = process.api();
-    let expired = call(&api, Method::GET, "/v1/states", EXPIRED).await;
+    let expired = api.call(Method::GET, "/v1/states", None, EXPIRED).await;
     assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
     assert_eq!(expired.problem_type(), "unauthorized");
     assert!(
@@ -234,24 +237,28 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
         expired.text
     );
     assert_eq!(
-        call(&api, Method::GET, "/v1/states", STAYS).await.status,
+        api.call(Method::GET, "/v1/states", None, STAYS)
+            .await
+            .status,
         StatusCode::OK
     );
 
     assert_eq!(
-        call(&api, Method::GET, "/v1/states", "nobody-token-0123456789")
+        api.call(Method::GET, "/v1/states", None, "nobody-token-0123456789")
             .await
             .status,
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        call(&api, Method::DELETE, "/v1/locks/team-a:x", SCOPED)
+        api.call(Method::DELETE, "/v1/locks/team-a:x", None, SCOPED)
             .await
             .status,
         StatusCode::FORBIDDEN
     );
     for _ in 0..2 {
-        let outside = call(&api, Method::PUT, "/v1/states/team-b:x", SCOPED).await;
+        let outside = api
+            .call(Method::PUT, "/v1/states/team-b:x", Some(DOC), SCOPED)
+            .await;
         assert_eq!(outside.problem_type(), "out-of-scope");
     }
     let metrics = api.get("/metrics").await.text;

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    Api, Reply, TestApp, metric, peer_config, spawn_app, spawn_configured, unique_schema,
+    Api, TestApp, metric, peer_config, spawn_app, spawn_configured, unique_schema,
 };
 
 const TEAM_A: &str = "team-a-write-token-0123456789";
@@ -37,26 +37,20 @@ fn two_teams(config: &mut Config) {
     config.concurrency.requests = 8;
 }
 
-async fn call(api: &Api, method: Method, path: &str, body: Option<&str>, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    api.request(method, path, body, &[("authorization", &bearer)])
-        .await
-}
-
 fn acquire_body(owner: &str, wait: f64) -> String {
     json!({"owner": owner, "ttl_seconds": 60, "wait_seconds": wait}).to_string()
 }
 
 /// A lease on `id` for `token`.
 async fn lease(api: &Api, id: &str, token: &str) -> String {
-    let reply = call(
-        api,
-        Method::POST,
-        &format!("/v1/locks/{id}"),
-        Some(&acquire_body("holder", 0.0)),
-        token,
-    )
-    .await;
+    let reply = api
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{id}"),
+            Some(&acquire_body("holder", 0.0)),
+            token,
+        )
+        .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
     reply.json()["lease_id"].as_str().unwrap().to_owned()
 }
@@ -66,26 +60,28 @@ async fn lease(api: &Api, id: &str, token: &str) -> String {
 async fn team_b_is_served(api: &Api, round: usize) {
     let started = Instant::now();
     let id = format!("b:free-{round}");
-    let acquired = call(
-        api,
-        Method::POST,
-        &format!("/v1/locks/{id}"),
-        Some(&acquire_body("team-b", 0.0)),
-        TEAM_B,
-    )
-    .await;
+    let acquired = api
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{id}"),
+            Some(&acquire_body("team-b", 0.0)),
+            TEAM_B,
+        )
+        .await;
     assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
     let lease_id = acquired.json()["lease_id"].as_str().unwrap().to_owned();
-    let read = call(api, Method::GET, "/v1/states?pattern=b:*", None, TEAM_B).await;
+    let read = api
+        .call(Method::GET, "/v1/states?pattern=b:*", None, TEAM_B)
+        .await;
     assert_eq!(read.status, StatusCode::OK, "{}", read.text);
-    let released = call(
-        api,
-        Method::DELETE,
-        &format!("/v1/locks/{id}/{lease_id}"),
-        None,
-        TEAM_B,
-    )
-    .await;
+    let released = api
+        .call(
+            Method::DELETE,
+            &format!("/v1/locks/{id}/{lease_id}"),
+            None,
+            TEAM_B,
+        )
+        .await;
     assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
     assert!(
         started.elapsed() < Duration::from_secs(3),
@@ -104,8 +100,7 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
         .map(|n| {
             let api = entry.api.clone();
             tokio::spawn(async move {
-                call(
-                    &api,
+                api.call(
                     Method::POST,
                     "/v1/locks/a:held",
                     Some(&acquire_body(&format!("waiter-{n}"), 4.0)),
@@ -139,14 +134,14 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
     }
     assert_eq!(refused, 8, "team A holds at most half the 16 waiters");
     assert_eq!(waited, 8);
-    let release = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:held/{held}"),
-        None,
-        TEAM_A,
-    )
-    .await;
+    let release = authority
+        .call(
+            Method::DELETE,
+            &format!("/v1/locks/a:held/{held}"),
+            None,
+            TEAM_A,
+        )
+        .await;
     assert_eq!(release.status, StatusCode::NO_CONTENT);
 }
 
@@ -212,14 +207,14 @@ async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
         // The authority holds each id's claim, so the uploads are forwarded.
         let id = format!("a:slow-{n}");
         let held = lease(authority, &id, TEAM_A).await;
-        let released = call(
-            authority,
-            Method::DELETE,
-            &format!("/v1/locks/{id}/{held}"),
-            None,
-            TEAM_A,
-        )
-        .await;
+        let released = authority
+            .call(
+                Method::DELETE,
+                &format!("/v1/locks/{id}/{held}"),
+                None,
+                TEAM_A,
+            )
+            .await;
         assert_eq!(released.status, StatusCode::NO_CONTENT);
     }
     let mut uploads = Vec::new();
@@ -463,14 +458,14 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
         )
         .await;
     assert_eq!(put.status, StatusCode::CREATED);
-    let released = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:done/{done}"),
-        None,
-        TEAM_A,
-    )
-    .await;
+    let released = authority
+        .call(
+            Method::DELETE,
+            &format!("/v1/locks/a:done/{done}"),
+            None,
+            TEAM_A,
+        )
+        .await;
     assert_eq!(released.status, StatusCode::NO_CONTENT);
 
     let admin = format!("Bearer {ADMIN}");
@@ -491,21 +486,25 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
         json!({"deleted": 1, "skipped_locked": 1, "locked": ["a:running"]})
     );
     for gateway in [entry, authority] {
-        let kept = call(gateway, Method::GET, "/v1/states/a:running", None, TEAM_A).await;
+        let kept = gateway
+            .call(Method::GET, "/v1/states/a:running", None, TEAM_A)
+            .await;
         assert_eq!(kept.status, StatusCode::OK, "{}", kept.text);
         assert_eq!(kept.json()["completed"], json!({"bookmark": 7}));
-        let gone = call(gateway, Method::GET, "/v1/states/a:done", None, TEAM_A).await;
+        let gone = gateway
+            .call(Method::GET, "/v1/states/a:done", None, TEAM_A)
+            .await;
         assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
     }
     // Once the run is done, the same delete takes it.
-    let released = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:running/{lease_id}"),
-        None,
-        TEAM_A,
-    )
-    .await;
+    let released = authority
+        .call(
+            Method::DELETE,
+            &format!("/v1/locks/a:running/{lease_id}"),
+            None,
+            TEAM_A,
+        )
+        .await;
     assert_eq!(released.status, StatusCode::NO_CONTENT);
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)

@@ -39,6 +39,19 @@ impl Reply {
         self
     }
 
+    /// As [`Reply::expect`], with what the test means by it in the panic.
+    #[track_caller]
+    pub fn expect_because(&self, status: StatusCode, why: impl std::fmt::Display) -> &Self {
+        assert!(
+            self.status == status,
+            "{why}: {}: expected {status}, got {}: {}",
+            self.request,
+            self.status,
+            self.text
+        );
+        self
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
     }

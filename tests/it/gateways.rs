@@ -10,8 +10,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::balancer::Balancer;
+use crate::checker::{self, Work, final_counter};
 use crate::helpers::{Api, GatewayProcess, clickhouse_url, spawn_peer_process, unique_schema};
-use crate::lock_concurrency::{Log, check, final_counter, worker};
 
 /// Claim timings short enough that a dead gateway's claims lapse within the
 /// test; the mechanism is the one production runs.
@@ -120,23 +120,7 @@ async fn lease_after_takeover(api: &Api, id: &str, owner: &str) -> (String, u64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twelve_workers_cycle_through_a_round_robin_balancer() {
     let cluster = Cluster::start(unique_schema(), 3).await;
-    let log: Log = Arc::default();
-    let workers: Vec<_> = (0..12)
-        .map(|w| {
-            tokio::spawn(worker(
-                cluster.api(),
-                "balanced",
-                format!("worker-{w}"),
-                10,
-                log.clone(),
-            ))
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap();
-    }
-    assert_eq!(final_counter(&cluster.api(), "balanced").await, 120);
-    check(&log, 120);
+    checker::run(|_| cluster.api(), "balanced", 12, 10, Work::Counter).await;
 }
 
 #[tokio::test]

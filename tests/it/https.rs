@@ -17,11 +17,11 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use crate::balancer::Balancer;
+use crate::checker::{self, Work};
 use crate::helpers::{
     Api, GatewayProcess, TestApp, clickhouse_url, metric, spawn_configured, spawn_gateway_process,
     spawn_https_peer_process, test_config, unique_schema,
 };
-use crate::lock_concurrency::{Log, check, final_counter, worker};
 
 /// A directory of certificates from `scripts/make-certs`, removed at the end.
 pub struct Certs {
@@ -431,23 +431,7 @@ async fn three_https_gateways_requiring_client_certificates_pass_the_lock_checke
     )
     .await;
     let api = Api::new(balancer.base.clone());
-    let log: Log = Arc::default();
-    let workers: Vec<_> = (0..9)
-        .map(|w| {
-            tokio::spawn(worker(
-                api.clone(),
-                "https-balanced",
-                format!("worker-{w}"),
-                6,
-                log.clone(),
-            ))
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap();
-    }
-    assert_eq!(final_counter(&api, "https-balanced").await, 54);
-    check(&log, 54);
+    checker::run(|_| api.clone(), "https-balanced", 9, 6, Work::Counter).await;
 
     // The authority's log shows the requests other gateways forwarded to it
     // arriving over HTTPS (the only thing its port speaks).

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::checker::{Held, Log, check, final_counter, increment};
 use crate::helpers::{
     Api, clickhouse_url, spawn_app_with, spawn_peer_process, two_peers, unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check, final_counter, increment};
 use crate::lock_faults::millis;
 
 async fn acquire(api: &Api, id: &str, ttl: u64, wait: f64, delay: u64) -> crate::helpers::Reply {

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::checker::{Held, Log, check};
 use crate::helpers::{
     Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, two_peers_with,
     unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check};
 use crate::proxy::Proxy;
 
 /// Two gateways on one database that forward to each other; the first

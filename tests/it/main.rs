@@ -8,6 +8,7 @@ mod balancer;
 mod bookmark_regressions;
 mod bookmarks;
 mod bulk;
+mod checker;
 mod cli;
 mod clickhouse_faults;
 mod contract;

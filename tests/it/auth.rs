@@ -48,17 +48,12 @@ async fn each_role_can_do_its_part_and_no_more() {
             .unwrap()
     };
     for (method, path, body, least) in cases {
-        assert_eq!(
-            app.call(method.clone(), path, body, None).await.status,
-            StatusCode::UNAUTHORIZED,
-            "{method} {path}"
-        );
-        assert_eq!(
-            app.call(method.clone(), path, body, Some("not-a-token-at-all-000"))
-                .await
-                .status,
-            StatusCode::UNAUTHORIZED
-        );
+        app.call(method.clone(), path, body, None)
+            .await
+            .expect_because(StatusCode::UNAUTHORIZED, format!("{method} {path}"));
+        app.call(method.clone(), path, body, Some("not-a-token-at-all-000"))
+            .await
+            .expect(StatusCode::UNAUTHORIZED);
         for token in [READ, WRITE, ADMIN] {
             let status = app
                 .call(method.clone(), path, body, Some(token))
@@ -115,41 +110,29 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
 #[tokio::test]
 async fn health_stays_open_and_metrics_can_be_protected() {
     let open = app_with_tokens(false).await;
-    assert_eq!(
-        open.call(Method::GET, "/healthz", None, None).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        open.call(Method::GET, "/readyz", None, None).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        open.call(Method::GET, "/metrics", None, None).await.status,
-        StatusCode::OK
-    );
+    open.call(Method::GET, "/healthz", None, None)
+        .await
+        .expect(StatusCode::OK);
+    open.call(Method::GET, "/readyz", None, None)
+        .await
+        .expect(StatusCode::OK);
+    open.call(Method::GET, "/metrics", None, None)
+        .await
+        .expect(StatusCode::OK);
 
     let guarded = app_with_tokens(true).await;
-    assert_eq!(
-        guarded
-            .call(Method::GET, "/healthz", None, None)
-            .await
-            .status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        guarded
-            .call(Method::GET, "/metrics", None, None)
-            .await
-            .status,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        guarded
-            .call(Method::GET, "/metrics", None, Some(READ))
-            .await
-            .status,
-        StatusCode::OK
-    );
+    guarded
+        .call(Method::GET, "/healthz", None, None)
+        .await
+        .expect(StatusCode::OK);
+    guarded
+        .call(Method::GET, "/metrics", None, None)
+        .await
+        .expect(StatusCode::UNAUTHORIZED);
+    guarded
+        .call(Method::GET, "/metrics", None, Some(READ))
+        .await
+        .expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -174,7 +157,7 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
             &[("authorization", &auth), ("lease-id", lease_id)],
         )
         .await;
-    assert_eq!(write.status, StatusCode::CREATED);
+    write.expect(StatusCode::CREATED);
     let release = app
         .request(
             Method::DELETE,
@@ -183,7 +166,7 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
             &[("authorization", &auth)],
         )
         .await;
-    assert_eq!(release.status, StatusCode::NO_CONTENT);
+    release.expect(StatusCode::NO_CONTENT);
 }
 
 #[tokio::test]
@@ -217,7 +200,7 @@ async fn the_bearer_scheme_is_case_insensitive_and_blanks_may_precede_the_token(
                 &[("authorization", &value)],
             )
             .await;
-        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{value:?}");
+        reply.expect_because(StatusCode::UNAUTHORIZED, format!("{value:?}"));
     }
 }
 
@@ -241,7 +224,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
                 &[("authorization", pair[0]), ("authorization", pair[1])],
             )
             .await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{pair:?}");
+        reply.expect_because(StatusCode::BAD_REQUEST, format!("{pair:?}"));
         assert_eq!(reply.problem_type(), "invalid-header");
     }
     assert_eq!(app.table_snapshot().await, Vec::new());
@@ -254,7 +237,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
             &[("authorization", &read), ("authorization", &read)],
         )
         .await;
-    assert_eq!(locks.status, StatusCode::BAD_REQUEST);
+    locks.expect(StatusCode::BAD_REQUEST);
     assert_eq!(locks.problem_type(), "invalid-header");
     // Open endpoints take no token, so they do not look at it.
     let health = app
@@ -265,7 +248,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
             &[("authorization", &write), ("authorization", &read)],
         )
         .await;
-    assert_eq!(health.status, StatusCode::OK);
+    health.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -284,18 +267,12 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     })
     .await;
     let doc = Some(r#"{"completed": {"v": 1}}"#);
-    assert_eq!(
-        app.call(Method::PUT, "/v1/states/named", doc, Some(NAMED))
-            .await
-            .status,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        app.call(Method::PUT, "/v1/states/named", doc, Some(WRITE))
-            .await
-            .status,
-        StatusCode::OK
-    );
+    app.call(Method::PUT, "/v1/states/named", doc, Some(NAMED))
+        .await
+        .expect(StatusCode::CREATED);
+    app.call(Method::PUT, "/v1/states/named", doc, Some(WRITE))
+        .await
+        .expect(StatusCode::OK);
     let bearer = format!("Bearer {READ}");
     let listing = app
         .request(
@@ -315,26 +292,20 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     );
     assert!(!unnamed.contains(WRITE), "never the token itself");
     let body = serde_json::json!({"version": versions[1]["version"]}).to_string();
-    assert_eq!(
-        app.call(
-            Method::POST,
-            "/v1/states/named/rollback",
-            Some(&body),
-            Some(READ)
-        )
-        .await
-        .status,
-        StatusCode::FORBIDDEN
-    );
-    assert_eq!(
-        app.call(
-            Method::POST,
-            "/v1/states/named/rollback",
-            Some(&body),
-            Some(NAMED)
-        )
-        .await
-        .status,
-        StatusCode::OK
-    );
+    app.call(
+        Method::POST,
+        "/v1/states/named/rollback",
+        Some(&body),
+        Some(READ),
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    app.call(
+        Method::POST,
+        "/v1/states/named/rollback",
+        Some(&body),
+        Some(NAMED),
+    )
+    .await
+    .expect(StatusCode::OK);
 }

@@ -48,7 +48,7 @@ impl Cluster {
     /// Kills -9 the gateway that is the authority for `id` while `id` is locked.
     async fn kill_authority_of(&mut self, id: &str) {
         let lock = self.api().get(&format!("/v1/locks/{id}")).await;
-        assert_eq!(lock.status, StatusCode::OK, "{}", lock.text);
+        lock.expect(StatusCode::OK);
         let authority = lock.json()["gateway_id"].as_str().unwrap().to_owned();
         let index = self
             .gateways
@@ -130,17 +130,16 @@ async fn a_lock_taken_through_the_balancer_shows_on_every_gateway_and_its_releas
     let (lease, token) = api.lease("seen", "worker", 60, 0.0).await;
     for (_, gateway) in &cluster.gateways {
         let seen = gateway.api().get("/v1/locks/seen").await;
-        assert_eq!(seen.status, StatusCode::OK, "{}", seen.text);
+        seen.expect(StatusCode::OK);
         assert_eq!(seen.json()["owner"], "worker");
         assert_eq!(seen.json()["fencing_token"], token);
     }
-    assert_eq!(
-        api.release("seen", &lease).await.status,
-        StatusCode::NO_CONTENT
-    );
+    api.release("seen", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     for (_, gateway) in &cluster.gateways {
         let gone = gateway.api().get("/v1/locks/seen").await;
-        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+        gone.expect(StatusCode::NOT_FOUND);
     }
     // Free at once: the next acquire does not wait at all.
     let (_, next_token) = api.lease("seen", "next", 60, 0.0).await;

@@ -225,7 +225,7 @@ impl GatewayProcess {
     pub async fn terminate(mut self) {
         // Once it answers it serves, and SIGTERM reaches its handler: right
         // after its ready line, the signal's default would still kill it.
-        assert_eq!(self.api().get("/readyz").await.status, StatusCode::OK);
+        self.api().get("/readyz").await.expect(StatusCode::OK);
         let pid = self.child.id().expect("running");
         let status = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])

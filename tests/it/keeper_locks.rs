@@ -35,7 +35,7 @@ async fn gateways_on_two_clickhouse_nodes_grant_one_lease_at_a_time() {
     let a = keeper_gateway(&schema, &clickhouse_url()).await;
     let b = keeper_gateway(&schema, &node_b_url()).await;
     let api_for = |w: usize| {
-        if w % 2 == 0 {
+        if w.is_multiple_of(2) {
             a.api.clone()
         } else {
             b.api.clone()
@@ -129,10 +129,10 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
     let schema = unique_schema();
     let gateway = keeper_gateway(&schema, &keeper.url).await;
     let (lease, token) = gateway.lease("before", "w", 30, 0.0).await;
-    assert_eq!(
-        gateway.release("before", &lease).await.status,
-        StatusCode::NO_CONTENT
-    );
+    gateway
+        .release("before", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
 
     keeper.kill_zookeeper();
     // "before" is still claimed here, but by the time the fresh id's
@@ -146,12 +146,7 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
                 &json!({"owner": "w", "ttl_seconds": 30, "wait_seconds": 0}),
             )
             .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{id}: {}",
-            reply.text
-        );
+        reply.expect_because(StatusCode::SERVICE_UNAVAILABLE, id);
         assert_eq!(reply.problem_type(), "clickhouse-unavailable");
         assert_eq!(reply.header("retry-after"), Some("1"), "{id}");
         assert!(
@@ -173,12 +168,7 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
         if reply.status == StatusCode::CREATED {
             break reply;
         }
-        assert_eq!(
-            reply.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{}",
-            reply.text
-        );
+        reply.expect(StatusCode::SERVICE_UNAVAILABLE);
         assert!(
             back.elapsed() < Duration::from_secs(90),
             "no grant within 90 s of Keeper's return"
@@ -218,12 +208,7 @@ async fn a_won_claim_whose_renewal_fails_is_withdrawn() {
             &json!({"owner": "a", "ttl_seconds": 30, "wait_seconds": 0}),
         )
         .await;
-    assert_eq!(
-        reply.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        reply.text
-    );
+    reply.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.header("retry-after"), Some("1"));
     proxy.set_delay(Duration::ZERO);
     proxy.refuse_requests_containing(None);
@@ -234,5 +219,5 @@ async fn a_won_claim_whose_renewal_fails_is_withdrawn() {
             &json!({"owner": "b", "ttl_seconds": 30, "wait_seconds": 3}),
         )
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
 }

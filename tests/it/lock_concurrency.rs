@@ -43,7 +43,13 @@ async fn two_gateways() -> (GatewayProcess, GatewayProcess) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_gateway_processes_share_one_clickhouse() {
     let (a, b) = two_gateways().await;
-    let api_for = |w: usize| if w % 2 == 0 { a.api() } else { b.api() };
+    let api_for = |w: usize| {
+        if w.is_multiple_of(2) {
+            a.api()
+        } else {
+            b.api()
+        }
+    };
     // The checker reads the counter through `a`; `b` must see the same.
     checker::run(api_for, "shared", 16, 10, Work::Counter).await;
     assert_eq!(final_counter(&b.api(), "shared").await, 160);
@@ -93,7 +99,7 @@ async fn a_worker_that_stops_renewing_loses_its_lease_and_its_late_write() {
     let late = app
         .put_state_with_lease("job", &json!({"completed": {"counter": 8}}), &lease)
         .await;
-    assert_eq!(late.status, StatusCode::CONFLICT);
+    late.expect(StatusCode::CONFLICT);
     assert_eq!(late.problem_type(), "lease-not-current");
     assert_eq!(
         final_counter(&app, "job").await,

@@ -130,17 +130,16 @@ async fn write_in_flight_at_the_lease_end(end: End, next_through_peer: bool, ser
     match end {
         End::Expiry => {}
         End::Release => {
-            assert_eq!(
-                a.release(id, &lease).await.status,
+            a.release(id, &lease).await.expect_because(
                 StatusCode::NO_CONTENT,
-                "the release is answered while the write is on its way"
+                "the release is answered while the write is on its way",
             );
         }
         End::ForceUnlock => {
             let unlock = a
                 .request(Method::DELETE, &format!("/v1/locks/{id}"), None, &[])
                 .await;
-            assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+            unlock.expect(StatusCode::NO_CONTENT);
         }
     }
     let write = write.await.unwrap();
@@ -230,12 +229,7 @@ async fn burst_worker(api: Api, name: String, cycles: usize, tally: Arc<Tally>) 
                 &json!({"owner": name, "ttl_seconds": 2, "wait_seconds": 120}),
             )
             .await;
-        assert_eq!(
-            acquired.status,
-            StatusCode::CREATED,
-            "{name}: {}",
-            acquired.text
-        );
+        acquired.expect_because(StatusCode::CREATED, &name);
         let start = Instant::now();
         let lease = acquired.json()["lease_id"].as_str().unwrap().to_owned();
         let token = acquired.json()["fencing_token"].as_u64().unwrap();
@@ -377,10 +371,10 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
     let peer = spawn_configured(peer_config(&schema)).await;
     let id = "lost-answer";
     let (first, _) = authority.lease(id, "warm-up", 30, 0.0).await;
-    assert_eq!(
-        authority.release(id, &first).await.status,
-        StatusCode::NO_CONTENT
-    );
+    authority
+        .release(id, &first)
+        .await
+        .expect(StatusCode::NO_CONTENT);
 
     link.lose_answers_to(Some("/v1/locks/"));
     let lost = peer
@@ -389,12 +383,7 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
             &json!({"owner": "far-worker", "ttl_seconds": 600, "wait_seconds": 0}),
         )
         .await;
-    assert_eq!(
-        lost.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        lost.text
-    );
+    lost.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(lost.problem_type(), "authority-unreachable");
     link.lose_answers_to(None);
 
@@ -406,7 +395,7 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
             &json!({"owner": "near-worker", "ttl_seconds": 30, "wait_seconds": 20}),
         )
         .await;
-    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+    next.expect(StatusCode::CREATED);
 }
 
 /// A forwarded grant that arrives is confirmed: its holder gets the TTL it
@@ -416,11 +405,11 @@ async fn a_forwarded_grant_lives_the_ttl_its_client_asked_for() {
     let (a, _proxy, b) = proxied_peers(|_| {}).await;
     let id = "confirmed";
     let (warm, _) = a.lease(id, "warm-up", 30, 0.0).await;
-    assert_eq!(a.release(id, &warm).await.status, StatusCode::NO_CONTENT);
+    a.release(id, &warm).await.expect(StatusCode::NO_CONTENT);
     let granted = b
         .acquire(id, &json!({"owner": "far-worker", "ttl_seconds": 60}))
         .await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    granted.expect(StatusCode::CREATED);
     let lease = granted.json()["lease_id"].as_str().unwrap().to_owned();
     let expires = granted.json()["expires_at"].as_str().unwrap().to_owned();
     let acquired = granted.json()["acquired_at"].as_str().unwrap().to_owned();

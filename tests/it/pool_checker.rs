@@ -35,7 +35,7 @@ pub struct Grant {
 
 impl Grant {
     pub fn from_reply(reply: &Reply, status: StatusCode) -> Self {
-        assert_eq!(reply.status, status, "{}", reply.text);
+        reply.expect(status);
         let body = reply.json();
         let time = |field: &str| {
             millis(
@@ -95,12 +95,12 @@ pub fn assert_shows_no_lease_id(body: &Value, leases: &[&Grant]) {
 /// Releases `lease`, which must be current.
 pub async fn give_back(api: &Api, name: &str, lease: &Grant) {
     let reply = api.pool_release(name, &lease.lease_id).await;
-    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text);
+    reply.expect(StatusCode::NO_CONTENT);
 }
 
 /// Asserts an answer's status and problem type.
 pub fn problem(reply: &Reply, status: StatusCode, kind: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
+    reply.expect(status);
     assert_eq!(reply.problem_type(), kind, "{}", reply.text);
 }
 
@@ -206,12 +206,7 @@ async fn worker(
         );
         let end = Instant::now();
         let released = via.pool_release(pool, &grant.lease_id).await;
-        assert_eq!(
-            released.status,
-            StatusCode::NO_CONTENT,
-            "{owner}: {}",
-            released.text
-        );
+        released.expect_because(StatusCode::NO_CONTENT, &owner);
         log.lock()
             .unwrap()
             .push(Slot::of(&grant, asked, start, end));
@@ -242,10 +237,10 @@ async fn run(gateways: &[Api], pool: &'static str, limit: u64, workers: usize, c
     }
     check_slots(&log, limit as usize, workers * cycles);
     // Every slot given back: nobody holds or waits.
-    assert_eq!(
-        gateways[0].pool_view(pool).await.status,
-        StatusCode::NOT_FOUND
-    );
+    gateways[0]
+        .pool_view(pool)
+        .await
+        .expect(StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -61,7 +61,7 @@ async fn until_waiting(api: &Api, name: &str, n: u64) {
 /// The entry of `name` in GET /v1/pools, if listed.
 async fn listed(api: &Api, name: &str) -> Option<Value> {
     let list = api.get("/v1/pools").await;
-    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    list.expect(StatusCode::OK);
     list.json()["pools"]
         .as_array()
         .expect("pools")
@@ -164,7 +164,7 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
     };
     until_waiting(&app, name, 1).await;
     let view = app.pool_view(name).await;
-    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    view.expect(StatusCode::OK);
     let view = view.json();
     assert_shows_no_lease_id(&view, &[&a, &b]);
     assert_eq!(
@@ -199,7 +199,7 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
         give_back(&app, name, lease).await;
     }
     let gone = app.pool_view(name).await;
-    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+    gone.expect(StatusCode::NOT_FOUND);
     assert_eq!(gone.problem_type(), "pool-not-found");
     assert_eq!(
         listed(&app, name).await,
@@ -292,11 +292,9 @@ async fn a_pool_leases_info_shows_everywhere_and_over_4_kib_is_refused() {
     let over = json!({"owner": "w", "limit": 1, "info": {"k": "x".repeat(4089)}});
     let reply = app.pool_acquire("big-info", &over).await;
     problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
-    assert_eq!(
-        app.pool_view("big-info").await.status,
-        StatusCode::NOT_FOUND,
-        "no lease taken"
-    );
+    app.pool_view("big-info")
+        .await
+        .expect_because(StatusCode::NOT_FOUND, "no lease taken");
     take_with(
         &app,
         "big-info",
@@ -390,7 +388,7 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
     Grant::from_reply(&renewed, StatusCode::OK);
 
     let names = |reply: Reply| -> BTreeSet<String> {
-        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.expect(StatusCode::OK);
         reply.json()["pools"]
             .as_array()
             .unwrap()
@@ -471,12 +469,12 @@ async fn an_admin_delete_ends_every_lease_of_the_pool() {
     );
 
     let ended = app.pool_end(name, "source migration").await;
-    assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
+    ended.expect(StatusCode::NO_CONTENT);
     for lease in &leases {
         let renew = app.pool_renew(name, &lease.lease_id, 600).await;
         problem(&renew, StatusCode::CONFLICT, "lease-not-current");
     }
-    assert_eq!(app.pool_view(name).await.status, StatusCode::NOT_FOUND);
+    app.pool_view(name).await.expect(StatusCode::NOT_FOUND);
     let next = take(&app, name, "c", 2, 60, 0.0).await;
     assert!(
         next.token > leases[1].token,
@@ -493,7 +491,7 @@ async fn a_limit_outside_1_to_1000_is_refused() {
         let reply = app.pool_acquire("limits", &ask("w", limit, 60, 0.0)).await;
         problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
     }
-    assert_eq!(app.pool_view("limits").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("limits").await.expect(StatusCode::NOT_FOUND);
     for limit in [1, 1000] {
         let held = take(&app, &format!("limits-{limit}"), "w", limit, 60, 0.0).await;
         assert_eq!(held.body["limit"], limit);
@@ -510,16 +508,11 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     let held = take_with(&app, name, &body).await;
     assert_eq!(held.body["lock_delay_seconds"], 2);
     let ended = app.pool_end(name, "stuck").await;
-    assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
+    ended.expect(StatusCode::NO_CONTENT);
 
     // The spec leaves the 409's type open: a full pool or a lock-delay.
     let busy = app.pool_acquire(name, &ask("next", 1, 60, 0.0)).await;
-    assert_eq!(
-        busy.status,
-        StatusCode::CONFLICT,
-        "the slot is kept: {}",
-        busy.text
-    );
+    busy.expect_because(StatusCode::CONFLICT, "the slot is kept");
     let kind = busy.problem_type();
     assert!(
         ["pool-full", "lock-delay"].contains(&kind.as_str()),

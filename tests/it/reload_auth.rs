@@ -93,10 +93,9 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     write(&file, &format!("write {STAYS} workers\nread {OLD} old\n"));
     let mut process = gateway(&file).await;
     let api = process.api();
-    assert_eq!(
-        api.call(Method::GET, "/v1/states", None, OLD).await.status,
-        StatusCode::OK
-    );
+    api.call(Method::GET, "/v1/states", None, OLD)
+        .await
+        .expect(StatusCode::OK);
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
@@ -127,10 +126,9 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     write(&file, &format!("write {STAYS} workers\nread {NEW} new\n"));
     hang_up(&process);
     until_status(&api, NEW, StatusCode::OK).await;
-    assert_eq!(
-        api.call(Method::GET, "/v1/states", None, OLD).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    api.call(Method::GET, "/v1/states", None, OLD)
+        .await
+        .expect(StatusCode::UNAUTHORIZED);
     // Another SIGHUP in the middle of the traffic, with nothing changed.
     hang_up(&process);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -163,16 +161,12 @@ async fn a_file_that_does_not_parse_keeps_the_old_tokens_and_a_change_is_picked_
         hang_up(&process);
         // Past the debounce of a change, too.
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert_eq!(
-            api.call(Method::GET, "/v1/states", None, OLD).await.status,
-            StatusCode::OK,
-            "{broken:?}"
-        );
-        assert_eq!(
-            api.call(Method::GET, "/v1/states", None, NEW).await.status,
-            StatusCode::UNAUTHORIZED,
-            "{broken:?}"
-        );
+        api.call(Method::GET, "/v1/states", None, OLD)
+            .await
+            .expect_because(StatusCode::OK, format!("{broken:?}"));
+        api.call(Method::GET, "/v1/states", None, NEW)
+            .await
+            .expect_because(StatusCode::UNAUTHORIZED, format!("{broken:?}"));
     }
     // No SIGHUP: the change of the file is enough.
     write(&file, &format!("read {NEW} new\n"));
@@ -206,7 +200,7 @@ async fn sighup_does_not_end_a_gateway_without_tls_or_tokens_file() {
         process.child.try_wait().unwrap().is_none(),
         "SIGHUP ended the gateway"
     );
-    assert_eq!(process.api().get("/readyz").await.status, StatusCode::OK);
+    process.api().get("/readyz").await.expect(StatusCode::OK);
     process.terminate().await;
 }
 
@@ -226,7 +220,7 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
     let process = gateway(&file).await;
     let api = process.api();
     let expired = api.call(Method::GET, "/v1/states", None, EXPIRED).await;
-    assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
+    expired.expect(StatusCode::UNAUTHORIZED);
     assert_eq!(expired.problem_type(), "unauthorized");
     assert!(
         expired.json()["detail"]
@@ -236,25 +230,16 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
         "{}",
         expired.text
     );
-    assert_eq!(
-        api.call(Method::GET, "/v1/states", None, STAYS)
-            .await
-            .status,
-        StatusCode::OK
-    );
+    api.call(Method::GET, "/v1/states", None, STAYS)
+        .await
+        .expect(StatusCode::OK);
 
-    assert_eq!(
-        api.call(Method::GET, "/v1/states", None, "nobody-token-0123456789")
-            .await
-            .status,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        api.call(Method::DELETE, "/v1/locks/team-a:x", None, SCOPED)
-            .await
-            .status,
-        StatusCode::FORBIDDEN
-    );
+    api.call(Method::GET, "/v1/states", None, "nobody-token-0123456789")
+        .await
+        .expect(StatusCode::UNAUTHORIZED);
+    api.call(Method::DELETE, "/v1/locks/team-a:x", None, SCOPED)
+        .await
+        .expect(StatusCode::FORBIDDEN);
     for _ in 0..2 {
         let outside = api
             .call(Method::PUT, "/v1/states/team-b:x", Some(DOC), SCOPED)

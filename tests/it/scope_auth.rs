@@ -157,7 +157,7 @@ fn body_for(method: &Method, template: &str) -> Option<String> {
 }
 
 fn ids_listed(reply: &Reply, what: &str) -> BTreeSet<String> {
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     // A pool is named by `pool`, every other listing's item by `state_id`.
     let key = if what == "pools" { "pool" } else { "state_id" };
     reply.json()[what]
@@ -180,7 +180,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                 ROOT,
             )
             .await;
-        assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+        put.expect(StatusCode::CREATED);
     }
     // The lock outside is held by someone else, with the lease_id every
     // lock operation on it is then tried with.
@@ -192,7 +192,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
             ROOT,
         )
         .await;
-    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
+    acquired.expect(StatusCode::CREATED);
     let outside_lease = acquired.json()["lease_id"].as_str().unwrap().to_owned();
     // A pool of the same name outside is in use too, so the pool listing has
     // something to leave out and the pool routes something to leave alone.
@@ -204,7 +204,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
             ROOT,
         )
         .await;
-    assert_eq!(pool.status, StatusCode::CREATED, "{}", pool.text);
+    pool.expect(StatusCode::CREATED);
     let before = everything(&app).await;
 
     let operations = statehouse::http::operation_list();
@@ -222,12 +222,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     let reply = app
                         .call(method.clone(), &path, body.as_deref(), token)
                         .await;
-                    assert_eq!(
-                        reply.status,
-                        StatusCode::FORBIDDEN,
-                        "{what}: {}",
-                        reply.text
-                    );
+                    reply.expect_because(StatusCode::FORBIDDEN, &what);
                     // A token too weak for the operation is refused for that
                     // first; every other one for the scope.
                     let kind = reply.problem_type();
@@ -271,12 +266,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     let mixed = app
                         .call(method.clone(), template, Some(&body(OUTSIDE)), token)
                         .await;
-                    assert_eq!(
-                        mixed.status,
-                        StatusCode::FORBIDDEN,
-                        "{what}: {}",
-                        mixed.text
-                    );
+                    mixed.expect_because(StatusCode::FORBIDDEN, &what);
                     let kind = mixed.problem_type();
                     if token == READ_A {
                         assert_eq!(kind, "forbidden", "{what}");
@@ -296,17 +286,17 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     } else {
                         StatusCode::NO_CONTENT
                     };
-                    assert_eq!(reply.status, expected, "{what}: {}", reply.text);
+                    reply.expect_because(expected, &what);
                 }
                 Try::Caller => {
                     let reply = app.call(method.clone(), template, None, token).await;
-                    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.text);
+                    reply.expect_because(StatusCode::OK, &what);
                     assert_eq!(reply.json()["scope"], json!([SCOPE]), "{what}");
                 }
                 Try::Open => {
                     let path = template.replace("{file}", "app.js");
                     let reply = app.request(method.clone(), &path, None, &[]).await;
-                    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.text);
+                    reply.expect_because(StatusCode::OK, &what);
                 }
             }
         }
@@ -329,7 +319,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                 WRITE_A,
             )
             .await;
-        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        reply.expect(StatusCode::CREATED);
         (reply.json()["lease_id"].as_str().unwrap().to_owned(), ())
     };
     for (template, method) in &operations {
@@ -383,7 +373,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     let deleted = app
         .call(Method::DELETE, "/v1/states?pattern=*", None, ADMIN_A)
         .await;
-    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.text);
+    deleted.expect(StatusCode::OK);
     let left: BTreeSet<String> = app
         .table_snapshot()
         .await
@@ -420,7 +410,7 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
     let mixed = app
         .call(Method::POST, "/v1/states", Some(&bulk), WRITE_A)
         .await;
-    assert_eq!(mixed.status, StatusCode::FORBIDDEN, "{}", mixed.text);
+    mixed.expect(StatusCode::FORBIDDEN);
     assert_eq!(mixed.problem_type(), "out-of-scope");
     assert!(
         mixed.json()["detail"]
@@ -434,7 +424,7 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
     let imported = app
         .call(Method::POST, "/v1/states", Some(&bulk), ROOT)
         .await;
-    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+    imported.expect(StatusCode::OK);
 
     let expected: BTreeSet<String> = (0..5)
         .map(|n| format!("team-a:{n}"))
@@ -497,7 +487,7 @@ async fn the_authority_holds_a_forwarded_request_to_the_tokens_scope() {
                 ROOT,
             )
             .await;
-        assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+        granted.expect(StatusCode::CREATED);
         leases.push(granted.json()["lease_id"].as_str().unwrap().to_owned());
     }
     let bearer = format!("Bearer {WRITE_A}");
@@ -515,9 +505,9 @@ async fn the_authority_holds_a_forwarded_request_to_the_tokens_scope() {
         }
     };
     let allowed = put("team-a:x1", leases[0].clone()).await;
-    assert_eq!(allowed.status, StatusCode::CREATED, "{}", allowed.text);
+    allowed.expect(StatusCode::CREATED);
     let refused = put("team-a:y1", leases[1].clone()).await;
-    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
+    refused.expect(StatusCode::FORBIDDEN);
     assert_eq!(refused.problem_type(), "out-of-scope");
     // A bulk import through A: B admits its entries by a ticket, asked for
     // with the client's token, under B's rule for it.
@@ -532,7 +522,7 @@ async fn the_authority_holds_a_forwarded_request_to_the_tokens_scope() {
             WRITE_A,
         )
         .await;
-    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+    imported.expect(StatusCode::OK);
     // A refuses what its own rule refuses; what only B refuses, B refuses
     // to admit (A tells its client to retry: the two disagree only while
     // their tokens files do, mid-reload).

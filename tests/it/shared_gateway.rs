@@ -51,7 +51,7 @@ async fn lease(api: &Api, id: &str, token: &str) -> String {
             token,
         )
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     reply.json()["lease_id"].as_str().unwrap().to_owned()
 }
 
@@ -68,12 +68,12 @@ async fn team_b_is_served(api: &Api, round: usize) {
             TEAM_B,
         )
         .await;
-    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
+    acquired.expect(StatusCode::CREATED);
     let lease_id = acquired.json()["lease_id"].as_str().unwrap().to_owned();
     let read = api
         .call(Method::GET, "/v1/states?pattern=b:*", None, TEAM_B)
         .await;
-    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
+    read.expect(StatusCode::OK);
     let released = api
         .call(
             Method::DELETE,
@@ -82,7 +82,7 @@ async fn team_b_is_served(api: &Api, round: usize) {
             TEAM_B,
         )
         .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+    released.expect(StatusCode::NO_CONTENT);
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "team B waited {:?}",
@@ -142,7 +142,7 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
             TEAM_A,
         )
         .await;
-    assert_eq!(release.status, StatusCode::NO_CONTENT);
+    release.expect(StatusCode::NO_CONTENT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -215,7 +215,7 @@ async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
                 TEAM_A,
             )
             .await;
-        assert_eq!(released.status, StatusCode::NO_CONTENT);
+        released.expect(StatusCode::NO_CONTENT);
     }
     let mut uploads = Vec::new();
     for n in 0..8 {
@@ -294,7 +294,7 @@ async fn readiness_probes_share_one_check_a_second() {
             tokio::spawn(async move {
                 for _ in 0..25 {
                     let ready = api.get("/readyz").await;
-                    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text);
+                    ready.expect(StatusCode::OK);
                 }
             })
         })
@@ -357,11 +357,10 @@ async fn a_web_page_cannot_write_to_a_gateway_without_tokens() {
     let opaque = [("origin", "null")];
     let sandboxed = simple_request(&app, Method::PUT, "/v1/states/web", &document, &opaque).await;
     assert_eq!(sandboxed.status(), StatusCode::FORBIDDEN);
-    assert_eq!(app.get_state("web").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(
-        app.get_state("web-import").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.get_state("web").await.expect(StatusCode::NOT_FOUND);
+    app.get_state("web-import")
+        .await
+        .expect(StatusCode::NOT_FOUND);
 
     // A cross-origin read is the browser's to keep from the page.
     let read = simple_request(&app, Method::GET, "/v1/states", "", &evil).await;
@@ -441,12 +440,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             &[("authorization", &bearer), ("lease-id", &lease_id)],
         )
         .await;
-    assert_eq!(
-        with_lease.status,
-        StatusCode::CREATED,
-        "{}",
-        with_lease.text
-    );
+    with_lease.expect(StatusCode::CREATED);
     // A state the authority holds in memory: its claim is still held.
     let done = lease(authority, "a:done", TEAM_A).await;
     let put = authority
@@ -457,7 +451,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             &[("authorization", &bearer), ("lease-id", &done)],
         )
         .await;
-    assert_eq!(put.status, StatusCode::CREATED);
+    put.expect(StatusCode::CREATED);
     let released = authority
         .call(
             Method::DELETE,
@@ -466,7 +460,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             TEAM_A,
         )
         .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    released.expect(StatusCode::NO_CONTENT);
 
     let admin = format!("Bearer {ADMIN}");
     let mut headers = vec![("authorization", admin.as_str())];
@@ -480,7 +474,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
         .await;
-    assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+    cleared.expect(StatusCode::OK);
     assert_eq!(
         cleared.json(),
         json!({"deleted": 1, "skipped_locked": 1, "locked": ["a:running"]})
@@ -489,12 +483,12 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
         let kept = gateway
             .call(Method::GET, "/v1/states/a:running", None, TEAM_A)
             .await;
-        assert_eq!(kept.status, StatusCode::OK, "{}", kept.text);
+        kept.expect(StatusCode::OK);
         assert_eq!(kept.json()["completed"], json!({"bookmark": 7}));
         let gone = gateway
             .call(Method::GET, "/v1/states/a:done", None, TEAM_A)
             .await;
-        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+        gone.expect(StatusCode::NOT_FOUND);
     }
     // Once the run is done, the same delete takes it.
     let released = authority
@@ -505,7 +499,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             TEAM_A,
         )
         .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    released.expect(StatusCode::NO_CONTENT);
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
         .await;

@@ -91,12 +91,7 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
         Some("Bearer realm=\"statehouse\"")
     );
     let weak = app
-        .request(
-            Method::PUT,
-            "/v1/states/x",
-            Some("{}"),
-            &[("authorization", &format!("Bearer {READ}"))],
-        )
+        .call(Method::PUT, "/v1/states/x", Some("{}"), READ)
         .await;
     assert_eq!(weak.problem_type(), "forbidden");
     assert!(weak.json()["detail"].as_str().unwrap().contains("write"));
@@ -110,29 +105,20 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
 #[tokio::test]
 async fn health_stays_open_and_metrics_can_be_protected() {
     let open = app_with_tokens(false).await;
-    open.call(Method::GET, "/healthz", None, None)
-        .await
-        .expect(StatusCode::OK);
-    open.call(Method::GET, "/readyz", None, None)
-        .await
-        .expect(StatusCode::OK);
-    open.call(Method::GET, "/metrics", None, None)
-        .await
-        .expect(StatusCode::OK);
-
     let guarded = app_with_tokens(true).await;
-    guarded
-        .call(Method::GET, "/healthz", None, None)
-        .await
-        .expect(StatusCode::OK);
-    guarded
-        .call(Method::GET, "/metrics", None, None)
-        .await
-        .expect(StatusCode::UNAUTHORIZED);
-    guarded
-        .call(Method::GET, "/metrics", None, Some(READ))
-        .await
-        .expect(StatusCode::OK);
+    let cases = [
+        (&open, "/healthz", None, StatusCode::OK),
+        (&open, "/readyz", None, StatusCode::OK),
+        (&open, "/metrics", None, StatusCode::OK),
+        (&guarded, "/healthz", None, StatusCode::OK),
+        (&guarded, "/metrics", None, StatusCode::UNAUTHORIZED),
+        (&guarded, "/metrics", Some(READ), StatusCode::OK),
+    ];
+    for (app, path, token, status) in cases {
+        app.call(Method::GET, path, None, token)
+            .await
+            .expect(status);
+    }
 }
 
 #[tokio::test]
@@ -140,11 +126,11 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
     let app = app_with_tokens(false).await;
     let auth = format!("Bearer {WRITE}");
     let lease = app
-        .request(
+        .call(
             Method::POST,
             "/v1/locks/job",
             Some(r#"{"owner": "w"}"#),
-            &[("authorization", &auth)],
+            WRITE,
         )
         .await
         .json();
@@ -158,15 +144,14 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
         )
         .await;
     write.expect(StatusCode::CREATED);
-    let release = app
-        .request(
-            Method::DELETE,
-            &format!("/v1/locks/job/{lease_id}"),
-            None,
-            &[("authorization", &auth)],
-        )
-        .await;
-    release.expect(StatusCode::NO_CONTENT);
+    app.call(
+        Method::DELETE,
+        &format!("/v1/locks/job/{lease_id}"),
+        None,
+        WRITE,
+    )
+    .await
+    .expect(StatusCode::NO_CONTENT);
 }
 
 #[tokio::test]
@@ -273,14 +258,8 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     app.call(Method::PUT, "/v1/states/named", doc, Some(WRITE))
         .await
         .expect(StatusCode::OK);
-    let bearer = format!("Bearer {READ}");
     let listing = app
-        .request(
-            Method::GET,
-            "/v1/states/named/history",
-            None,
-            &[("authorization", &bearer)],
-        )
+        .call(Method::GET, "/v1/states/named/history", None, READ)
         .await
         .json();
     let versions = listing["versions"].as_array().unwrap();

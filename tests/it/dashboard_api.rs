@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{Api, Reply, spawn_app, spawn_app_with};
+use crate::helpers::{spawn_app, spawn_app_with};
 
 fn bookmarked(orders: Value, customers: Value) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -15,12 +15,6 @@ fn bookmarked(orders: Value, customers: Value) -> Value {
         "customers": {"replication_key": "id", "replication_key_value": customers},
         "partitioned": {"partitions": []},
     }}}})
-}
-
-async fn as_token(api: &Api, method: Method, path: &str, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    api.request(method, path, None, &[("authorization", &bearer)])
-        .await
 }
 
 #[tokio::test]
@@ -116,7 +110,9 @@ async fn regressions_and_whoami_answer_for_the_token() {
             assert!(put.status.is_success(), "{}", put.text);
         }
     }
-    let scoped = as_token(&app, Method::GET, "/v1/regressions", READ_DEV).await;
+    let scoped = app
+        .call(Method::GET, "/v1/regressions", None, READ_DEV)
+        .await;
     let ids: Vec<Value> = scoped.json()["regressions"]
         .as_array()
         .unwrap()
@@ -125,13 +121,13 @@ async fn regressions_and_whoami_answer_for_the_token() {
         .collect();
     assert_eq!(ids, [json!("dev:a")], "only ids in the token's scope");
 
-    let me = as_token(&app, Method::GET, "/v1/whoami", READ_DEV).await;
+    let me = app.call(Method::GET, "/v1/whoami", None, READ_DEV).await;
     me.expect(StatusCode::OK);
     assert_eq!(
         me.json(),
         json!({"tokens": true, "role": "read", "name": "dev-dashboard", "scope": ["dev:*"]})
     );
-    let root = as_token(&app, Method::GET, "/v1/whoami", ROOT).await.json();
+    let root = app.call(Method::GET, "/v1/whoami", None, ROOT).await.json();
     assert_eq!(root["role"], "admin");
     assert_eq!(root["scope"], Value::Null);
     app.get("/v1/whoami").await.expect(StatusCode::UNAUTHORIZED);

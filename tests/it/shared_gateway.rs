@@ -41,18 +41,37 @@ fn acquire_body(owner: &str, wait: f64) -> String {
     json!({"owner": owner, "ttl_seconds": 60, "wait_seconds": wait}).to_string()
 }
 
-/// A lease on `id` for `token`.
-async fn lease(api: &Api, id: &str, token: &str) -> String {
+/// A lease on `id` for `owner` as `token`.
+async fn lease_as(api: &Api, id: &str, owner: &str, token: &str) -> String {
     let reply = api
         .call(
             Method::POST,
             &format!("/v1/locks/{id}"),
-            Some(&acquire_body("holder", 0.0)),
+            Some(&acquire_body(owner, 0.0)),
             token,
         )
         .await;
-    reply.expect(StatusCode::CREATED);
-    reply.json()["lease_id"].as_str().unwrap().to_owned()
+    reply.expect(StatusCode::CREATED).json()["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A lease on `id` for `token`.
+async fn lease(api: &Api, id: &str, token: &str) -> String {
+    lease_as(api, id, "holder", token).await
+}
+
+/// Releases `token`'s lease on `id`, which must be current.
+async fn release(api: &Api, id: &str, lease_id: &str, token: &str) {
+    api.call(
+        Method::DELETE,
+        &format!("/v1/locks/{id}/{lease_id}"),
+        None,
+        token,
+    )
+    .await
+    .expect(StatusCode::NO_CONTENT);
 }
 
 /// Team B's acquire of a free id of its own, and its read, while team A
@@ -60,29 +79,12 @@ async fn lease(api: &Api, id: &str, token: &str) -> String {
 async fn team_b_is_served(api: &Api, round: usize) {
     let started = Instant::now();
     let id = format!("b:free-{round}");
-    let acquired = api
-        .call(
-            Method::POST,
-            &format!("/v1/locks/{id}"),
-            Some(&acquire_body("team-b", 0.0)),
-            TEAM_B,
-        )
-        .await;
-    acquired.expect(StatusCode::CREATED);
-    let lease_id = acquired.json()["lease_id"].as_str().unwrap().to_owned();
+    let lease_id = lease_as(api, &id, "team-b", TEAM_B).await;
     let read = api
         .call(Method::GET, "/v1/states?pattern=b:*", None, TEAM_B)
         .await;
     read.expect(StatusCode::OK);
-    let released = api
-        .call(
-            Method::DELETE,
-            &format!("/v1/locks/{id}/{lease_id}"),
-            None,
-            TEAM_B,
-        )
-        .await;
-    released.expect(StatusCode::NO_CONTENT);
+    release(api, &id, &lease_id, TEAM_B).await;
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "team B waited {:?}",
@@ -134,15 +136,7 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
     }
     assert_eq!(refused, 8, "team A holds at most half the 16 waiters");
     assert_eq!(waited, 8);
-    let release = authority
-        .call(
-            Method::DELETE,
-            &format!("/v1/locks/a:held/{held}"),
-            None,
-            TEAM_A,
-        )
-        .await;
-    release.expect(StatusCode::NO_CONTENT);
+    release(authority, "a:held", &held, TEAM_A).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -207,15 +201,7 @@ async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
         // The authority holds each id's claim, so the uploads are forwarded.
         let id = format!("a:slow-{n}");
         let held = lease(authority, &id, TEAM_A).await;
-        let released = authority
-            .call(
-                Method::DELETE,
-                &format!("/v1/locks/{id}/{held}"),
-                None,
-                TEAM_A,
-            )
-            .await;
-        released.expect(StatusCode::NO_CONTENT);
+        release(authority, &id, &held, TEAM_A).await;
     }
     let mut uploads = Vec::new();
     for n in 0..8 {
@@ -452,15 +438,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
         )
         .await;
     put.expect(StatusCode::CREATED);
-    let released = authority
-        .call(
-            Method::DELETE,
-            &format!("/v1/locks/a:done/{done}"),
-            None,
-            TEAM_A,
-        )
-        .await;
-    released.expect(StatusCode::NO_CONTENT);
+    release(authority, "a:done", &done, TEAM_A).await;
 
     let admin = format!("Bearer {ADMIN}");
     let mut headers = vec![("authorization", admin.as_str())];
@@ -491,15 +469,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
         gone.expect(StatusCode::NOT_FOUND);
     }
     // Once the run is done, the same delete takes it.
-    let released = authority
-        .call(
-            Method::DELETE,
-            &format!("/v1/locks/a:running/{lease_id}"),
-            None,
-            TEAM_A,
-        )
-        .await;
-    released.expect(StatusCode::NO_CONTENT);
+    release(authority, "a:running", &lease_id, TEAM_A).await;
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
         .await;

@@ -94,6 +94,14 @@ pub fn encode_id(id: &str) -> String {
         .collect()
 }
 
+fn state_path(id: &str) -> String {
+    format!("/v1/states/{}", encode_id(id))
+}
+
+fn lock_path(id: &str) -> String {
+    format!("/v1/locks/{}", encode_id(id))
+}
+
 /// The path of pool `name`.
 pub fn pool_path(name: &str) -> String {
     format!("/v1/pools/{}", encode_id(name))
@@ -162,47 +170,30 @@ impl Api {
     }
 
     pub async fn get_state(&self, id: &str) -> Reply {
-        self.get(&format!("/v1/states/{}", encode_id(id))).await
+        self.get(&state_path(id)).await
     }
 
     pub async fn put_state(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
+        let body = body.to_string();
+        self.request(Method::PUT, &state_path(id), Some(&body), &[])
+            .await
     }
 
     pub async fn patch_state(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::PATCH,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
+        let body = body.to_string();
+        self.request(Method::PATCH, &state_path(id), Some(&body), &[])
+            .await
     }
 
     pub async fn delete_state(&self, id: &str) -> Reply {
-        self.request(
-            Method::DELETE,
-            &format!("/v1/states/{}", encode_id(id)),
-            None,
-            &[],
-        )
-        .await
+        self.request(Method::DELETE, &state_path(id), None, &[])
+            .await
     }
 
     pub async fn acquire(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::POST,
-            &format!("/v1/locks/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
+        let body = body.to_string();
+        self.request(Method::POST, &lock_path(id), Some(&body), &[])
+            .await
     }
 
     /// Acquires or panics; answers (lease_id, fencing_token).
@@ -221,33 +212,21 @@ impl Api {
     }
 
     pub async fn release(&self, id: &str, lease_id: &str) -> Reply {
-        self.request(
-            Method::DELETE,
-            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
-            None,
-            &[],
-        )
-        .await
+        let path = format!("{}/{lease_id}", lock_path(id));
+        self.request(Method::DELETE, &path, None, &[]).await
     }
 
     pub async fn renew(&self, id: &str, lease_id: &str, ttl: u64) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
-            Some(&json!({ "ttl_seconds": ttl }).to_string()),
-            &[],
-        )
-        .await
+        let body = json!({ "ttl_seconds": ttl }).to_string();
+        let path = format!("{}/{lease_id}", lock_path(id));
+        self.request(Method::PUT, &path, Some(&body), &[]).await
     }
 
     pub async fn put_state_with_lease(&self, id: &str, body: &Value, lease_id: &str) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[("lease-id", lease_id)],
-        )
-        .await
+        let body = body.to_string();
+        let lease = [("lease-id", lease_id)];
+        self.request(Method::PUT, &state_path(id), Some(&body), &lease)
+            .await
     }
 
     /// POST /v1/pools/{name} with `body` (see [`ask`]).

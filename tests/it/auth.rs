@@ -25,21 +25,6 @@ async fn app_with_tokens(protect_metrics: bool) -> TestApp {
     .await
 }
 
-async fn call(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    body: Option<&str>,
-    token: Option<&str>,
-) -> StatusCode {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = bearer
-        .iter()
-        .map(|b| ("authorization", b.as_str()))
-        .collect();
-    app.request(method, path, body, &headers).await.status
-}
-
 #[tokio::test]
 async fn each_role_can_do_its_part_and_no_more() {
     let app = app_with_tokens(false).await;
@@ -63,24 +48,17 @@ async fn each_role_can_do_its_part_and_no_more() {
             .unwrap()
     };
     for (method, path, body, least) in cases {
-        assert_eq!(
-            call(&app, method.clone(), path, body, None).await,
-            StatusCode::UNAUTHORIZED,
-            "{method} {path}"
-        );
-        assert_eq!(
-            call(
-                &app,
-                method.clone(),
-                path,
-                body,
-                Some("not-a-token-at-all-000")
-            )
-            .await,
-            StatusCode::UNAUTHORIZED
-        );
+        app.call(method.clone(), path, body, None)
+            .await
+            .expect_because(StatusCode::UNAUTHORIZED, format!("{method} {path}"));
+        app.call(method.clone(), path, body, Some("not-a-token-at-all-000"))
+            .await
+            .expect(StatusCode::UNAUTHORIZED);
         for token in [READ, WRITE, ADMIN] {
-            let status = call(&app, method.clone(), path, body, Some(token)).await;
+            let status = app
+                .call(method.clone(), path, body, Some(token))
+                .await
+                .status;
             if rank(token) < rank(least) {
                 assert_eq!(
                     status,
@@ -113,12 +91,7 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
         Some("Bearer realm=\"statehouse\"")
     );
     let weak = app
-        .request(
-            Method::PUT,
-            "/v1/states/x",
-            Some("{}"),
-            &[("authorization", &format!("Bearer {READ}"))],
-        )
+        .call(Method::PUT, "/v1/states/x", Some("{}"), READ)
         .await;
     assert_eq!(weak.problem_type(), "forbidden");
     assert!(weak.json()["detail"].as_str().unwrap().contains("write"));
@@ -132,32 +105,20 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
 #[tokio::test]
 async fn health_stays_open_and_metrics_can_be_protected() {
     let open = app_with_tokens(false).await;
-    assert_eq!(
-        call(&open, Method::GET, "/healthz", None, None).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&open, Method::GET, "/readyz", None, None).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&open, Method::GET, "/metrics", None, None).await,
-        StatusCode::OK
-    );
-
     let guarded = app_with_tokens(true).await;
-    assert_eq!(
-        call(&guarded, Method::GET, "/healthz", None, None).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(&guarded, Method::GET, "/metrics", None, None).await,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        call(&guarded, Method::GET, "/metrics", None, Some(READ)).await,
-        StatusCode::OK
-    );
+    let cases = [
+        (&open, "/healthz", None, StatusCode::OK),
+        (&open, "/readyz", None, StatusCode::OK),
+        (&open, "/metrics", None, StatusCode::OK),
+        (&guarded, "/healthz", None, StatusCode::OK),
+        (&guarded, "/metrics", None, StatusCode::UNAUTHORIZED),
+        (&guarded, "/metrics", Some(READ), StatusCode::OK),
+    ];
+    for (app, path, token, status) in cases {
+        app.call(Method::GET, path, None, token)
+            .await
+            .expect(status);
+    }
 }
 
 #[tokio::test]
@@ -165,11 +126,11 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
     let app = app_with_tokens(false).await;
     let auth = format!("Bearer {WRITE}");
     let lease = app
-        .request(
+        .call(
             Method::POST,
             "/v1/locks/job",
             Some(r#"{"owner": "w"}"#),
-            &[("authorization", &auth)],
+            WRITE,
         )
         .await
         .json();
@@ -182,16 +143,15 @@ async fn a_lease_taken_with_a_write_token_works_end_to_end() {
             &[("authorization", &auth), ("lease-id", lease_id)],
         )
         .await;
-    assert_eq!(write.status, StatusCode::CREATED);
-    let release = app
-        .request(
-            Method::DELETE,
-            &format!("/v1/locks/job/{lease_id}"),
-            None,
-            &[("authorization", &auth)],
-        )
-        .await;
-    assert_eq!(release.status, StatusCode::NO_CONTENT);
+    write.expect(StatusCode::CREATED);
+    app.call(
+        Method::DELETE,
+        &format!("/v1/locks/job/{lease_id}"),
+        None,
+        WRITE,
+    )
+    .await
+    .expect(StatusCode::NO_CONTENT);
 }
 
 #[tokio::test]
@@ -225,7 +185,7 @@ async fn the_bearer_scheme_is_case_insensitive_and_blanks_may_precede_the_token(
                 &[("authorization", &value)],
             )
             .await;
-        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{value:?}");
+        reply.expect_because(StatusCode::UNAUTHORIZED, format!("{value:?}"));
     }
 }
 
@@ -249,7 +209,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
                 &[("authorization", pair[0]), ("authorization", pair[1])],
             )
             .await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{pair:?}");
+        reply.expect_because(StatusCode::BAD_REQUEST, format!("{pair:?}"));
         assert_eq!(reply.problem_type(), "invalid-header");
     }
     assert_eq!(app.table_snapshot().await, Vec::new());
@@ -262,7 +222,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
             &[("authorization", &read), ("authorization", &read)],
         )
         .await;
-    assert_eq!(locks.status, StatusCode::BAD_REQUEST);
+    locks.expect(StatusCode::BAD_REQUEST);
     assert_eq!(locks.problem_type(), "invalid-header");
     // Open endpoints take no token, so they do not look at it.
     let health = app
@@ -273,7 +233,7 @@ async fn two_authorization_headers_are_refused_and_write_nothing() {
             &[("authorization", &write), ("authorization", &read)],
         )
         .await;
-    assert_eq!(health.status, StatusCode::OK);
+    health.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -292,22 +252,14 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     })
     .await;
     let doc = Some(r#"{"completed": {"v": 1}}"#);
-    assert_eq!(
-        call(&app, Method::PUT, "/v1/states/named", doc, Some(NAMED)).await,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        call(&app, Method::PUT, "/v1/states/named", doc, Some(WRITE)).await,
-        StatusCode::OK
-    );
-    let bearer = format!("Bearer {READ}");
+    app.call(Method::PUT, "/v1/states/named", doc, Some(NAMED))
+        .await
+        .expect(StatusCode::CREATED);
+    app.call(Method::PUT, "/v1/states/named", doc, Some(WRITE))
+        .await
+        .expect(StatusCode::OK);
     let listing = app
-        .request(
-            Method::GET,
-            "/v1/states/named/history",
-            None,
-            &[("authorization", &bearer)],
-        )
+        .call(Method::GET, "/v1/states/named/history", None, READ)
         .await
         .json();
     let versions = listing["versions"].as_array().unwrap();
@@ -319,26 +271,20 @@ async fn history_names_each_change_by_its_token_and_a_read_token_cannot_roll_bac
     );
     assert!(!unnamed.contains(WRITE), "never the token itself");
     let body = serde_json::json!({"version": versions[1]["version"]}).to_string();
-    assert_eq!(
-        call(
-            &app,
-            Method::POST,
-            "/v1/states/named/rollback",
-            Some(&body),
-            Some(READ)
-        )
-        .await,
-        StatusCode::FORBIDDEN
-    );
-    assert_eq!(
-        call(
-            &app,
-            Method::POST,
-            "/v1/states/named/rollback",
-            Some(&body),
-            Some(NAMED)
-        )
-        .await,
-        StatusCode::OK
-    );
+    app.call(
+        Method::POST,
+        "/v1/states/named/rollback",
+        Some(&body),
+        Some(READ),
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    app.call(
+        Method::POST,
+        "/v1/states/named/rollback",
+        Some(&body),
+        Some(NAMED),
+    )
+    .await
+    .expect(StatusCode::OK);
 }

@@ -54,11 +54,11 @@ async fn by_default_a_regression_is_written_and_named_in_a_header_and_the_metric
     put(&app, "job", &state("2024-05-01T10:00:00Z", 10), None).await;
     let before = regressions_counted(&app).await;
     let forward = put(&app, "job", &state("2024-05-01T12:00:00+01:00", 11), None).await;
-    assert_eq!(forward.status, StatusCode::OK);
+    forward.expect(StatusCode::OK);
     assert_eq!(forward.header("statehouse-bookmark-regression"), None);
 
     let back = put(&app, "job", &state("2024-05-01T10:30:00+02:00", 9), None).await;
-    assert_eq!(back.status, StatusCode::OK, "{}", back.text);
+    back.expect(StatusCode::OK);
     assert_eq!(
         back.header("statehouse-bookmark-regression"),
         Some("orders, users")
@@ -72,7 +72,7 @@ async fn reject_refuses_a_regression_naming_each_stream_and_writes_nothing() {
     let app = reject_app().await;
     put(&app, "job", &state("2024-05-02", 10), None).await;
     let back = put(&app, "job", &state("2024-05-01", 10), None).await;
-    assert_eq!(back.status, StatusCode::CONFLICT);
+    back.expect(StatusCode::CONFLICT);
     assert_eq!(back.problem_type(), "bookmark-regression");
     let found = back.json()["regressions"].clone();
     assert_eq!(
@@ -98,9 +98,9 @@ async fn the_allow_header_lets_named_streams_or_all_of_them_through() {
     let other = put(&app, "job", &state("2024-05-01", 10), Some("users")).await;
     assert_eq!(other.problem_type(), "bookmark-regression");
     let named = put(&app, "job", &state("2024-05-01", 10), Some("orders")).await;
-    assert_eq!(named.status, StatusCode::OK, "{}", named.text);
+    named.expect(StatusCode::OK);
     let all = put(&app, "job", &state("2024-04-01", 1), Some("*")).await;
-    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    all.expect(StatusCode::OK);
     assert_eq!(
         all.header("statehouse-bookmark-regression"),
         Some("orders, users")
@@ -113,7 +113,7 @@ async fn off_compares_nothing() {
     let app = spawn_app_with(|config| config.bookmark_regression = RegressionMode::Off).await;
     put(&app, "job", &state("2024-05-02", 10), None).await;
     let back = put(&app, "job", &state("2024-05-01", 9), None).await;
-    assert_eq!(back.status, StatusCode::OK);
+    back.expect(StatusCode::OK);
     assert_eq!(back.header("statehouse-bookmark-regression"), None);
 }
 
@@ -127,7 +127,7 @@ async fn a_changed_key_or_a_new_stream_is_not_a_regression() {
         "items": {"replication_key": "id", "replication_key_value": 1}
     }}}});
     let reply = put(&app, "job", &rekeyed, None).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -174,7 +174,7 @@ async fn a_bulk_import_is_refused_whole_naming_the_entry_unless_allowed() {
     let refused = app
         .request(Method::POST, "/v1/states", Some(&batch), &[])
         .await;
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "bookmark-regression");
     assert!(
         refused.json()["detail"]
@@ -182,11 +182,9 @@ async fn a_bulk_import_is_refused_whole_naming_the_entry_unless_allowed() {
             .unwrap()
             .contains("entry 1")
     );
-    assert_eq!(
-        app.get_state("a").await.status,
-        StatusCode::NOT_FOUND,
-        "nothing written"
-    );
+    app.get_state("a")
+        .await
+        .expect_because(StatusCode::NOT_FOUND, "nothing written");
     let allowed = app
         .request(
             Method::POST,
@@ -195,7 +193,7 @@ async fn a_bulk_import_is_refused_whole_naming_the_entry_unless_allowed() {
             &[("statehouse-allow-regression", "orders")],
         )
         .await;
-    assert_eq!(allowed.status, StatusCode::OK, "{}", allowed.text);
+    allowed.expect(StatusCode::OK);
     assert_eq!(orders(&app, "b").await, "2024-05-01");
 }
 

@@ -26,7 +26,7 @@ async fn each_stream_of_the_effective_state_is_a_row() {
     app.put_state("other", &json!({})).await;
 
     let reply = app.get("/v1/bookmarks?pattern=dev:*").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     let body = reply.json();
     let rows = body["bookmarks"].as_array().unwrap();
     let row = |id: &str, stream: Value| {
@@ -77,7 +77,7 @@ async fn each_stream_of_the_effective_state_is_a_row() {
     let foreign = app
         .get(&format!("/v1/bookmarks?pattern=other&cursor={cursor}"))
         .await;
-    assert_eq!(foreign.status, StatusCode::BAD_REQUEST);
+    foreign.expect(StatusCode::BAD_REQUEST);
 }
 
 fn shop(orders: &str, customers: u64) -> Value {

@@ -45,7 +45,7 @@ async fn a_batch_is_written_whole_with_a_version_each_and_exports_back_exactly()
         })
         .collect();
     let reply = import(&app, &batch, &[]).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     assert_eq!(reply.json(), json!({"written": 250, "created": 249}));
 
     let exported = export(&app, "bulk:*", 100).await;
@@ -75,7 +75,7 @@ async fn a_batch_is_written_whole_with_a_version_each_and_exports_back_exactly()
     let reply = app
         .request(Method::POST, "/v1/states", Some(exact), &[])
         .await;
-    assert_eq!(reply.status, StatusCode::OK);
+    reply.expect(StatusCode::OK);
     let raw = app
         .client
         .get(format!(
@@ -142,11 +142,9 @@ async fn one_bad_entry_refuses_the_batch_naming_it_and_nothing_is_written() {
         assert_eq!(reply.problem_type(), kind, "{bad}");
         let detail = reply.json()["detail"].as_str().unwrap().to_owned();
         assert!(detail.contains(named), "{bad}: {detail}");
-        assert_eq!(
-            app.get_state("fine").await.status,
-            StatusCode::NOT_FOUND,
-            "nothing written"
-        );
+        app.get_state("fine")
+            .await
+            .expect_because(StatusCode::NOT_FOUND, "nothing written");
     }
     for body in [
         "{}",
@@ -157,24 +155,19 @@ async fn one_bad_entry_refuses_the_batch_naming_it_and_nothing_is_written() {
         let reply = app
             .request(Method::POST, "/v1/states", Some(body), &[])
             .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{body}: {}",
-            reply.text
-        );
+        reply.expect_because(StatusCode::BAD_REQUEST, body);
     }
     // With the holder's lease, the locked state is written too.
     let with_lease =
         json!([good, {"state_id": "locked", "completed": {"v": 1}, "lease_id": lease}]);
-    assert_eq!(import(&app, &with_lease, &[]).await.status, StatusCode::OK);
+    import(&app, &with_lease, &[]).await.expect(StatusCode::OK);
     let history = app.get("/v1/states/locked/history").await.json();
     assert_eq!(history["versions"][0]["lease_owner"], "worker");
     assert_eq!(
         import(&app, &json!([]), &[]).await.json(),
         json!({"written": 0, "created": 0})
     );
-    assert_eq!(app.get("/healthz").await.status, StatusCode::OK);
+    app.get("/healthz").await.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -197,7 +190,7 @@ async fn resetting_a_stream_removes_its_bookmark_from_both_halves_and_nothing_el
             &[],
         )
         .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     let state = app.get_state(id).await.json();
     assert_eq!(
         state["completed"],
@@ -224,7 +217,7 @@ async fn resetting_a_stream_removes_its_bookmark_from_both_halves_and_nothing_el
             &[],
         )
         .await;
-    assert_eq!(again.status, StatusCode::NOT_FOUND);
+    again.expect(StatusCode::NOT_FOUND);
     assert_eq!(again.problem_type(), "bookmark-not-found");
     let missing = app
         .request(
@@ -249,11 +242,11 @@ async fn resetting_a_stream_removes_its_bookmark_from_both_halves_and_nothing_el
             &[("lease-id", &lease), ("if-match", "\"0\"")],
         )
         .await;
-    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    stale.expect(StatusCode::PRECONDITION_FAILED);
     let done = app
         .request(Method::DELETE, &path, None, &[("lease-id", &lease)])
         .await;
-    assert_eq!(done.status, StatusCode::OK);
+    done.expect(StatusCode::OK);
     assert_eq!(
         app.get_state(id).await.json()["completed"]["singer_state"]["bookmarks"],
         json!({})

@@ -28,33 +28,26 @@ async fn ready_within(app: &TestApp, limit: Duration) -> StatusCode {
 async fn clickhouse_down_gives_503_and_the_gateway_recovers_by_itself() {
     let (app, proxy) = app_behind_proxy(Duration::from_secs(5)).await;
     let kept = app.put_state("kept", &json!({"completed": {"v": 1}})).await;
-    assert_eq!(kept.status, StatusCode::CREATED);
+    kept.expect(StatusCode::CREATED);
 
     proxy.set_down(true);
     let read = app.get_state("kept").await;
-    assert_eq!(
-        read.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        read.text
-    );
+    read.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(read.problem_type(), "clickhouse-unavailable");
     let write = app.put_state("lost", &json!({"completed": {"v": 2}})).await;
-    assert_eq!(write.status, StatusCode::SERVICE_UNAVAILABLE);
+    write.expect(StatusCode::SERVICE_UNAVAILABLE);
     let listing = app.get("/v1/states").await;
-    assert_eq!(listing.status, StatusCode::SERVICE_UNAVAILABLE);
+    listing.expect(StatusCode::SERVICE_UNAVAILABLE);
     let ready = app.get("/readyz").await;
-    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    ready.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         ready.json()["components"]["clickhouse"],
         json!({"status": "unavailable", "problem": "urn:statehouse:problem:clickhouse-unavailable"}),
         "names the problem, not ClickHouse's text"
     );
-    assert_eq!(
-        app.get("/healthz").await.status,
-        StatusCode::OK,
-        "liveness does not depend on ClickHouse"
-    );
+    app.get("/healthz")
+        .await
+        .expect_because(StatusCode::OK, "liveness does not depend on ClickHouse");
 
     proxy.set_down(false);
     // A probe may be answered from the check of up to a second ago.
@@ -67,11 +60,9 @@ async fn clickhouse_down_gives_503_and_the_gateway_recovers_by_itself() {
         1,
         "acknowledged write survived"
     );
-    assert_eq!(
-        app.get_state("lost").await.status,
-        StatusCode::NOT_FOUND,
-        "the refused write did not happen"
-    );
+    app.get_state("lost")
+        .await
+        .expect_because(StatusCode::NOT_FOUND, "the refused write did not happen");
 }
 
 #[tokio::test]
@@ -83,7 +74,7 @@ async fn a_stalled_clickhouse_gives_503_at_the_query_timeout() {
     let reply = tokio::time::timeout(Duration::from_secs(20), app.get_state("slow"))
         .await
         .expect("the gateway answers instead of hanging");
-    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    reply.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.problem_type(), "clickhouse-unavailable");
     assert!(
         reply.json()["detail"]
@@ -92,9 +83,9 @@ async fn a_stalled_clickhouse_gives_503_at_the_query_timeout() {
             .contains("did not answer")
     );
     let ready = app.get("/readyz").await;
-    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    ready.expect(StatusCode::SERVICE_UNAVAILABLE);
     proxy.set_delay(Duration::ZERO);
-    assert_eq!(app.get_state("slow").await.status, StatusCode::OK);
+    app.get_state("slow").await.expect(StatusCode::OK);
 }
 
 /// One writer's record: the last value acknowledged with a 2xx and the last
@@ -135,12 +126,7 @@ async fn an_outage_under_traffic_loses_no_acknowledged_write_and_locks_stay_trut
                     if reply.status.is_success() {
                         log.acknowledged = n;
                     } else {
-                        assert_eq!(
-                            reply.status,
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "{}",
-                            reply.text
-                        );
+                        reply.expect(StatusCode::SERVICE_UNAVAILABLE);
                         assert_eq!(reply.problem_type(), "clickhouse-unavailable");
                         log.refused += 1;
                     }
@@ -163,25 +149,21 @@ async fn an_outage_under_traffic_loses_no_acknowledged_write_and_locks_stay_trut
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     proxy.set_down(true);
-    assert_eq!(
-        app.get("/readyz").await.status,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-    assert_eq!(
-        app.release("released", &released).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.get("/readyz")
+        .await
+        .expect(StatusCode::SERVICE_UNAVAILABLE);
+    app.release("released", &released)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     proxy.set_down(false);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.store(true, Ordering::SeqCst);
     reader.await.unwrap();
 
-    assert_eq!(
-        app.get("/readyz").await.status,
-        StatusCode::OK,
-        "recovered by itself"
-    );
+    app.get("/readyz")
+        .await
+        .expect_because(StatusCode::OK, "recovered by itself");
     let mut refused = 0;
     for writer in writers {
         let log = writer.await.unwrap();
@@ -201,17 +183,16 @@ async fn an_outage_under_traffic_loses_no_acknowledged_write_and_locks_stay_trut
 
     // The lease held through the outage is still held, and still works.
     let view = app.get("/v1/locks/held").await;
-    assert_eq!(view.status, StatusCode::OK);
+    view.expect(StatusCode::OK);
     assert_eq!(view.json()["owner"], "through-the-outage");
     let write = app
         .put_state_with_lease("held", &json!({"completed": {"ok": true}}), &held)
         .await;
     assert!(write.status.is_success(), "{}", write.text);
     // The one released during the outage is not reported once ClickHouse is back.
-    assert_eq!(
-        app.get("/v1/locks/released").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.get("/v1/locks/released")
+        .await
+        .expect(StatusCode::NOT_FOUND);
     for _ in 0..100 {
         let listed = app.get("/v1/locks").await.json();
         let ids: Vec<&str> = listed["locks"]

@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{Api, Reply, spawn_app, spawn_app_with};
+use crate::helpers::{spawn_app, spawn_app_with};
 
 fn bookmarked(orders: Value, customers: Value) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -17,12 +17,6 @@ fn bookmarked(orders: Value, customers: Value) -> Value {
     }}}})
 }
 
-async fn as_token(api: &Api, method: Method, path: &str, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    api.request(method, path, None, &[("authorization", &bearer)])
-        .await
-}
-
 #[tokio::test]
 async fn history_with_bookmarks_shows_each_versions_values_as_stored() {
     let app = spawn_app().await;
@@ -30,13 +24,12 @@ async fn history_with_bookmarks_shows_each_versions_values_as_stored() {
     assert!(app.put_state("shop", &first).await.status.is_success());
     let second = bookmarked(json!("2026-10-31T00:00:00Z"), json!(41.5));
     assert!(app.put_state("shop", &second).await.status.is_success());
-    assert_eq!(
-        app.delete_state("shop").await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.delete_state("shop")
+        .await
+        .expect(StatusCode::NO_CONTENT);
 
     let listing = app.get("/v1/states/shop/history?bookmarks=true").await;
-    assert_eq!(listing.status, StatusCode::OK, "{}", listing.text);
+    listing.expect(StatusCode::OK);
     let versions = listing.json()["versions"].as_array().unwrap().clone();
     assert_eq!(versions.len(), 3);
     assert_eq!(versions[0]["bookmarks"], json!({}), "a tombstone has none");
@@ -50,7 +43,7 @@ async fn history_with_bookmarks_shows_each_versions_values_as_stored() {
     let plain = app.get("/v1/states/shop/history").await.json();
     assert!(plain["versions"][1].get("bookmarks").is_none());
     let bad = app.get("/v1/states/shop/history?bookmarks=yes").await;
-    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    bad.expect(StatusCode::BAD_REQUEST);
     assert_eq!(bad.problem_type(), "invalid-query");
 }
 
@@ -68,7 +61,7 @@ async fn regressions_list_the_versions_that_went_backwards_newest_first() {
         }
     }
     let all = app.get("/v1/regressions").await;
-    assert_eq!(all.status, StatusCode::OK, "{}", all.text);
+    all.expect(StatusCode::OK);
     let rows = all.json()["regressions"].as_array().unwrap().clone();
     let ids: Vec<&str> = rows
         .iter()
@@ -84,7 +77,7 @@ async fn regressions_list_the_versions_that_went_backwards_newest_first() {
     let one = app.get("/v1/regressions?limit=1").await.json();
     assert_eq!(one["regressions"][0]["state_id"], "prod:c");
     let bad = app.get("/v1/regressions?limit=0").await;
-    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    bad.expect(StatusCode::BAD_REQUEST);
 }
 
 const ROOT: &str = "dashboard-root-token-0123456789";
@@ -117,7 +110,9 @@ async fn regressions_and_whoami_answer_for_the_token() {
             assert!(put.status.is_success(), "{}", put.text);
         }
     }
-    let scoped = as_token(&app, Method::GET, "/v1/regressions", READ_DEV).await;
+    let scoped = app
+        .call(Method::GET, "/v1/regressions", None, READ_DEV)
+        .await;
     let ids: Vec<Value> = scoped.json()["regressions"]
         .as_array()
         .unwrap()
@@ -126,16 +121,16 @@ async fn regressions_and_whoami_answer_for_the_token() {
         .collect();
     assert_eq!(ids, [json!("dev:a")], "only ids in the token's scope");
 
-    let me = as_token(&app, Method::GET, "/v1/whoami", READ_DEV).await;
-    assert_eq!(me.status, StatusCode::OK, "{}", me.text);
+    let me = app.call(Method::GET, "/v1/whoami", None, READ_DEV).await;
+    me.expect(StatusCode::OK);
     assert_eq!(
         me.json(),
         json!({"tokens": true, "role": "read", "name": "dev-dashboard", "scope": ["dev:*"]})
     );
-    let root = as_token(&app, Method::GET, "/v1/whoami", ROOT).await.json();
+    let root = app.call(Method::GET, "/v1/whoami", None, ROOT).await.json();
     assert_eq!(root["role"], "admin");
     assert_eq!(root["scope"], Value::Null);
-    assert_eq!(app.get("/v1/whoami").await.status, StatusCode::UNAUTHORIZED);
+    app.get("/v1/whoami").await.expect(StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
@@ -147,6 +142,6 @@ async fn without_tokens_everyone_is_an_admin_and_without_history_there_are_no_re
         json!({"tokens": false, "role": "admin", "name": null, "scope": null})
     );
     let off = app.get("/v1/regressions").await;
-    assert_eq!(off.status, StatusCode::NOT_FOUND, "{}", off.text);
+    off.expect(StatusCode::NOT_FOUND);
     assert_eq!(off.problem_type(), "history-off");
 }

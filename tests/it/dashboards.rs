@@ -25,7 +25,7 @@ fn references(html: &str) -> Vec<String> {
 async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy() {
     let app = spawn_app().await;
     let page = app.get("/").await;
-    assert_eq!(page.status, StatusCode::OK);
+    page.expect(StatusCode::OK);
     assert_eq!(
         page.header("content-type"),
         Some("text/html; charset=utf-8")
@@ -63,7 +63,7 @@ async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy
             "from this origin: {reference}"
         );
         let file = app.get(&reference).await;
-        assert_eq!(file.status, StatusCode::OK, "{reference}");
+        file.expect_because(StatusCode::OK, &reference);
         let kind = file.header("content-type").unwrap();
         assert!(
             kind.starts_with("text/javascript") || kind.starts_with("text/css"),
@@ -81,7 +81,7 @@ async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy
         "pools.js",
     ] {
         let file = app.get(&format!("/assets/{module}")).await;
-        assert_eq!(file.status, StatusCode::OK, "{module}");
+        file.expect_because(StatusCode::OK, module);
         assert!(!file.text.contains("http://") && !file.text.contains("https://"));
         code.push_str(&file.text);
     }
@@ -99,7 +99,7 @@ async fn the_page_and_its_files_are_served_from_the_binary_under_a_strict_policy
         assert!(code.contains(path), "the page uses {path}");
     }
     let missing = app.get("/assets/nothing.js").await;
-    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    missing.expect(StatusCode::NOT_FOUND);
     assert_eq!(missing.problem_type(), "not-found");
 }
 

@@ -46,7 +46,7 @@ async fn the_quickstart_uri_creates_its_missing_database_and_serves() {
             &json!({"completed": {"n": 1}}),
         )
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     let tables = raw_sql_at(
         &admin,
         "SELECT name FROM system.tables WHERE database = 'meltano' ORDER BY name",
@@ -67,11 +67,11 @@ async fn a_new_database_named_in_the_environment_is_created_and_serves() {
 
     let gateway = spawn_gateway_process(&url, &["--schema", &schema]).await;
     let api = gateway.api();
-    assert_eq!(api.get("/readyz").await.status, StatusCode::OK);
+    api.get("/readyz").await.expect(StatusCode::OK);
     let put = api
         .put_state("fresh", &json!({"completed": {"n": 1}}))
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     assert_eq!(api.get_state("fresh").await.json()["completed"]["n"], 1);
     let present = databases(&main).await;
     assert!(
@@ -130,8 +130,8 @@ async fn a_user_without_create_grants_starts_on_databases_an_administrator_made(
 
     let reader = spawn_gateway_process(&readonly_clickhouse_url(), &["--schema", &schema]).await;
     let api = reader.api();
-    assert_eq!(api.get("/readyz").await.status, StatusCode::OK);
-    assert_eq!(api.get_state("none").await.status, StatusCode::NOT_FOUND);
+    api.get("/readyz").await.expect(StatusCode::OK);
+    api.get_state("none").await.expect(StatusCode::NOT_FOUND);
 }
 
 const WEB_SERVER_404: &[u8] = b"HTTP/1.1 404 Not Found\r\nServer: nginx\r\nContent-Type: text/html\r\nContent-Length: 73\r\nConnection: close\r\n\r\n<html><head><title>404 Not Found</title></head><body>nothing</body></html>";

@@ -10,8 +10,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::balancer::Balancer;
+use crate::checker::{self, Work, final_counter};
 use crate::helpers::{Api, GatewayProcess, clickhouse_url, spawn_peer_process, unique_schema};
-use crate::lock_concurrency::{Log, check, final_counter, worker};
 
 /// Claim timings short enough that a dead gateway's claims lapse within the
 /// test; the mechanism is the one production runs.
@@ -52,7 +52,7 @@ impl Cluster {
     /// Kills -9 the gateway that is the authority for `id` while `id` is locked.
     async fn kill_authority_of(&mut self, id: &str) {
         let lock = self.api().get(&format!("/v1/locks/{id}")).await;
-        assert_eq!(lock.status, StatusCode::OK, "{}", lock.text);
+        lock.expect(StatusCode::OK);
         let authority = lock.json()["gateway_id"].as_str().unwrap().to_owned();
         let index = self
             .gateways
@@ -124,23 +124,7 @@ async fn lease_after_takeover(api: &Api, id: &str, owner: &str) -> (String, u64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twelve_workers_cycle_through_a_round_robin_balancer() {
     let cluster = Cluster::start(unique_schema(), 3, PRODUCTION_CLAIM_TTL_SECONDS).await;
-    let log: Log = Arc::default();
-    let workers: Vec<_> = (0..12)
-        .map(|w| {
-            tokio::spawn(worker(
-                cluster.api(),
-                "balanced",
-                format!("worker-{w}"),
-                10,
-                log.clone(),
-            ))
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap();
-    }
-    assert_eq!(final_counter(&cluster.api(), "balanced").await, 120);
-    check(&log, 120);
+    checker::run(|_| cluster.api(), "balanced", 12, 10, Work::Counter).await;
 }
 
 #[tokio::test]
@@ -150,17 +134,16 @@ async fn a_lock_taken_through_the_balancer_shows_on_every_gateway_and_its_releas
     let (lease, token) = api.lease("seen", "worker", 60, 0.0).await;
     for (_, gateway) in &cluster.gateways {
         let seen = gateway.api().get("/v1/locks/seen").await;
-        assert_eq!(seen.status, StatusCode::OK, "{}", seen.text);
+        seen.expect(StatusCode::OK);
         assert_eq!(seen.json()["owner"], "worker");
         assert_eq!(seen.json()["fencing_token"], token);
     }
-    assert_eq!(
-        api.release("seen", &lease).await.status,
-        StatusCode::NO_CONTENT
-    );
+    api.release("seen", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     for (_, gateway) in &cluster.gateways {
         let gone = gateway.api().get("/v1/locks/seen").await;
-        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+        gone.expect(StatusCode::NOT_FOUND);
     }
     // Free at once: the next acquire does not wait at all.
     let (_, next_token) = api.lease("seen", "next", 60, 0.0).await;

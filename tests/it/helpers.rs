@@ -1,16 +1,17 @@
-//! Shared test plumbing: a gateway per test on its own ClickHouse database,
-//! raw SQL against the local ClickHouse, and an HTTP client that checks every
-//! response against openapi.yaml.
+//! Shared test plumbing: a gateway per test on its own ClickHouse database
+//! (or two peers on one), raw SQL against the local ClickHouse, and the
+//! HTTP client of api.rs that checks every response against openapi.yaml.
 
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::Value;
 use statehouse::App;
 use statehouse::config::{ClickHouseTarget, Config, parse_clickhouse_url};
 use tokio::sync::oneshot;
 
-use crate::contract;
+// The client lives in api.rs; most tests take it from here with the rest.
+pub use crate::api::{Api, Reply, ask, encode_id, pool_path};
 
 /// The ClickHouse the tests use; `scripts/test` starts the local one and sets this.
 pub fn clickhouse_url() -> String {
@@ -79,11 +80,23 @@ pub fn peer_config(schema: &str) -> Config {
     config
 }
 
-/// An HTTP client for one gateway; every answer is checked against openapi.yaml.
-#[derive(Clone)]
-pub struct Api {
-    pub base: String,
-    pub client: reqwest::Client,
+/// Two gateways in this process on one database that forward to each other.
+pub async fn two_peers() -> (TestApp, TestApp) {
+    two_peers_with(|_, _| {}).await
+}
+
+/// As [`two_peers`]; `adjust` gets each one's configuration before it
+/// starts, with its index (0 for the first, 1 for the second).
+pub async fn two_peers_with(adjust: impl Fn(usize, &mut Config)) -> (TestApp, TestApp) {
+    let schema = unique_schema();
+    // Each one's port is picked just before it starts, so the two never pick the same.
+    let start = |index| {
+        let mut config = peer_config(&schema);
+        adjust(index, &mut config);
+        spawn_configured(config)
+    };
+    let first = start(0).await;
+    (first, start(1).await)
 }
 
 /// A gateway running in this process on its own database.
@@ -107,45 +120,6 @@ impl Drop for TestApp {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-    }
-}
-
-/// A response, already checked against the OpenAPI contract.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub headers: reqwest::header::HeaderMap,
-    pub text: String,
-}
-
-impl Reply {
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    pub fn problem_type(&self) -> String {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json"),
-            "{}",
-            self.text
-        );
-        let body = self.json();
-        assert_eq!(
-            body["status"],
-            self.status.as_u16(),
-            "problem status mirrors HTTP status"
-        );
-        assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()));
-        body["type"]
-            .as_str()
-            .and_then(|t| t.strip_prefix("urn:statehouse:problem:"))
-            .expect("problem type")
-            .to_owned()
     }
 }
 
@@ -179,149 +153,6 @@ pub async fn spawn_configured(config: Config) -> TestApp {
         schema: config.schema.as_str().to_owned(),
         stop: Some(stop),
         served: Some(served),
-    }
-}
-
-/// Percent-encodes a state id for a path segment.
-pub fn encode_id(id: &str) -> String {
-    id.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-impl Api {
-    pub fn new(base: String) -> Self {
-        Self {
-            base,
-            client: reqwest::Client::new(),
-        }
-    }
-
-    pub async fn request(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&str>,
-        headers: &[(&str, &str)],
-    ) -> Reply {
-        let mut request = self
-            .client
-            .request(method.clone(), format!("{}{}", self.base, path));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body.to_owned());
-        }
-        let response = request.send().await.expect("gateway answers");
-        let reply = Reply {
-            status: response.status(),
-            headers: response.headers().clone(),
-            text: response.text().await.unwrap(),
-        };
-        contract::assert_conforms(&method, path, &reply);
-        reply
-    }
-
-    pub async fn get(&self, path: &str) -> Reply {
-        self.request(Method::GET, path, None, &[]).await
-    }
-
-    pub async fn get_state(&self, id: &str) -> Reply {
-        self.get(&format!("/v1/states/{}", encode_id(id))).await
-    }
-
-    pub async fn put_state(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
-    }
-
-    pub async fn patch_state(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::PATCH,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
-    }
-
-    pub async fn delete_state(&self, id: &str) -> Reply {
-        self.request(
-            Method::DELETE,
-            &format!("/v1/states/{}", encode_id(id)),
-            None,
-            &[],
-        )
-        .await
-    }
-
-    pub async fn acquire(&self, id: &str, body: &Value) -> Reply {
-        self.request(
-            Method::POST,
-            &format!("/v1/locks/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[],
-        )
-        .await
-    }
-
-    /// Acquires or panics; answers (lease_id, fencing_token).
-    pub async fn lease(&self, id: &str, owner: &str, ttl: u64, wait: f64) -> (String, u64) {
-        let reply = self
-            .acquire(
-                id,
-                &serde_json::json!({"owner": owner, "ttl_seconds": ttl, "wait_seconds": wait}),
-            )
-            .await;
-        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
-        let body = reply.json();
-        (
-            body["lease_id"].as_str().unwrap().to_owned(),
-            body["fencing_token"].as_u64().unwrap(),
-        )
-    }
-
-    pub async fn release(&self, id: &str, lease_id: &str) -> Reply {
-        self.request(
-            Method::DELETE,
-            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
-            None,
-            &[],
-        )
-        .await
-    }
-
-    pub async fn renew(&self, id: &str, lease_id: &str, ttl: u64) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/locks/{}/{lease_id}", encode_id(id)),
-            Some(&serde_json::json!({ "ttl_seconds": ttl }).to_string()),
-            &[],
-        )
-        .await
-    }
-
-    pub async fn put_state_with_lease(&self, id: &str, body: &Value, lease_id: &str) -> Reply {
-        self.request(
-            Method::PUT,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&body.to_string()),
-            &[("lease-id", lease_id)],
-        )
-        .await
     }
 }
 
@@ -394,7 +225,7 @@ impl GatewayProcess {
     pub async fn terminate(mut self) {
         // Once it answers it serves, and SIGTERM reaches its handler: right
         // after its ready line, the signal's default would still kill it.
-        assert_eq!(self.api().get("/readyz").await.status, StatusCode::OK);
+        self.api().get("/readyz").await.expect(StatusCode::OK);
         let pid = self.child.id().expect("running");
         let status = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])

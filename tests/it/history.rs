@@ -16,7 +16,7 @@ async fn history(api: &Api, id: &str) -> Vec<Value> {
     let reply = api
         .get(&format!("/v1/states/{}/history", encode_id(id)))
         .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     reply.json()["versions"].as_array().unwrap().clone()
 }
 
@@ -53,17 +53,17 @@ async fn every_change_records_a_version_newest_first_with_what_it_changed() {
             &headers,
         )
         .await;
-    assert_eq!(put.status, StatusCode::CREATED);
+    put.expect(StatusCode::CREATED);
     let patched = app
         .patch_state(
             id,
             &json!({"partial": {"singer_state": {"bookmarks": {"pulls": {"since": "2"}}}}}),
         )
         .await;
-    assert_eq!(patched.status, StatusCode::OK);
-    assert_eq!(app.delete_state(id).await.status, StatusCode::NO_CONTENT);
+    patched.expect(StatusCode::OK);
+    app.delete_state(id).await.expect(StatusCode::NO_CONTENT);
     // Deleting what is gone changes nothing and records nothing.
-    assert_eq!(app.delete_state(id).await.status, StatusCode::NO_CONTENT);
+    app.delete_state(id).await.expect(StatusCode::NO_CONTENT);
 
     let versions = history(&app, id).await;
     let operations: Vec<&str> = versions
@@ -107,7 +107,7 @@ async fn every_change_records_a_version_newest_first_with_what_it_changed() {
             first["version"].as_str().unwrap()
         ))
         .await;
-    assert_eq!(one.status, StatusCode::OK, "{}", one.text);
+    one.expect(StatusCode::OK);
     assert_eq!(
         one.json()["completed"]["singer_state"]["bookmarks"]["pulls"]["since"],
         "1"
@@ -135,7 +135,7 @@ async fn a_rollback_writes_an_old_document_anew_and_restores_a_deleted_state() {
     let good_version = versions[1]["version"].clone();
 
     let rolled = rollback(&app, id, &good_version, &[]).await;
-    assert_eq!(rolled.status, StatusCode::OK, "{}", rolled.text);
+    rolled.expect(StatusCode::OK);
     assert_eq!(
         app.get_state(id).await.json()["completed"],
         good["completed"]
@@ -148,9 +148,9 @@ async fn a_rollback_writes_an_old_document_anew_and_restores_a_deleted_state() {
 
     // History survives a delete, and a rollback brings the state back.
     app.delete_state(id).await;
-    assert_eq!(app.get_state(id).await.status, StatusCode::NOT_FOUND);
+    app.get_state(id).await.expect(StatusCode::NOT_FOUND);
     let restored = rollback(&app, id, &good_version, &[]).await;
-    assert_eq!(restored.status, StatusCode::CREATED, "{}", restored.text);
+    restored.expect(StatusCode::CREATED);
     assert_eq!(
         app.get_state(id).await.json()["completed"],
         good["completed"]
@@ -160,8 +160,8 @@ async fn a_rollback_writes_an_old_document_anew_and_restores_a_deleted_state() {
     let tombstone = history(&app, id).await[1].clone();
     assert_eq!(tombstone["deleted"], true);
     let deleted = rollback(&app, id, &tombstone["version"], &[]).await;
-    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
-    assert_eq!(app.get_state(id).await.status, StatusCode::NOT_FOUND);
+    deleted.expect(StatusCode::NO_CONTENT);
+    app.get_state(id).await.expect(StatusCode::NOT_FOUND);
     let newest = &history(&app, id).await[0];
     assert_eq!(
         (newest["operation"].as_str(), newest["deleted"].as_bool()),
@@ -169,7 +169,7 @@ async fn a_rollback_writes_an_old_document_anew_and_restores_a_deleted_state() {
     );
 
     let missing = rollback(&app, id, &json!("2001-01-01T00:00:00.000Z"), &[]).await;
-    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    missing.expect(StatusCode::NOT_FOUND);
     assert_eq!(missing.problem_type(), "version-not-found");
 }
 
@@ -183,7 +183,7 @@ async fn a_rollback_obeys_the_lock_and_if_match_and_records_the_lease() {
 
     let (lease, token) = app.lease(id, "operator", 30, 0.0).await;
     let refused = rollback(&app, id, &first, &[]).await;
-    assert_eq!(refused.status, StatusCode::CONFLICT);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "state-locked");
     let stale = rollback(
         &app,
@@ -192,7 +192,7 @@ async fn a_rollback_obeys_the_lock_and_if_match_and_records_the_lease() {
         &[("lease-id", &lease), ("if-match", "\"0000000000000000\"")],
     )
     .await;
-    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    stale.expect(StatusCode::PRECONDITION_FAILED);
     assert_eq!(
         history(&app, id).await.len(),
         2,
@@ -200,11 +200,11 @@ async fn a_rollback_obeys_the_lock_and_if_match_and_records_the_lease() {
     );
 
     let done = rollback(&app, id, &first, &[("lease-id", &lease)]).await;
-    assert_eq!(done.status, StatusCode::OK, "{}", done.text);
+    done.expect(StatusCode::OK);
     let newest = &history(&app, id).await[0];
     assert_eq!(newest["lease_owner"], "operator");
     assert_eq!(newest["fencing_token"], token);
-    assert_eq!(app.release(id, &lease).await.status, StatusCode::NO_CONTENT);
+    app.release(id, &lease).await.expect(StatusCode::NO_CONTENT);
 }
 
 #[tokio::test]
@@ -228,7 +228,7 @@ async fn history_pages_resume_through_their_cursor_and_only_for_their_state() {
         let foreign = app
             .get(&format!("/v1/states/other/history?cursor={cursor}"))
             .await;
-        assert_eq!(foreign.status, StatusCode::BAD_REQUEST);
+        foreign.expect(StatusCode::BAD_REQUEST);
         path = format!("/v1/states/paged/history?limit=2&cursor={cursor}");
     }
     assert_eq!(seen.len(), 5);
@@ -243,7 +243,7 @@ async fn a_failed_change_may_leave_a_version_that_is_never_current() {
     let (app, proxy) = spawn_app_behind_proxy(|_| {}).await;
     let id = "faulty";
     let kept = app.put_state(id, &json!({"completed": {"v": 1}})).await;
-    assert_eq!(kept.status, StatusCode::CREATED);
+    kept.expect(StatusCode::CREATED);
 
     // The write runs in ClickHouse but its answer is lost: the client is told
     // it failed. Whether or not it landed, history marks only the version the
@@ -251,17 +251,12 @@ async fn a_failed_change_may_leave_a_version_that_is_never_current() {
     let history_insert = format!("INSERT INTO `{}`.`state_history`", app.schema);
     proxy.lose_answers_to(Some(&history_insert));
     let failed = app.put_state(id, &json!({"completed": {"v": 2}})).await;
-    assert_eq!(
-        failed.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        failed.text
-    );
+    failed.expect(StatusCode::SERVICE_UNAVAILABLE);
     proxy.lose_answers_to(None);
     let landed = app.get_state(id).await.json();
 
     let after = app.put_state(id, &json!({"completed": {"v": 3}})).await;
-    assert_eq!(after.status, StatusCode::OK);
+    after.expect(StatusCode::OK);
     let versions = history(&app, id).await;
     assert_eq!(
         versions.len(),
@@ -296,9 +291,9 @@ async fn a_failed_change_may_leave_a_version_that_is_never_current() {
     let history_insert = format!("INSERT INTO `{}`.`state_history`", app.schema);
     proxy.refuse_requests_containing(Some(&history_insert));
     let unrecorded = app.put_state(id, &json!({"completed": {"v": 4}})).await;
-    assert_eq!(unrecorded.status, StatusCode::SERVICE_UNAVAILABLE);
+    unrecorded.expect(StatusCode::SERVICE_UNAVAILABLE);
     let undeleted = app.delete_state(id).await;
-    assert_eq!(undeleted.status, StatusCode::SERVICE_UNAVAILABLE);
+    undeleted.expect(StatusCode::SERVICE_UNAVAILABLE);
     proxy.refuse_requests_containing(None);
     assert_eq!(app.get_state(id).await.json()["completed"]["v"], 3);
     assert_eq!(history(&app, id).await.len(), 3);
@@ -329,7 +324,7 @@ async fn with_history_off_no_versions_are_kept_and_the_endpoints_say_why() {
     let app = spawn_app_with(|config| config.history = statehouse::config::History::Off).await;
     app.put_state("quiet", &json!({})).await;
     let listing = app.get("/v1/states/quiet/history").await;
-    assert_eq!(listing.status, StatusCode::NOT_FOUND);
+    listing.expect(StatusCode::NOT_FOUND);
     assert_eq!(listing.problem_type(), "history-off");
     assert!(
         listing.json()["detail"]
@@ -404,12 +399,7 @@ async fn bad_history_requests_get_a_clear_400() {
         ("/v1/states/h/history?colour=red", "invalid-query"),
     ] {
         let reply = app.get(path).await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{path}: {}",
-            reply.text
-        );
+        reply.expect_because(StatusCode::BAD_REQUEST, path);
         assert_eq!(reply.problem_type(), kind, "{path}");
     }
     for body in [
@@ -421,12 +411,7 @@ async fn bad_history_requests_get_a_clear_400() {
         let reply = app
             .request(Method::POST, "/v1/states/h/rollback", Some(body), &[])
             .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{body}: {}",
-            reply.text
-        );
+        reply.expect_because(StatusCode::BAD_REQUEST, body);
     }
     assert_eq!(history(&app, "h").await.len(), 1, "nothing was written");
     let missing = app

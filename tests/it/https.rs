@@ -17,11 +17,11 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use crate::balancer::Balancer;
+use crate::checker::{self, Work};
 use crate::helpers::{
     Api, GatewayProcess, TestApp, clickhouse_url, metric, spawn_configured, spawn_gateway_process,
     spawn_https_peer_process, test_config, unique_schema,
 };
-use crate::lock_concurrency::{Log, check, final_counter, worker};
 
 /// A directory of certificates from `scripts/make-certs`, removed at the end.
 pub struct Certs {
@@ -199,12 +199,12 @@ async fn https_answers_a_client_that_trusts_the_ca_and_one_that_does_not_is_refu
     let put = app
         .put_state("over-https", &json!({"completed": {"secure": true}}))
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     assert_eq!(
         app.get_state("over-https").await.json()["completed"]["secure"],
         true
     );
-    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+    app.get("/readyz").await.expect(StatusCode::OK);
 
     let untrusting = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
@@ -255,7 +255,7 @@ async fn plain_http_to_the_tls_port_gets_no_http_answer_and_the_gateway_keeps_se
     let plain_client = reqwest::Client::new();
     let http_url = format!("http://{addr}/healthz");
     assert!(plain_client.get(&http_url).send().await.is_err());
-    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+    app.get("/readyz").await.expect(StatusCode::OK);
     let metrics = app.get("/metrics").await.text;
     assert!(
         metric(
@@ -275,30 +275,30 @@ async fn with_client_certificates_required_only_a_client_with_a_good_one_is_serv
 
     let anonymous = certs.api(&app.base, None);
     let refused = anonymous.get("/v1/states").await;
-    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
+    refused.expect(StatusCode::FORBIDDEN);
     assert_eq!(refused.problem_type(), "forbidden");
     assert!(
         refused.text.contains("client certificate"),
         "{}",
         refused.text
     );
-    assert_eq!(
-        anonymous.get("/metrics").await.status,
-        StatusCode::FORBIDDEN
-    );
+    anonymous
+        .get("/metrics")
+        .await
+        .expect(StatusCode::FORBIDDEN);
     let put = anonymous
         .put_state("mtls", &json!({"completed": {"by": "anonymous"}}))
         .await;
-    assert_eq!(put.status, StatusCode::FORBIDDEN);
+    put.expect(StatusCode::FORBIDDEN);
     // Orchestrators probe without one.
-    assert_eq!(anonymous.get("/healthz").await.status, StatusCode::OK);
-    assert_eq!(anonymous.get("/readyz").await.status, StatusCode::OK);
+    anonymous.get("/healthz").await.expect(StatusCode::OK);
+    anonymous.get("/readyz").await.expect(StatusCode::OK);
 
     let worker = certs.api(&app.base, Some("client"));
     let put = worker
         .put_state("mtls", &json!({"completed": {"by": "worker"}}))
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     assert_eq!(
         worker.get_state("mtls").await.json()["completed"]["by"],
         "worker"
@@ -315,7 +315,7 @@ async fn with_client_certificates_required_only_a_client_with_a_good_one_is_serv
         stranger.is_err(),
         "a certificate from another CA fails the handshake"
     );
-    assert_eq!(worker.get("/readyz").await.status, StatusCode::OK);
+    worker.get("/readyz").await.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -431,23 +431,7 @@ async fn three_https_gateways_requiring_client_certificates_pass_the_lock_checke
     )
     .await;
     let api = Api::new(balancer.base.clone());
-    let log: Log = Arc::default();
-    let workers: Vec<_> = (0..9)
-        .map(|w| {
-            tokio::spawn(worker(
-                api.clone(),
-                "https-balanced",
-                format!("worker-{w}"),
-                6,
-                log.clone(),
-            ))
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap();
-    }
-    assert_eq!(final_counter(&api, "https-balanced").await, 54);
-    check(&log, 54);
+    checker::run(|_| api.clone(), "https-balanced", 9, 6, Work::Counter).await;
 
     // The authority's log shows the requests other gateways forwarded to it
     // arriving over HTTPS (the only thing its port speaks).
@@ -482,12 +466,7 @@ async fn a_peer_whose_certificate_is_from_another_ca_is_not_forwarded_to() {
 
     let through_gateway = certs.api(&gateway.base, Some("client"));
     let reply = through_gateway.get("/v1/locks/stranger-held").await;
-    assert_eq!(
-        reply.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        reply.text
-    );
+    reply.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.problem_type(), "authority-unreachable");
 
     let stranger_logs = log_lines(&stranger.kill_and_collect_logs().await);

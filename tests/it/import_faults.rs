@@ -64,13 +64,13 @@ async fn import_in_flight_at_the_lease_end(end: End) {
         End::Expiry => {}
         End::Release => {
             let released = authority.release(id, &lease).await;
-            assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+            released.expect(StatusCode::NO_CONTENT);
         }
         End::ForceUnlock => {
             let unlock = authority
                 .request(Method::DELETE, &format!("/v1/locks/{id}"), None, &[])
                 .await;
-            assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+            unlock.expect(StatusCode::NO_CONTENT);
         }
     }
     let (import, acknowledged) = import.await.unwrap();

@@ -17,11 +17,11 @@ use serde_json::json;
 use statehouse::config::parse_clickhouse_url;
 use statehouse::domain::Coordination;
 
+use crate::checker::{Held, Log, check, final_counter};
 use crate::helpers::{
     Api, TestApp, clickhouse_url, free_port, peer_config, spawn_configured, unique_schema,
 };
 use crate::keeper_loss::KeeperNode;
-use crate::lock_concurrency::{Held, Log, check, final_counter};
 use crate::proxy::Proxy;
 
 /// Longer than the claim TTL, shorter than the lease's.

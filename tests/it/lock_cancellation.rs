@@ -209,20 +209,18 @@ async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
         tokio::spawn(async move { api.lease("hung-up", "next", 60, 60.0).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        app.release("hung-up", &held).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("hung-up", &held)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     let (lease, _) = tokio::time::timeout(Duration::from_secs(30), next)
         .await
         .expect("the next waiter gets the lease once the holder releases")
         .unwrap();
     let shown = app.get("/v1/locks/hung-up").await;
     assert_eq!(shown.json()["owner"], "next");
-    assert_eq!(
-        app.release("hung-up", &lease).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("hung-up", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
 }
 
 /// 100 first acquires at once, each on its own id, through a ClickHouse that
@@ -250,19 +248,9 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
                 let (lease, _) = api.lease(&id, "worker", 30, 120.0).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let renewed = api.renew(&id, &lease, 30).await;
-                assert_eq!(
-                    renewed.status,
-                    StatusCode::OK,
-                    "{id} renew: {}",
-                    renewed.text
-                );
+                renewed.expect_because(StatusCode::OK, format!("{id} renew"));
                 let released = api.release(&id, &lease).await;
-                assert_eq!(
-                    released.status,
-                    StatusCode::NO_CONTENT,
-                    "{id} release: {}",
-                    released.text
-                );
+                released.expect_because(StatusCode::NO_CONTENT, format!("{id} release"));
             })
         })
         .collect();

@@ -10,20 +10,11 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::checker::{Held, Log, check, final_counter, increment};
 use crate::helpers::{
-    Api, TestApp, clickhouse_url, peer_config, spawn_app_with, spawn_configured,
-    spawn_peer_process, unique_schema,
+    Api, clickhouse_url, spawn_app_with, spawn_peer_process, two_peers, unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check, final_counter, increment};
 use crate::lock_faults::millis;
-
-/// Two gateways on one database that forward to each other.
-async fn two_peers() -> (TestApp, TestApp) {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
-    (a, b)
-}
 
 async fn acquire(api: &Api, id: &str, ttl: u64, wait: f64, delay: u64) -> crate::helpers::Reply {
     api.acquire(
@@ -51,19 +42,14 @@ fn time(body: &Value, field: &str) -> String {
 async fn after_expiry(holder: &Api, next: &Api) {
     let id = "delayed-expiry";
     let held = acquire(holder, id, 1, 0.0, 3).await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     assert_eq!(held.json()["lock_delay_seconds"], 3);
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let none = next.get(&format!("/v1/locks/{id}")).await;
-    assert_eq!(
-        none.status,
-        StatusCode::NOT_FOUND,
-        "no lease during the delay: {}",
-        none.text
-    );
+    none.expect_because(StatusCode::NOT_FOUND, "no lease during the delay");
     let refused = acquire(next, id, 30, 0.0, 0).await;
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "lock-delay");
     let free_at = time(&refused.json(), "free_at");
     assert!(
@@ -73,7 +59,7 @@ async fn after_expiry(holder: &Api, next: &Api) {
     );
 
     let granted = acquire(next, id, 30, 10.0, 0).await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    granted.expect(StatusCode::CREATED);
     assert!(
         time(&granted.json(), "acquired_at") >= free_at,
         "granted before the delay ended: {} (free at {free_at:?})",
@@ -98,22 +84,22 @@ async fn a_force_unlock_starts_the_delay_and_a_release_ends_a_lease_with_none() 
     let (a, b) = two_peers().await;
     let id = "delayed-force";
     let held = acquire(&a.api, id, 30, 0.0, 2).await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     let unlock = b
         .request(Method::DELETE, &format!("/v1/locks/{id}"), None, &[])
         .await;
-    assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+    unlock.expect(StatusCode::NO_CONTENT);
     let refused = acquire(&b.api, id, 30, 0.0, 0).await;
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "lock-delay");
     let granted = acquire(&b.api, id, 30, 10.0, 2).await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    granted.expect(StatusCode::CREATED);
 
     // Released by its holder: no delay, the next acquire is granted at once.
     let lease = granted.json()["lease_id"].as_str().unwrap().to_owned();
-    assert_eq!(b.release(id, &lease).await.status, StatusCode::NO_CONTENT);
+    b.release(id, &lease).await.expect(StatusCode::NO_CONTENT);
     let next = acquire(&a.api, id, 30, 0.0, 0).await;
-    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+    next.expect(StatusCode::CREATED);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -121,11 +107,11 @@ async fn a_lease_without_a_delay_is_granted_again_at_once_after_its_expiry() {
     let app = spawn_app_with(|_| {}).await;
     let id = "undelayed";
     let held = acquire(&app.api, id, 1, 0.0, 0).await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     assert_eq!(held.json()["lock_delay_seconds"], 0);
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let next = acquire(&app.api, id, 30, 0.0, 0).await;
-    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+    next.expect(StatusCode::CREATED);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -133,7 +119,7 @@ async fn a_delay_past_the_cap_is_cut_to_it_and_shown_to_others() {
     let app = spawn_app_with(|config| config.locks.max_lock_delay = Duration::from_secs(2)).await;
     let id = "capped";
     let held = acquire(&app.api, id, 30, 0.0, 600).await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     assert_eq!(held.json()["lock_delay_seconds"], 2, "clamped, not refused");
     let view = app.get(&format!("/v1/locks/{id}")).await;
     assert_eq!(view.json()["lock_delay_seconds"], 2, "{}", view.text);
@@ -143,7 +129,7 @@ async fn a_delay_past_the_cap_is_cut_to_it_and_shown_to_others() {
 /// is told when it ends (answered).
 async fn refused_until(next: &Api, id: &str) -> String {
     let refused = acquire(next, id, 30, 0.0, 0).await;
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
     time(&refused.json(), "free_at")
 }
@@ -151,7 +137,7 @@ async fn refused_until(next: &Api, id: &str) -> String {
 /// An acquire that waits is granted, but not before `free_at`.
 async fn granted_after(next: &Api, id: &str, free_at: &str) {
     let granted = acquire(next, id, 30, 10.0, 0).await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    granted.expect(StatusCode::CREATED);
     assert!(
         time(&granted.json(), "acquired_at").as_str() >= free_at,
         "granted before the delay ended: {} (free at {free_at:?})",
@@ -163,13 +149,13 @@ async fn granted_after(next: &Api, id: &str, free_at: &str) {
 async fn a_delay_outlives_a_restart_of_the_authority() {
     let (a, b) = two_peers().await;
     let expired = acquire(&a.api, "restart-expiry", 1, 0.0, 4).await;
-    assert_eq!(expired.status, StatusCode::CREATED, "{}", expired.text);
+    expired.expect(StatusCode::CREATED);
     let forced = acquire(&a.api, "restart-force", 30, 0.0, 4).await;
-    assert_eq!(forced.status, StatusCode::CREATED, "{}", forced.text);
+    forced.expect(StatusCode::CREATED);
     let unlock = a
         .request(Method::DELETE, "/v1/locks/restart-force", None, &[])
         .await;
-    assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+    unlock.expect(StatusCode::NO_CONTENT);
     tokio::time::sleep(Duration::from_millis(1200)).await;
 
     // The authority stops as at a redeploy: it hands its claims back, and
@@ -196,7 +182,7 @@ async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
     let b = spawn_peer_process(&clickhouse_url(), &flags).await;
     let id = "crashed-authority";
     let held = acquire(&a.api(), id, 60, 0.0, 3).await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     // The grant's row, which carries the delay, is written behind the grant.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     a.child.kill().await.expect("kill -9");
@@ -212,7 +198,7 @@ async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
         assert!(tokio::time::Instant::now() < give_up, "{}", reply.text);
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text);
+    refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
     granted_after(&b.api(), id, &time(&refused.json(), "free_at")).await;
 }
@@ -239,7 +225,7 @@ async fn delayed_worker(
 ) {
     for cycle in 0..3 {
         let reply = acquire(&api, id, 1, 30.0, 1).await;
-        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        reply.expect(StatusCode::CREATED);
         let start = Instant::now();
         let body = reply.json();
         let lease = body["lease_id"].as_str().unwrap().to_owned();
@@ -249,7 +235,7 @@ async fn delayed_worker(
         let left_to_expire = (worker + cycle).is_multiple_of(3);
         if !left_to_expire {
             let released = api.release(id, &lease).await;
-            assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+            released.expect(StatusCode::NO_CONTENT);
         }
         log.lock().unwrap().push(Held { start, end, token });
         grants.lock().unwrap().push(Grant {

@@ -11,23 +11,27 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::checker::{Held, Log, check};
 use crate::helpers::{
-    Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, unique_schema,
+    Api, Reply, TestApp, free_port, peer_config, raw_sql, spawn_configured, two_peers_with,
+    unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check};
 use crate::proxy::Proxy;
 
 /// Two gateways on one database that forward to each other; the first
 /// reaches ClickHouse through a proxy that the test can slow down.
-async fn two_peers(adjust: impl Fn(&mut statehouse::config::Config)) -> (TestApp, Proxy, TestApp) {
-    let schema = unique_schema();
+async fn proxied_peers(
+    adjust: impl Fn(&mut statehouse::config::Config),
+) -> (TestApp, Proxy, TestApp) {
     let proxy = Proxy::to_clickhouse().await;
-    let mut a = peer_config(&schema);
-    proxy.route(&mut a);
-    adjust(&mut a);
-    let mut b = peer_config(&schema);
-    adjust(&mut b);
-    (spawn_configured(a).await, proxy, spawn_configured(b).await)
+    let (a, b) = two_peers_with(|index, config| {
+        if index == 0 {
+            proxy.route(config);
+        }
+        adjust(config);
+    })
+    .await;
+    (a, proxy, b)
 }
 
 /// The counter `n` of `id` as ClickHouse has it now, read past every gateway.
@@ -66,7 +70,7 @@ enum End {
 /// acknowledged write has landed. With `served_first`, worker 2 asks its
 /// gateway before ClickHouse, the moment it is granted, as a Meltano run does.
 async fn write_in_flight_at_the_lease_end(end: End, next_through_peer: bool, served_first: bool) {
-    let (a, proxy, b) = two_peers(|_| {}).await;
+    let (a, proxy, b) = proxied_peers(|_| {}).await;
     let id = "in-flight";
     let (lease, _) = a.lease(id, "worker-1", 2, 0.0).await;
     let granted_at = Instant::now();
@@ -126,17 +130,16 @@ async fn write_in_flight_at_the_lease_end(end: End, next_through_peer: bool, ser
     match end {
         End::Expiry => {}
         End::Release => {
-            assert_eq!(
-                a.release(id, &lease).await.status,
+            a.release(id, &lease).await.expect_because(
                 StatusCode::NO_CONTENT,
-                "the release is answered while the write is on its way"
+                "the release is answered while the write is on its way",
             );
         }
         End::ForceUnlock => {
             let unlock = a
                 .request(Method::DELETE, &format!("/v1/locks/{id}"), None, &[])
                 .await;
-            assert_eq!(unlock.status, StatusCode::NO_CONTENT, "{}", unlock.text);
+            unlock.expect(StatusCode::NO_CONTENT);
         }
     }
     let write = write.await.unwrap();
@@ -226,12 +229,7 @@ async fn burst_worker(api: Api, name: String, cycles: usize, tally: Arc<Tally>) 
                 &json!({"owner": name, "ttl_seconds": 2, "wait_seconds": 120}),
             )
             .await;
-        assert_eq!(
-            acquired.status,
-            StatusCode::CREATED,
-            "{name}: {}",
-            acquired.text
-        );
+        acquired.expect_because(StatusCode::CREATED, &name);
         let start = Instant::now();
         let lease = acquired.json()["lease_id"].as_str().unwrap().to_owned();
         let token = acquired.json()["fencing_token"].as_u64().unwrap();
@@ -373,10 +371,10 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
     let peer = spawn_configured(peer_config(&schema)).await;
     let id = "lost-answer";
     let (first, _) = authority.lease(id, "warm-up", 30, 0.0).await;
-    assert_eq!(
-        authority.release(id, &first).await.status,
-        StatusCode::NO_CONTENT
-    );
+    authority
+        .release(id, &first)
+        .await
+        .expect(StatusCode::NO_CONTENT);
 
     link.lose_answers_to(Some("/v1/locks/"));
     let lost = peer
@@ -385,12 +383,7 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
             &json!({"owner": "far-worker", "ttl_seconds": 600, "wait_seconds": 0}),
         )
         .await;
-    assert_eq!(
-        lost.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        lost.text
-    );
+    lost.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(lost.problem_type(), "authority-unreachable");
     link.lose_answers_to(None);
 
@@ -402,21 +395,21 @@ async fn a_forwarded_grant_whose_answer_is_lost_does_not_hold_the_id_for_its_ttl
             &json!({"owner": "near-worker", "ttl_seconds": 30, "wait_seconds": 20}),
         )
         .await;
-    assert_eq!(next.status, StatusCode::CREATED, "{}", next.text);
+    next.expect(StatusCode::CREATED);
 }
 
 /// A forwarded grant that arrives is confirmed: its holder gets the TTL it
 /// asked for, and every gateway shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_forwarded_grant_lives_the_ttl_its_client_asked_for() {
-    let (a, _proxy, b) = two_peers(|_| {}).await;
+    let (a, _proxy, b) = proxied_peers(|_| {}).await;
     let id = "confirmed";
     let (warm, _) = a.lease(id, "warm-up", 30, 0.0).await;
-    assert_eq!(a.release(id, &warm).await.status, StatusCode::NO_CONTENT);
+    a.release(id, &warm).await.expect(StatusCode::NO_CONTENT);
     let granted = b
         .acquire(id, &json!({"owner": "far-worker", "ttl_seconds": 60}))
         .await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+    granted.expect(StatusCode::CREATED);
     let lease = granted.json()["lease_id"].as_str().unwrap().to_owned();
     let expires = granted.json()["expires_at"].as_str().unwrap().to_owned();
     let acquired = granted.json()["acquired_at"].as_str().unwrap().to_owned();
@@ -483,7 +476,7 @@ async fn race(first: &Api, second: &Api, id: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_acquires_racing_on_a_fresh_id_name_the_winner_on_one_gateway() {
-    let (a, _proxy, _b) = two_peers(|_| {}).await;
+    let (a, _proxy, _b) = proxied_peers(|_| {}).await;
     for n in 0..5 {
         race(&a, &a, &format!("race-one-{n}")).await;
     }
@@ -491,13 +484,13 @@ async fn two_acquires_racing_on_a_fresh_id_name_the_winner_on_one_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_acquires_racing_on_a_fresh_id_name_the_winner_across_gateways() {
-    let (a, _proxy, b) = two_peers(|_| {}).await;
+    let (a, _proxy, b) = proxied_peers(|_| {}).await;
     for n in 0..5 {
         race(&a, &b, &format!("race-peers-{n}")).await;
     }
     // Gateways that cannot forward to each other: the loser reads the holder
     // from the lease rows, which the winner writes behind its grant.
-    let (c, _proxy, d) = two_peers(|config| config.locks.advertise_url = None).await;
+    let (c, _proxy, d) = proxied_peers(|config| config.locks.advertise_url = None).await;
     for n in 0..5 {
         race(&c, &d, &format!("race-unforwarded-{n}")).await;
     }

@@ -7,9 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{
-    Api, peer_config, spawn_app, spawn_app_with, spawn_configured, unique_schema,
-};
+use crate::helpers::{Api, spawn_app, spawn_app_with, two_peers};
 use crate::run_lease::{Scratch, WAIT_FOR_GO, ended, lock, until};
 
 /// The id's lease history once `done` holds for it: rows reach ClickHouse
@@ -18,7 +16,7 @@ async fn history_when(api: &Api, id: &str, done: impl Fn(&[Value]) -> bool) -> V
     let mut leases = Vec::new();
     for _ in 0..60 {
         let reply = api.get(&format!("/v1/locks/{id}/history")).await;
-        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.expect(StatusCode::OK);
         assert_eq!(reply.json()["state_id"], id);
         leases = reply.json()["leases"].as_array().unwrap().clone();
         if done(&leases) {
@@ -39,14 +37,14 @@ async fn info_shows_in_the_lease_its_views_and_every_409_that_names_the_holder()
             &json!({"owner": "worker", "ttl_seconds": 60, "info": info}),
         )
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     assert_eq!(reply.json()["info"], info);
     let lease_id = reply.json()["lease_id"].as_str().unwrap().to_owned();
 
     assert_eq!(app.get("/v1/locks/job").await.json()["info"], info);
     assert_eq!(app.get("/v1/locks").await.json()["locks"][0]["info"], info);
     let other = app.acquire("job", &json!({"owner": "other"})).await;
-    assert_eq!(other.status, StatusCode::CONFLICT);
+    other.expect(StatusCode::CONFLICT);
     assert_eq!(other.json()["holder"]["info"], info);
     let write = app.put_state("job", &json!({"completed": {}})).await;
     assert_eq!(write.problem_type(), "state-locked");
@@ -66,20 +64,20 @@ async fn info_over_4_kib_or_not_an_object_is_400_and_takes_no_lease() {
     let reply = app
         .acquire("big", &json!({"owner": "w", "info": over}))
         .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+    reply.expect(StatusCode::BAD_REQUEST);
     assert_eq!(reply.problem_type(), "invalid-body");
     for not_object in [json!([1, 2]), json!("host"), json!(7)] {
         let reply = app
             .acquire("big", &json!({"owner": "w", "info": not_object}))
             .await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text);
+        reply.expect(StatusCode::BAD_REQUEST);
     }
-    assert_eq!(app.get("/v1/locks/big").await.status, StatusCode::NOT_FOUND);
+    app.get("/v1/locks/big").await.expect(StatusCode::NOT_FOUND);
     let fits = json!({"k": "x".repeat(4088)});
     let reply = app
         .acquire("big", &json!({"owner": "w", "info": fits}))
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
 }
 
 #[tokio::test]
@@ -100,7 +98,7 @@ async fn a_force_unlock_shows_in_the_history_with_its_actor_and_reason() {
     let reply = app
         .request(Method::POST, "/v1/locks/wedged", Some(&body), &auth)
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     let token = reply.json()["fencing_token"].clone();
 
     let long = "x".repeat(513);
@@ -112,13 +110,10 @@ async fn a_force_unlock_shows_in_the_history_with_its_actor_and_reason() {
             &auth,
         )
         .await;
-    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text);
-    assert_eq!(
-        app.request(Method::GET, "/v1/locks/wedged", None, &auth)
-            .await
-            .status,
-        StatusCode::OK
-    );
+    refused.expect(StatusCode::BAD_REQUEST);
+    app.request(Method::GET, "/v1/locks/wedged", None, &auth)
+        .await
+        .expect(StatusCode::OK);
     let forced = app
         .request(
             Method::DELETE,
@@ -127,7 +122,7 @@ async fn a_force_unlock_shows_in_the_history_with_its_actor_and_reason() {
             &auth,
         )
         .await;
-    assert_eq!(forced.status, StatusCode::NO_CONTENT, "{}", forced.text);
+    forced.expect(StatusCode::NO_CONTENT);
 
     let history_api = Api {
         base: app.base.clone(),
@@ -161,10 +156,9 @@ async fn releases_and_expiries_show_in_the_history_newest_first() {
     app.lease("daily", "expires", 1, 0.0).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (released, _) = app.lease("daily", "releases", 60, 0.0).await;
-    assert_eq!(
-        app.release("daily", &released).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("daily", &released)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     app.lease("daily", "runs", 60, 0.0).await;
 
     let leases = history_when(&app, "daily", |l| {
@@ -190,17 +184,14 @@ async fn releases_and_expiries_show_in_the_history_newest_first() {
     assert!(tokens[0] > tokens[1] && tokens[1] > tokens[2], "{tokens:?}");
     let one = app.get("/v1/locks/daily/history?limit=1").await.json();
     assert_eq!(one["leases"].as_array().unwrap().len(), 1);
-    assert_eq!(
-        app.get("/v1/locks/daily/history?limit=0").await.status,
-        StatusCode::BAD_REQUEST
-    );
+    app.get("/v1/locks/daily/history?limit=0")
+        .await
+        .expect(StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
 async fn info_crosses_gateways_and_reaches_the_next_authority() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     let info = json!({"host": "etl-3", "pid": 17});
     let reply = b
         .acquire(
@@ -208,11 +199,11 @@ async fn info_crosses_gateways_and_reaches_the_next_authority() {
             &json!({"owner": "via-b", "ttl_seconds": 60, "info": info}),
         )
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     assert_eq!(reply.json()["info"], info);
     assert_eq!(a.get("/v1/locks/shared").await.json()["info"], info);
     let other = a.acquire("shared", &json!({"owner": "via-a"})).await;
-    assert_eq!(other.status, StatusCode::CONFLICT);
+    other.expect(StatusCode::CONFLICT);
     assert_eq!(other.json()["holder"]["info"], info);
     // The authority hands its lease on at shutdown: the other gateway learns
     // the info from the lease row alone.
@@ -248,7 +239,7 @@ async fn the_runners_lease_names_its_host_pid_and_command() {
     })
     .await;
     let view = app.get("/v1/locks/runner-info").await;
-    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    view.expect(StatusCode::OK);
     let info = &view.json()["info"];
     assert_eq!(info["pid"], runner_pid);
     assert_eq!(info["command"], format!("sh -c {WAIT_FOR_GO}"));
@@ -270,9 +261,7 @@ async fn the_runners_lease_names_its_host_pid_and_command() {
 
 #[tokio::test]
 async fn a_force_unlock_through_another_gateway_keeps_its_reason() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     a.lease("far", "on-a", 60, 0.0).await;
     let forced = b
         .request(
@@ -282,7 +271,7 @@ async fn a_force_unlock_through_another_gateway_keeps_its_reason() {
             &[],
         )
         .await;
-    assert_eq!(forced.status, StatusCode::NO_CONTENT, "{}", forced.text);
+    forced.expect(StatusCode::NO_CONTENT);
     let leases = history_when(&b, "far", |l| {
         l.first().is_some_and(|l| l["ended_by"] == "forced")
     })
@@ -297,6 +286,6 @@ async fn with_history_off_there_is_no_lock_history() {
     let app = spawn_app_with(|config| config.history = statehouse::config::History::Off).await;
     app.lease("untracked", "w", 60, 0.0).await;
     let reply = app.get("/v1/locks/untracked/history").await;
-    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    reply.expect(StatusCode::NOT_FOUND);
     assert_eq!(reply.problem_type(), "history-off");
 }

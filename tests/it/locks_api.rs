@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, unique_schema,
+    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, two_peers, unique_schema,
 };
 
 #[tokio::test]
@@ -15,7 +15,7 @@ async fn acquire_inspect_release() {
     let reply = app
         .acquire("job", &json!({"owner": "worker-1", "ttl_seconds": 60}))
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     let lease = reply.json();
     assert_eq!(lease["owner"], "worker-1");
     assert_eq!(lease["state_id"], "job");
@@ -23,7 +23,7 @@ async fn acquire_inspect_release() {
     let lease_id = lease["lease_id"].as_str().unwrap();
 
     let one = app.get("/v1/locks/job").await;
-    assert_eq!(one.status, StatusCode::OK);
+    one.expect(StatusCode::OK);
     let view = one.json();
     assert_eq!(view["owner"], "worker-1");
     assert_eq!(view["expires_at"], lease["expires_at"]);
@@ -35,24 +35,19 @@ async fn acquire_inspect_release() {
     assert_eq!(all["locks"].as_array().unwrap().len(), 1);
     assert_eq!(all["locks"][0]["state_id"], "job");
 
-    assert_eq!(
-        app.release("job", lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("job", lease_id)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     let gone = app.get("/v1/locks/job").await;
-    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    gone.expect(StatusCode::NOT_FOUND);
     assert_eq!(gone.problem_type(), "lock-not-found");
     let twice = app.release("job", lease_id).await;
-    assert_eq!(twice.status, StatusCode::CONFLICT);
+    twice.expect(StatusCode::CONFLICT);
     assert_eq!(twice.problem_type(), "lease-not-current");
     let renew = app
         .request(Method::PUT, &format!("/v1/locks/job/{lease_id}"), None, &[])
         .await;
-    assert_eq!(
-        renew.status,
-        StatusCode::CONFLICT,
-        "a released lease cannot be renewed"
-    );
+    renew.expect_because(StatusCode::CONFLICT, "a released lease cannot be renewed");
     // Released leases leave the listing (the release is recorded in the background).
     for _ in 0..50 {
         if app.get("/v1/locks").await.json()["locks"]
@@ -72,17 +67,17 @@ async fn a_held_lock_answers_409_with_the_holder_after_the_wait() {
     let app = spawn_app().await;
     app.lease("busy", "first", 60, 0.0).await;
     let now = app.acquire("busy", &json!({"owner": "second"})).await;
-    assert_eq!(now.status, StatusCode::CONFLICT);
+    now.expect(StatusCode::CONFLICT);
     assert_eq!(now.problem_type(), "lock-held");
     assert_eq!(now.json()["holder"]["owner"], "first");
     let waited = app
         .acquire("busy", &json!({"owner": "third", "wait_seconds": 0.5}))
         .await;
-    assert_eq!(waited.status, StatusCode::CONFLICT);
+    waited.expect(StatusCode::CONFLICT);
     assert_eq!(waited.json()["holder"]["owner"], "first");
     // Other state_ids are not held up.
     let other = app.acquire("free", &json!({"owner": "second"})).await;
-    assert_eq!(other.status, StatusCode::CREATED);
+    other.expect(StatusCode::CREATED);
 }
 
 #[tokio::test]
@@ -97,18 +92,16 @@ async fn waiters_are_served_first_come_first_served() {
             let (lease, _) = api.lease("queue", name, 60, 30.0).await;
             order.lock().unwrap().push(name);
             tokio::time::sleep(Duration::from_millis(30)).await;
-            assert_eq!(
-                api.release("queue", &lease).await.status,
-                StatusCode::NO_CONTENT
-            );
+            api.release("queue", &lease)
+                .await
+                .expect(StatusCode::NO_CONTENT);
         }));
         // Each waiter is queued before the next one asks.
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    assert_eq!(
-        app.release("queue", &holder).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("queue", &holder)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     for waiter in waiters {
         waiter.await.unwrap();
     }
@@ -131,7 +124,7 @@ async fn renew_extends_and_an_expired_lease_is_gone() {
             &[],
         )
         .await;
-    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.text);
+    renewed.expect(StatusCode::OK);
     assert!(renewed.json()["expires_at"].as_str() > first["expires_at"].as_str());
     assert_eq!(renewed.json()["fencing_token"], first["fencing_token"]);
 
@@ -149,14 +142,13 @@ async fn renew_extends_and_an_expired_lease_is_gone() {
             &[],
         )
         .await;
-    assert_eq!(late.status, StatusCode::CONFLICT);
+    late.expect(StatusCode::CONFLICT);
     assert_eq!(late.problem_type(), "lease-not-current");
-    assert_eq!(
-        app.get("/v1/locks/short").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.get("/v1/locks/short")
+        .await
+        .expect(StatusCode::NOT_FOUND);
     let next = app.acquire("short", &json!({"owner": "next"})).await;
-    assert_eq!(next.status, StatusCode::CREATED);
+    next.expect(StatusCode::CREATED);
 }
 
 #[tokio::test]
@@ -170,7 +162,7 @@ async fn locked_states_take_writes_only_with_the_holders_lease() {
     let without = app
         .put_state("guarded", &json!({"completed": {"n": 1}}))
         .await;
-    assert_eq!(without.status, StatusCode::CONFLICT);
+    without.expect(StatusCode::CONFLICT);
     assert_eq!(without.problem_type(), "state-locked");
     assert_eq!(without.json()["holder"]["owner"], "owner");
     let wrong = app
@@ -180,14 +172,14 @@ async fn locked_states_take_writes_only_with_the_holders_lease() {
             "00000000-0000-4000-8000-000000000000",
         )
         .await;
-    assert_eq!(wrong.status, StatusCode::CONFLICT);
+    wrong.expect(StatusCode::CONFLICT);
     assert_eq!(wrong.problem_type(), "lease-not-current");
     let patch = app
         .patch_state("guarded", &json!({"partial": {"x": 1}}))
         .await;
-    assert_eq!(patch.status, StatusCode::CONFLICT);
+    patch.expect(StatusCode::CONFLICT);
     let delete = app.delete_state("guarded").await;
-    assert_eq!(delete.status, StatusCode::CONFLICT);
+    delete.expect(StatusCode::CONFLICT);
     let bad_header = app
         .request(
             Method::PUT,
@@ -206,7 +198,7 @@ async fn locked_states_take_writes_only_with_the_holders_lease() {
     let right = app
         .put_state_with_lease("guarded", &json!({"completed": {"n": 1}}), &lease)
         .await;
-    assert_eq!(right.status, StatusCode::OK);
+    right.expect(StatusCode::OK);
     let reads_need_no_lease = app.get_state("guarded").await;
     assert_eq!(reads_need_no_lease.json()["completed"]["n"], 1);
 
@@ -214,15 +206,14 @@ async fn locked_states_take_writes_only_with_the_holders_lease() {
     let stale = app
         .put_state_with_lease("guarded", &json!({"completed": {"n": 2}}), &lease)
         .await;
-    assert_eq!(
-        stale.status,
+    stale.expect_because(
         StatusCode::CONFLICT,
-        "a released lease cannot write, even unlocked"
+        "a released lease cannot write, even unlocked",
     );
     let unlocked = app
         .put_state("guarded", &json!({"completed": {"n": 3}}))
         .await;
-    assert_eq!(unlocked.status, StatusCode::OK);
+    unlocked.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -232,27 +223,21 @@ async fn force_unlock_ends_the_lease_for_its_holder() {
     let forced = app
         .request(Method::DELETE, "/v1/locks/stuck", None, &[])
         .await;
-    assert_eq!(forced.status, StatusCode::NO_CONTENT);
-    assert_eq!(
-        app.get("/v1/locks/stuck").await.status,
-        StatusCode::NOT_FOUND
-    );
+    forced.expect(StatusCode::NO_CONTENT);
+    app.get("/v1/locks/stuck")
+        .await
+        .expect(StatusCode::NOT_FOUND);
     let write = app.put_state_with_lease("stuck", &json!({}), &lease).await;
-    assert_eq!(write.status, StatusCode::CONFLICT);
-    assert_eq!(
-        app.release("stuck", &lease).await.status,
-        StatusCode::CONFLICT
-    );
+    write.expect(StatusCode::CONFLICT);
+    app.release("stuck", &lease)
+        .await
+        .expect(StatusCode::CONFLICT);
     let (_, next) = app.lease("stuck", "next-worker", 60, 0.0).await;
     assert!(next > token);
     let again = app
         .request(Method::DELETE, "/v1/locks/nothing-here", None, &[])
         .await;
-    assert_eq!(
-        again.status,
-        StatusCode::NO_CONTENT,
-        "force-unlock is idempotent"
-    );
+    again.expect_because(StatusCode::NO_CONTENT, "force-unlock is idempotent");
 }
 
 #[tokio::test]
@@ -306,18 +291,13 @@ async fn bad_lock_requests_are_refused() {
         let reply = app
             .request(Method::POST, "/v1/locks/x", Some(body), &[])
             .await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{body}: {}",
-            reply.text
-        );
+        reply.expect_because(StatusCode::BAD_REQUEST, body);
         assert_eq!(reply.problem_type(), problem, "{body}");
     }
     let bad_lease = app
         .request(Method::DELETE, "/v1/locks/x/not-a-uuid", None, &[])
         .await;
-    assert_eq!(bad_lease.status, StatusCode::BAD_REQUEST);
+    bad_lease.expect(StatusCode::BAD_REQUEST);
     let unknown = app
         .request(
             Method::DELETE,
@@ -326,7 +306,7 @@ async fn bad_lock_requests_are_refused() {
             &[],
         )
         .await;
-    assert_eq!(unknown.status, StatusCode::CONFLICT);
+    unknown.expect(StatusCode::CONFLICT);
     assert_eq!(
         app.get("/v1/locks").await.json()["locks"],
         json!([]),
@@ -343,7 +323,7 @@ async fn whole_seconds_may_be_written_as_floats() {
     let held = app
         .request(Method::POST, "/v1/locks/floats", Some(body), &[])
         .await;
-    assert_eq!(held.status, StatusCode::CREATED, "{}", held.text);
+    held.expect(StatusCode::CREATED);
     assert_eq!(held.json()["lock_delay_seconds"], 5);
     let lease_id = held.json()["lease_id"].as_str().unwrap().to_owned();
     let renewed = app
@@ -354,7 +334,7 @@ async fn whole_seconds_may_be_written_as_floats() {
             &[],
         )
         .await;
-    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.text);
+    renewed.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -372,7 +352,7 @@ async fn an_idle_claim_is_released_and_locks_show_through_every_gateway() {
 
     let (lease, _) = a.lease("shared", "on-a", 60, 0.0).await;
     let seen_from_b = b.get("/v1/locks/shared").await;
-    assert_eq!(seen_from_b.status, StatusCode::OK);
+    seen_from_b.expect(StatusCode::OK);
     assert_eq!(seen_from_b.json()["owner"], "on-a");
     let gateway_a = seen_from_b.json()["gateway_id"].clone();
     // The list is ClickHouse's record, written behind the grant.
@@ -388,27 +368,25 @@ async fn an_idle_claim_is_released_and_locks_show_through_every_gateway() {
     let renew_via_b = b
         .request(Method::PUT, &format!("/v1/locks/shared/{lease}"), None, &[])
         .await;
-    assert_eq!(renew_via_b.status, StatusCode::OK, "{}", renew_via_b.text);
+    renew_via_b.expect(StatusCode::OK);
     let write_via_b = b
         .put_state_with_lease("shared", &json!({"completed": {"by": "a"}}), &lease)
         .await;
-    assert_eq!(
-        write_via_b.status,
+    write_via_b.expect_because(
         StatusCode::CREATED,
-        "the holder's lease is honoured through every gateway"
+        "the holder's lease is honoured through every gateway",
     );
     let intruder = b.put_state("shared", &json!({})).await;
     assert_eq!(intruder.problem_type(), "state-locked");
 
-    assert_eq!(
-        b.release("shared", &lease).await.status,
-        StatusCode::NO_CONTENT
-    );
+    b.release("shared", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     // A's claim is idle now: it lets go within a renewal tick plus the idle time,
     // so B's single try (no wait) finds no earlier candidate.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let reply = b.acquire("shared", &json!({"owner": "on-b"})).await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
     let seen_from_a = a.get("/v1/locks/shared").await;
     assert_eq!(seen_from_a.json()["owner"], "on-b");
     assert_ne!(seen_from_a.json()["gateway_id"], gateway_a);
@@ -427,7 +405,7 @@ async fn a_gateway_that_shuts_down_hands_its_claims_back() {
     let reply = second
         .acquire("handed-back", &json!({"owner": "next"}))
         .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+    reply.expect(StatusCode::CREATED);
 }
 
 /// A lease table made by the version before token blocks and forwarding
@@ -493,11 +471,10 @@ async fn a_state_message_cycle_on_the_authority_costs_one_clickhouse_round_trip(
         let write = app
             .put_state_with_lease("hot", &json!({"completed": {"n": n}}), &lease)
             .await;
-        assert_eq!(write.status, StatusCode::OK, "{}", write.text);
-        assert_eq!(
-            app.release("hot", &lease).await.status,
-            StatusCode::NO_CONTENT
-        );
+        write.expect(StatusCode::OK);
+        app.release("hot", &lease)
+            .await
+            .expect(StatusCode::NO_CONTENT);
     }
     assert_eq!(queries(&app, "get").await, reads, "no ClickHouse reads");
     assert_eq!(writes_now().await, writes + 5, "one INSERT per message");
@@ -573,13 +550,13 @@ async fn an_unlocked_write_reads_the_lock_table_once() {
     let state_reads = queries(&app, "get").await;
     let inserts = queries(&app, "history_record").await;
     let write = app.put_state("cold", &json!({"completed": {"n": 1}})).await;
-    assert_eq!(write.status, StatusCode::OK, "{}", write.text);
+    write.expect(StatusCode::OK);
     assert_eq!(queries(&app, "lock_read").await, lock_reads + 1);
     assert_eq!(queries(&app, "get").await, state_reads + 1);
     assert_eq!(queries(&app, "history_record").await, inserts + 1);
 
     let lock = app.get("/v1/locks/cold").await;
-    assert_eq!(lock.status, StatusCode::NOT_FOUND, "{}", lock.text);
+    lock.expect(StatusCode::NOT_FOUND);
     assert_eq!(queries(&app, "lock_read").await, lock_reads + 2);
 }
 
@@ -587,27 +564,24 @@ async fn an_unlocked_write_reads_the_lock_table_once() {
 /// another gateway reaches it before that delete is answered.
 #[tokio::test]
 async fn a_delete_by_pattern_through_another_gateway_is_seen_by_the_authority() {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
+    let (a, b) = two_peers().await;
     let (lease, _) = a.lease("remembered", "w", 30, 0.0).await;
     a.put_state_with_lease("remembered", &json!({"completed": {"v": 1}}), &lease)
         .await;
     a.release("remembered", &lease).await;
-    assert_eq!(a.get_state("remembered").await.status, StatusCode::OK);
+    a.get_state("remembered").await.expect(StatusCode::OK);
 
     let deleted = b
         .request(Method::DELETE, "/v1/states?pattern=remember*", None, &[])
         .await;
     assert_eq!(deleted.json()["deleted"], 1);
-    assert_eq!(
-        a.get_state("remembered").await.status,
-        StatusCode::NOT_FOUND
-    );
+    a.get_state("remembered")
+        .await
+        .expect(StatusCode::NOT_FOUND);
     let patch = a
         .patch_state("remembered", &json!({"partial": {"w": 2}}))
         .await;
-    assert_eq!(patch.status, StatusCode::CREATED, "{}", patch.text);
+    patch.expect(StatusCode::CREATED);
     assert_eq!(
         patch.json()["completed"],
         json!({}),

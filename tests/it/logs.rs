@@ -55,7 +55,7 @@ async fn client_text_is_escaped_in_every_text_log_line() {
             &json!({"owner": format!("owner{FORGED}"), "ttl_seconds": 60}),
         )
         .await;
-    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
+    acquired.expect(StatusCode::CREATED);
     let unlocked = api
         .request(
             Method::DELETE,
@@ -68,11 +68,11 @@ async fn client_text_is_escaped_in_every_text_log_line() {
             &[],
         )
         .await;
-    assert_eq!(unlocked.status, StatusCode::NO_CONTENT);
+    unlocked.expect(StatusCode::NO_CONTENT);
     let written = api
         .put_state(&id, &json!({"completed": {"owner": format!("v{FORGED}")}}))
         .await;
-    assert_eq!(written.status, StatusCode::CREATED);
+    written.expect(StatusCode::CREATED);
 
     // Stream names: a bookmark that goes backwards is logged with its
     // stream's name, by a PUT, a PATCH and a bulk import alike.
@@ -109,7 +109,7 @@ async fn client_text_is_escaped_in_every_text_log_line() {
             &[],
         )
         .await;
-    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+    imported.expect(StatusCode::OK);
 
     // pattern: deleting by pattern logs it.
     let deleted = api

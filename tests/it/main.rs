@@ -1,12 +1,14 @@
 //! Integration tests, one binary: a real gateway on a real ClickHouse engine
 //! (the project's local ClickHouse, see localch/), over HTTP.
 
+mod api;
 mod auth;
 mod bad_input;
 mod balancer;
 mod bookmark_regressions;
 mod bookmarks;
 mod bulk;
+mod checker;
 mod cli;
 mod clickhouse_faults;
 mod contract;

@@ -13,12 +13,7 @@ use crate::helpers::{Reply, metric, spawn_app_with};
 use crate::proxy::spawn_app_behind_proxy;
 
 fn assert_overloaded(reply: &Reply) {
-    assert_eq!(
-        reply.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        reply.text
-    );
+    reply.expect(StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.problem_type(), "overloaded");
     let retry_after: u64 = reply
         .header("retry-after")
@@ -38,7 +33,7 @@ async fn a_flood_of_four_times_the_limit_is_answered_or_shed_never_queued() {
     let created = app
         .put_state("flooded", &json!({"completed": {"v": 1}}))
         .await;
-    assert_eq!(created.status, StatusCode::CREATED);
+    created.expect(StatusCode::CREATED);
 
     // Slow ClickHouse round trips make the flood's requests overlap.
     proxy.set_delay(Duration::from_millis(400));
@@ -60,7 +55,7 @@ async fn a_flood_of_four_times_the_limit_is_answered_or_shed_never_queued() {
         .await
         .expect("the flood is shed at once, not queued");
     for path in ["/healthz", "/readyz", "/metrics"] {
-        assert_eq!(app.get(path).await.status, StatusCode::OK, "{path}");
+        app.get(path).await.expect_because(StatusCode::OK, path);
     }
     let mut answered = 0;
     let mut shed = 0;
@@ -82,11 +77,11 @@ async fn a_flood_of_four_times_the_limit_is_answered_or_shed_never_queued() {
 
     proxy.set_delay(Duration::ZERO);
     let after = app.get_state("flooded").await;
-    assert_eq!(after.status, StatusCode::OK, "{}", after.text);
+    after.expect(StatusCode::OK);
     let written = app
         .put_state("flooded", &json!({"completed": {"v": 2}}))
         .await;
-    assert_eq!(written.status, StatusCode::OK, "{}", written.text);
+    written.expect(StatusCode::OK);
     let metrics = app.get("/metrics").await.text;
     assert_eq!(
         metric(
@@ -122,10 +117,10 @@ async fn lock_acquires_count_against_the_waiter_limit_not_the_request_limit() {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
-                    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+                    reply.expect(StatusCode::CREATED);
                     let lease = reply.json()["lease_id"].as_str().unwrap().to_owned();
                     let released = api.release("busy", &lease).await;
-                    assert_eq!(released.status, StatusCode::NO_CONTENT);
+                    released.expect(StatusCode::NO_CONTENT);
                     return shed;
                 }
             })
@@ -142,10 +137,9 @@ async fn lock_acquires_count_against_the_waiter_limit_not_the_request_limit() {
             .await;
         if reply.status == StatusCode::CREATED {
             let lease = reply.json()["lease_id"].as_str().unwrap().to_owned();
-            assert_eq!(
-                app.release(&id, &lease).await.status,
-                StatusCode::NO_CONTENT
-            );
+            app.release(&id, &lease)
+                .await
+                .expect(StatusCode::NO_CONTENT);
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
@@ -163,16 +157,15 @@ async fn lock_acquires_count_against_the_waiter_limit_not_the_request_limit() {
 
     // The waiters hold no place under the request limit (of one).
     for _ in 0..3 {
-        assert_eq!(app.get("/v1/states").await.status, StatusCode::OK);
+        app.get("/v1/states").await.expect(StatusCode::OK);
         let lock = app.get("/v1/locks/busy").await;
-        assert_eq!(lock.status, StatusCode::OK);
+        lock.expect(StatusCode::OK);
         assert_eq!(lock.json()["owner"], "holder");
     }
 
-    assert_eq!(
-        app.release("busy", &held).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("busy", &held)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     let mut waiters_shed = 0;
     for waiter in waiters {
         waiters_shed += tokio::time::timeout(Duration::from_secs(60), waiter)
@@ -181,10 +174,9 @@ async fn lock_acquires_count_against_the_waiter_limit_not_the_request_limit() {
             .unwrap();
     }
     let (again, _) = app.lease("busy", "after", 60, 0.0).await;
-    assert_eq!(
-        app.release("busy", &again).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("busy", &again)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     let metrics = app.get("/metrics").await.text;
     assert_eq!(
         metric(
@@ -207,7 +199,7 @@ async fn lock_request_bodies_have_a_small_limit_of_their_own() {
     let at_limit = app
         .request(Method::POST, "/v1/locks/padded", Some(&padded(limit)), &[])
         .await;
-    assert_eq!(at_limit.status, StatusCode::CREATED, "{}", at_limit.text);
+    at_limit.expect(StatusCode::CREATED);
     let over = app
         .request(
             Method::POST,
@@ -216,10 +208,9 @@ async fn lock_request_bodies_have_a_small_limit_of_their_own() {
             &[],
         )
         .await;
-    assert_eq!(over.status, StatusCode::PAYLOAD_TOO_LARGE);
+    over.expect(StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(over.problem_type(), "payload-too-large");
-    assert_eq!(
-        app.get("/v1/locks/padded-more").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.get("/v1/locks/padded-more")
+        .await
+        .expect(StatusCode::NOT_FOUND);
 }

@@ -6,53 +6,22 @@
 //! overlap when K >= 2, and every cycle is there. One gateway, two (with
 //! renewals through the other one), two in keeper mode on two ClickHouse
 //! nodes, and two where the authority is killed.
-//! (`scripts/test` runs these in keeper mode too.) The pool API as the
-//! tests call it is here too, shared with `pools`, as `lock_concurrency`
-//! shares its lock worker.
+//! (`scripts/test` runs these in keeper mode too.) What `pools` shares
+//! with it is here too: a grant as the tests read it, and its checks.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use reqwest::StatusCode;
+use serde_json::Value;
 use statehouse::config::parse_clickhouse_url;
 use statehouse::domain::Coordination;
 
 use crate::helpers::{
-    Api, Reply, TestApp, clickhouse_url, encode_id, node_b_url, peer_config, spawn_app,
-    spawn_configured, spawn_peer_process, unique_schema,
+    Api, Reply, ask, clickhouse_url, node_b_url, peer_config, spawn_app, spawn_configured,
+    spawn_peer_process, two_peers, unique_schema,
 };
 use crate::lock_faults::millis;
-
-pub fn pool_path(name: &str) -> String {
-    format!("/v1/pools/{}", encode_id(name))
-}
-
-/// An acquire body with the fields every test sets.
-pub fn ask(owner: &str, limit: u64, ttl: u64, wait: f64) -> Value {
-    json!({"owner": owner, "limit": limit, "ttl_seconds": ttl, "wait_seconds": wait})
-}
-
-/// POST /v1/pools/{name}, as sent; `Api::request` checks the answer against openapi.yaml.
-pub async fn pool_acquire(api: &Api, name: &str, body: &Value) -> Reply {
-    api.request(Method::POST, &pool_path(name), Some(&body.to_string()), &[])
-        .await
-}
-
-pub async fn pool_renew(api: &Api, name: &str, lease_id: &str, ttl: u64) -> Reply {
-    let body = json!({ "ttl_seconds": ttl }).to_string();
-    let path = format!("{}/{lease_id}", pool_path(name));
-    api.request(Method::PUT, &path, Some(&body), &[]).await
-}
-
-pub async fn pool_release(api: &Api, name: &str, lease_id: &str) -> Reply {
-    let path = format!("{}/{lease_id}", pool_path(name));
-    api.request(Method::DELETE, &path, None, &[]).await
-}
-
-pub async fn pool_view(api: &Api, name: &str) -> Reply {
-    api.get(&pool_path(name)).await
-}
 
 /// A pool lease as its 201 (or a renewal's 200) tells it.
 #[derive(Clone, Debug)]
@@ -66,7 +35,7 @@ pub struct Grant {
 
 impl Grant {
     pub fn from_reply(reply: &Reply, status: StatusCode) -> Self {
-        assert_eq!(reply.status, status, "{}", reply.text);
+        reply.expect(status);
         let body = reply.json();
         let time = |field: &str| {
             millis(
@@ -87,7 +56,7 @@ impl Grant {
 
 /// Acquires with `body` or panics.
 pub async fn take_with(api: &Api, name: &str, body: &Value) -> Grant {
-    Grant::from_reply(&pool_acquire(api, name, body).await, StatusCode::CREATED)
+    Grant::from_reply(&api.pool_acquire(name, body).await, StatusCode::CREATED)
 }
 
 pub async fn take(api: &Api, name: &str, owner: &str, limit: u64, ttl: u64, wait: f64) -> Grant {
@@ -125,13 +94,13 @@ pub fn assert_shows_no_lease_id(body: &Value, leases: &[&Grant]) {
 
 /// Releases `lease`, which must be current.
 pub async fn give_back(api: &Api, name: &str, lease: &Grant) {
-    let reply = pool_release(api, name, &lease.lease_id).await;
-    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text);
+    let reply = api.pool_release(name, &lease.lease_id).await;
+    reply.expect(StatusCode::NO_CONTENT);
 }
 
 /// Asserts an answer's status and problem type.
 pub fn problem(reply: &Reply, status: StatusCode, kind: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text);
+    reply.expect(status);
     assert_eq!(reply.problem_type(), kind, "{}", reply.text);
 }
 
@@ -228,7 +197,7 @@ async fn worker(
         let grant = take(&via, pool, &owner, limit, 30, 120.0).await;
         let start = Instant::now();
         tokio::time::sleep(Duration::from_millis(30)).await;
-        let renewed = pool_renew(&renew_via, pool, &grant.lease_id, 30).await;
+        let renewed = renew_via.pool_renew(pool, &grant.lease_id, 30).await;
         let renewed = Grant::from_reply(&renewed, StatusCode::OK);
         assert_eq!(
             (renewed.lease_id.as_str(), renewed.token),
@@ -236,13 +205,8 @@ async fn worker(
             "{owner}: the renewal is of the same lease"
         );
         let end = Instant::now();
-        let released = pool_release(&via, pool, &grant.lease_id).await;
-        assert_eq!(
-            released.status,
-            StatusCode::NO_CONTENT,
-            "{owner}: {}",
-            released.text
-        );
+        let released = via.pool_release(pool, &grant.lease_id).await;
+        released.expect_because(StatusCode::NO_CONTENT, &owner);
         log.lock()
             .unwrap()
             .push(Slot::of(&grant, asked, start, end));
@@ -273,10 +237,10 @@ async fn run(gateways: &[Api], pool: &'static str, limit: u64, workers: usize, c
     }
     check_slots(&log, limit as usize, workers * cycles);
     // Every slot given back: nobody holds or waits.
-    assert_eq!(
-        pool_view(&gateways[0], pool).await.status,
-        StatusCode::NOT_FOUND
-    );
+    gateways[0]
+        .pool_view(pool)
+        .await
+        .expect(StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -289,14 +253,6 @@ async fn one_gateway_8_workers_on_3_slots() {
 async fn one_gateway_6_workers_on_1_slot() {
     let app = spawn_app().await;
     run(std::slice::from_ref(&app.api), "one-slot", 1, 6, 5).await;
-}
-
-/// Two gateways on one database that forward to each other.
-async fn two_peers() -> (TestApp, TestApp) {
-    let schema = unique_schema();
-    let a = spawn_configured(peer_config(&schema)).await;
-    let b = spawn_configured(peer_config(&schema)).await;
-    (a, b)
 }
 
 /// Acceptance 5: two gateways act as one pool, and a lease renews through
@@ -334,7 +290,7 @@ async fn take_after_takeover(
 ) -> Result<Grant, Reply> {
     let give_up = Instant::now() + Duration::from_secs(20);
     loop {
-        let reply = pool_acquire(api, pool, &ask(owner, limit, 30, 10.0)).await;
+        let reply = api.pool_acquire(pool, &ask(owner, limit, 30, 10.0)).await;
         match reply.status {
             StatusCode::CREATED => return Ok(Grant::from_reply(&reply, StatusCode::CREATED)),
             StatusCode::SERVICE_UNAVAILABLE if Instant::now() < give_up => {
@@ -384,7 +340,7 @@ async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
         take(&first, pool, "dead-1", 2, 3, 0.0).await,
         take(&first, pool, "dead-2", 2, 3, 0.0).await,
     ];
-    let view = pool_view(&first, pool).await.json();
+    let view = first.pool_view(pool).await.json();
     let authority = view["holders"][0]["gateway_id"]
         .as_str()
         .expect("gateway_id")
@@ -449,7 +405,7 @@ async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
         then.token
     );
     // The survivor's two hold the pool: no third slot.
-    let full = pool_acquire(&survivor, pool, &ask("third", 2, 30, 0.0)).await;
+    let full = survivor.pool_acquire(pool, &ask("third", 2, 30, 0.0)).await;
     problem(&full, StatusCode::CONFLICT, "pool-full");
 }
 

@@ -13,26 +13,21 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{Api, Reply, encode_id, spawn_app, spawn_app_with};
+use crate::helpers::{Api, Reply, ask, pool_path, spawn_app, spawn_app_with};
 use crate::lock_faults::millis;
 use crate::pool_checker::{
-    Grant, Slot, SlotLog, ask, assert_shows_no_lease_id, check_slots, give_back, pool_acquire,
-    pool_path, pool_release, pool_renew, pool_view, problem, refused, take, take_with,
+    Grant, Slot, SlotLog, assert_shows_no_lease_id, check_slots, give_back, problem, refused, take,
+    take_with,
 };
 
 /// An acquire that cannot wait, refused with `kind` (see [`refused`]).
 async fn no_slot(api: &Api, name: &str, limit: u64, kind: &str, leases: &[&Grant]) -> Value {
     refused(
-        &pool_acquire(api, name, &ask("turned-away", limit, 60, 0.0)).await,
+        &api.pool_acquire(name, &ask("turned-away", limit, 60, 0.0))
+            .await,
         kind,
         leases,
     )
-}
-
-/// The admin's DELETE /v1/pools/{name}?reason=...
-async fn end_pool(api: &Api, name: &str, reason: &str) -> Reply {
-    let path = format!("{}?reason={}", pool_path(name), encode_id(reason));
-    api.request(Method::DELETE, &path, None, &[]).await
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -54,7 +49,7 @@ fn owners(body: &Value) -> BTreeSet<String> {
 async fn until_waiting(api: &Api, name: &str, n: u64) {
     let give_up = Instant::now() + Duration::from_secs(10);
     loop {
-        let view = pool_view(api, name).await;
+        let view = api.pool_view(name).await;
         if view.status == StatusCode::OK && view.json()["waiting"] == n {
             return;
         }
@@ -66,7 +61,7 @@ async fn until_waiting(api: &Api, name: &str, n: u64) {
 /// The entry of `name` in GET /v1/pools, if listed.
 async fn listed(api: &Api, name: &str) -> Option<Value> {
     let list = api.get("/v1/pools").await;
-    assert_eq!(list.status, StatusCode::OK, "{}", list.text);
+    list.expect(StatusCode::OK);
     list.json()["pools"]
         .as_array()
         .expect("pools")
@@ -168,8 +163,8 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
         tokio::spawn(async move { take(&api, name, "run-d", 2, 60, 30.0).await })
     };
     until_waiting(&app, name, 1).await;
-    let view = pool_view(&app, name).await;
-    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    let view = app.pool_view(name).await;
+    view.expect(StatusCode::OK);
     let view = view.json();
     assert_shows_no_lease_id(&view, &[&a, &b]);
     assert_eq!(
@@ -196,15 +191,15 @@ async fn a_full_pool_says_who_holds_and_who_waits_and_is_gone_once_empty() {
     give_back(&app, name, &a).await;
     let d = waiter.await.unwrap();
     assert!(d.token > b.token, "{} after {}", d.token, b.token);
-    let view = pool_view(&app, name).await.json();
+    let view = app.pool_view(name).await.json();
     assert_eq!(owners(&view), set(&["run-b", "run-d"]));
     assert_eq!(view["waiting"], 0, "{view}");
 
     for lease in [&b, &d] {
         give_back(&app, name, lease).await;
     }
-    let gone = pool_view(&app, name).await;
-    assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+    let gone = app.pool_view(name).await;
+    gone.expect(StatusCode::NOT_FOUND);
     assert_eq!(gone.problem_type(), "pool-not-found");
     assert_eq!(
         listed(&app, name).await,
@@ -223,7 +218,7 @@ async fn another_limit_is_refused_while_held_and_accepted_once_empty() {
     let mismatch = no_slot(&app, name, 3, "pool-limit-mismatch", &[&held]).await;
     assert_eq!(mismatch["pool"], name);
     assert_eq!(mismatch["limit"], 2, "names the pool's limit: {mismatch}");
-    let view = pool_view(&app, name).await.json();
+    let view = app.pool_view(name).await.json();
     assert_eq!(
         (view["limit"].as_u64(), owners(&view).len()),
         (Some(2), 1),
@@ -233,7 +228,7 @@ async fn another_limit_is_refused_while_held_and_accepted_once_empty() {
     give_back(&app, name, &held).await;
     let again = take(&app, name, "second", 3, 60, 0.0).await;
     assert_eq!(again.body["limit"], 3);
-    assert_eq!(pool_view(&app, name).await.json()["limit"], 3);
+    assert_eq!(app.pool_view(name).await.json()["limit"], 3);
 }
 
 /// Acceptance 4: waiters on a full pool of 1 are granted in arrival order.
@@ -285,7 +280,7 @@ async fn a_pool_leases_info_shows_everywhere_and_over_4_kib_is_refused() {
     )
     .await;
     assert_eq!(held.body["info"], info, "the 201");
-    let view = pool_view(&app, name).await.json();
+    let view = app.pool_view(name).await.json();
     assert_eq!(
         view["holders"][0]["info"], info,
         "GET /v1/pools/{{name}}: {view}"
@@ -295,13 +290,11 @@ async fn a_pool_leases_info_shows_everywhere_and_over_4_kib_is_refused() {
 
     // {"k":"…"} is 8 bytes around the value: 4097 in all, as for locks.
     let over = json!({"owner": "w", "limit": 1, "info": {"k": "x".repeat(4089)}});
-    let reply = pool_acquire(&app, "big-info", &over).await;
+    let reply = app.pool_acquire("big-info", &over).await;
     problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
-    assert_eq!(
-        pool_view(&app, "big-info").await.status,
-        StatusCode::NOT_FOUND,
-        "no lease taken"
-    );
+    app.pool_view("big-info")
+        .await
+        .expect_because(StatusCode::NOT_FOUND, "no lease taken");
     take_with(
         &app,
         "big-info",
@@ -314,13 +307,6 @@ const ROOT: &str = "root-admin-token-0123456789";
 const READ_A: &str = "team-a-read-token-0123456789";
 const WRITE_A: &str = "team-a-write-token-0123456789";
 const ADMIN_A: &str = "team-a-admin-token-0123456789";
-
-async fn call(api: &Api, method: Method, path: &str, body: Option<&Value>, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    let body = body.map(Value::to_string);
-    api.request(method, path, body.as_deref(), &[("authorization", &bearer)])
-        .await
-}
 
 /// Acceptance 9: a token scoped to team-a-* cannot touch team-b-src's pool
 /// in any way, and lists only its own.
@@ -342,7 +328,10 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
     let post = |name: &str, owner: &str, token: &'static str| {
         let (path, body) = (pool_path(name), ask(owner, 1, 600, 0.0));
         let api = app.api.clone();
-        async move { call(&api, Method::POST, &path, Some(&body), token).await }
+        async move {
+            api.call(Method::POST, &path, Some(&body.to_string()), token)
+                .await
+        }
     };
     let held = Grant::from_reply(&post(outside, "team-b", ROOT).await, StatusCode::CREATED);
     Grant::from_reply(
@@ -356,12 +345,17 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
         (
             Method::POST,
             pool_path(outside),
-            Some(ask("team-a", 1, 60, 0.0)),
+            Some(ask("team-a", 1, 60, 0.0).to_string()),
             WRITE_A,
         ),
         (Method::GET, pool_path(outside), None, READ_A),
         (Method::GET, pool_path(outside), None, WRITE_A),
-        (Method::PUT, lease_path.clone(), Some(renew), WRITE_A),
+        (
+            Method::PUT,
+            lease_path.clone(),
+            Some(renew.to_string()),
+            WRITE_A,
+        ),
         (Method::DELETE, lease_path.clone(), None, WRITE_A),
         (
             Method::DELETE,
@@ -371,11 +365,14 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
         ),
     ];
     for (method, path, body, token) in tries {
-        let reply = call(&app, method.clone(), &path, body.as_ref(), token).await;
+        let reply = app
+            .call(method.clone(), &path, body.as_deref(), token)
+            .await;
         problem(&reply, StatusCode::FORBIDDEN, "out-of-scope");
     }
     // Nothing changed: the same lease holds the only slot.
-    let view = call(&app, Method::GET, &pool_path(outside), None, ROOT)
+    let view = app
+        .call(Method::GET, &pool_path(outside), None, ROOT)
         .await
         .json();
     assert_eq!(view["holders"][0]["fencing_token"], held.token, "{view}");
@@ -385,11 +382,13 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
         "{view}"
     );
     let renew = json!({"ttl_seconds": 60});
-    let renewed = call(&app, Method::PUT, &lease_path, Some(&renew), ROOT).await;
+    let renewed = app
+        .call(Method::PUT, &lease_path, Some(&renew.to_string()), ROOT)
+        .await;
     Grant::from_reply(&renewed, StatusCode::OK);
 
     let names = |reply: Reply| -> BTreeSet<String> {
-        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        reply.expect(StatusCode::OK);
         reply.json()["pools"]
             .as_array()
             .unwrap()
@@ -398,10 +397,10 @@ async fn a_scoped_token_is_kept_to_pools_in_its_scope() {
             .collect()
     };
     for token in [READ_A, WRITE_A, ADMIN_A] {
-        let seen = names(call(&app, Method::GET, "/v1/pools", None, token).await);
+        let seen = names(app.call(Method::GET, "/v1/pools", None, token).await);
         assert_eq!(seen, set(&["team-a-src"]), "{token}");
     }
-    let all = names(call(&app, Method::GET, "/v1/pools", None, ROOT).await);
+    let all = names(app.call(Method::GET, "/v1/pools", None, ROOT).await);
     assert_eq!(all, set(&["team-a-src", outside]));
 }
 
@@ -410,7 +409,7 @@ async fn a_renewal_moves_expires_at_and_keeps_lease_and_token() {
     let app = spawn_app().await;
     let held = take(&app, "renewed", "w", 2, 5, 0.0).await;
     let renewed = Grant::from_reply(
-        &pool_renew(&app, "renewed", &held.lease_id, 600).await,
+        &app.pool_renew("renewed", &held.lease_id, 600).await,
         StatusCode::OK,
     );
     assert_eq!(
@@ -423,7 +422,7 @@ async fn a_renewal_moves_expires_at_and_keeps_lease_and_token() {
         held.body,
         renewed.body
     );
-    let view = pool_view(&app, "renewed").await.json();
+    let view = app.pool_view("renewed").await.json();
     assert_eq!(
         view["holders"][0]["expires_at"], renewed.body["expires_at"],
         "{view}"
@@ -438,13 +437,14 @@ async fn a_lease_that_is_not_current_cannot_be_released_or_renewed() {
     let other = take(&app, name, "v", 2, 60, 0.0).await;
     give_back(&app, name, &gone).await;
     for reply in [
-        pool_release(&app, name, &gone.lease_id).await,
-        pool_renew(&app, name, &gone.lease_id, 60).await,
-        pool_release(&app, name, &uuid::Uuid::new_v4().to_string()).await,
+        app.pool_release(name, &gone.lease_id).await,
+        app.pool_renew(name, &gone.lease_id, 60).await,
+        app.pool_release(name, &uuid::Uuid::new_v4().to_string())
+            .await,
     ] {
         problem(&reply, StatusCode::CONFLICT, "lease-not-current");
     }
-    let view = pool_view(&app, name).await.json();
+    let view = app.pool_view(name).await.json();
     assert_eq!(
         view["holders"][0]["fencing_token"], other.token,
         "the other holds on: {view}"
@@ -460,21 +460,21 @@ async fn an_admin_delete_ends_every_lease_of_the_pool() {
         take(&app, name, "a", 2, 600, 0.0).await,
         take(&app, name, "b", 2, 600, 0.0).await,
     ];
-    let too_long = end_pool(&app, name, &"r".repeat(513)).await;
+    let too_long = app.pool_end(name, &"r".repeat(513)).await;
     problem(&too_long, StatusCode::BAD_REQUEST, "invalid-query");
     assert_eq!(
-        owners(&pool_view(&app, name).await.json()).len(),
+        owners(&app.pool_view(name).await.json()).len(),
         2,
         "nothing ended"
     );
 
-    let ended = end_pool(&app, name, "source migration").await;
-    assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
+    let ended = app.pool_end(name, "source migration").await;
+    ended.expect(StatusCode::NO_CONTENT);
     for lease in &leases {
-        let renew = pool_renew(&app, name, &lease.lease_id, 600).await;
+        let renew = app.pool_renew(name, &lease.lease_id, 600).await;
         problem(&renew, StatusCode::CONFLICT, "lease-not-current");
     }
-    assert_eq!(pool_view(&app, name).await.status, StatusCode::NOT_FOUND);
+    app.pool_view(name).await.expect(StatusCode::NOT_FOUND);
     let next = take(&app, name, "c", 2, 60, 0.0).await;
     assert!(
         next.token > leases[1].token,
@@ -488,13 +488,10 @@ async fn an_admin_delete_ends_every_lease_of_the_pool() {
 async fn a_limit_outside_1_to_1000_is_refused() {
     let app = spawn_app().await;
     for limit in [0, 1001] {
-        let reply = pool_acquire(&app, "limits", &ask("w", limit, 60, 0.0)).await;
+        let reply = app.pool_acquire("limits", &ask("w", limit, 60, 0.0)).await;
         problem(&reply, StatusCode::BAD_REQUEST, "invalid-body");
     }
-    assert_eq!(
-        pool_view(&app, "limits").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.pool_view("limits").await.expect(StatusCode::NOT_FOUND);
     for limit in [1, 1000] {
         let held = take(&app, &format!("limits-{limit}"), "w", limit, 60, 0.0).await;
         assert_eq!(held.body["limit"], limit);
@@ -510,17 +507,12 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     let body = json!({"owner": "w", "limit": 1, "ttl_seconds": 600, "lock_delay_seconds": 2});
     let held = take_with(&app, name, &body).await;
     assert_eq!(held.body["lock_delay_seconds"], 2);
-    let ended = end_pool(&app, name, "stuck").await;
-    assert_eq!(ended.status, StatusCode::NO_CONTENT, "{}", ended.text);
+    let ended = app.pool_end(name, "stuck").await;
+    ended.expect(StatusCode::NO_CONTENT);
 
     // The spec leaves the 409's type open: a full pool or a lock-delay.
-    let busy = pool_acquire(&app, name, &ask("next", 1, 60, 0.0)).await;
-    assert_eq!(
-        busy.status,
-        StatusCode::CONFLICT,
-        "the slot is kept: {}",
-        busy.text
-    );
+    let busy = app.pool_acquire(name, &ask("next", 1, 60, 0.0)).await;
+    busy.expect_because(StatusCode::CONFLICT, "the slot is kept");
     let kind = busy.problem_type();
     assert!(
         ["pool-full", "lock-delay"].contains(&kind.as_str()),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 
 use crate::helpers::{
-    Api, GatewayProcess, Reply, clickhouse_url, metric, spawn_gateway_process, unique_schema,
+    Api, GatewayProcess, clickhouse_url, metric, spawn_gateway_process, unique_schema,
 };
 
 const STAYS: &str = "stays-token-0123456789";
@@ -20,12 +20,8 @@ const EXPIRED: &str = "expired-token-0123456789";
 const SCOPED: &str = "scoped-token-0123456789";
 const ADMIN: &str = "admin-token-0123456789";
 
-async fn call(api: &Api, method: Method, path: &str, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    let body = (method == Method::PUT).then_some(r#"{"completed": {"n": 1}}"#);
-    api.request(method, path, body, &[("authorization", &bearer)])
-        .await
-}
+/// What the tests PUT: any state will do.
+const DOC: &str = r#"{"completed": {"n": 1}}"#;
 
 async fn gateway(tokens_file: &Path) -> GatewayProcess {
     let schema = unique_schema();
@@ -54,7 +50,10 @@ fn hang_up(process: &GatewayProcess) {
 async fn until_status(api: &Api, token: &str, expected: StatusCode) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let status = call(api, Method::GET, "/v1/states", token).await.status;
+        let status = api
+            .call(Method::GET, "/v1/states", None, token)
+            .await
+            .status;
         if status == expected {
             return;
         }
@@ -94,10 +93,9 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     write(&file, &format!("write {STAYS} workers\nread {OLD} old\n"));
     let mut process = gateway(&file).await;
     let api = process.api();
-    assert_eq!(
-        call(&api, Method::GET, "/v1/states", OLD).await.status,
-        StatusCode::OK
-    );
+    api.call(Method::GET, "/v1/states", None, OLD)
+        .await
+        .expect(StatusCode::OK);
 
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicUsize::new(0));
@@ -107,8 +105,12 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
             tokio::spawn(async move {
                 let path = format!("/v1/states/client-{n}");
                 while !stop.load(Ordering::Relaxed) {
-                    let method = if n % 2 == 0 { Method::PUT } else { Method::GET };
-                    let reply = call(&api, method, &path, STAYS).await;
+                    let (method, body) = if n % 2 == 0 {
+                        (Method::PUT, Some(DOC))
+                    } else {
+                        (Method::GET, None)
+                    };
+                    let reply = api.call(method, &path, body, STAYS).await;
                     assert!(
                         reply.status.is_success() || reply.status == StatusCode::NOT_FOUND,
                         "client {n}: {} {}",
@@ -124,10 +126,9 @@ async fn sighup_replaces_a_token_while_16_clients_send_requests_and_none_fails()
     write(&file, &format!("write {STAYS} workers\nread {NEW} new\n"));
     hang_up(&process);
     until_status(&api, NEW, StatusCode::OK).await;
-    assert_eq!(
-        call(&api, Method::GET, "/v1/states", OLD).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    api.call(Method::GET, "/v1/states", None, OLD)
+        .await
+        .expect(StatusCode::UNAUTHORIZED);
     // Another SIGHUP in the middle of the traffic, with nothing changed.
     hang_up(&process);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -160,16 +161,12 @@ async fn a_file_that_does_not_parse_keeps_the_old_tokens_and_a_change_is_picked_
         hang_up(&process);
         // Past the debounce of a change, too.
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert_eq!(
-            call(&api, Method::GET, "/v1/states", OLD).await.status,
-            StatusCode::OK,
-            "{broken:?}"
-        );
-        assert_eq!(
-            call(&api, Method::GET, "/v1/states", NEW).await.status,
-            StatusCode::UNAUTHORIZED,
-            "{broken:?}"
-        );
+        api.call(Method::GET, "/v1/states", None, OLD)
+            .await
+            .expect_because(StatusCode::OK, format!("{broken:?}"));
+        api.call(Method::GET, "/v1/states", None, NEW)
+            .await
+            .expect_because(StatusCode::UNAUTHORIZED, format!("{broken:?}"));
     }
     // No SIGHUP: the change of the file is enough.
     write(&file, &format!("read {NEW} new\n"));
@@ -203,7 +200,7 @@ async fn sighup_does_not_end_a_gateway_without_tls_or_tokens_file() {
         process.child.try_wait().unwrap().is_none(),
         "SIGHUP ended the gateway"
     );
-    assert_eq!(process.api().get("/readyz").await.status, StatusCode::OK);
+    process.api().get("/readyz").await.expect(StatusCode::OK);
     process.terminate().await;
 }
 
@@ -222,8 +219,8 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
     );
     let process = gateway(&file).await;
     let api = process.api();
-    let expired = call(&api, Method::GET, "/v1/states", EXPIRED).await;
-    assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
+    let expired = api.call(Method::GET, "/v1/states", None, EXPIRED).await;
+    expired.expect(StatusCode::UNAUTHORIZED);
     assert_eq!(expired.problem_type(), "unauthorized");
     assert!(
         expired.json()["detail"]
@@ -233,25 +230,20 @@ async fn expiry_and_each_denial_are_counted_and_logged_by_name_never_by_token() 
         "{}",
         expired.text
     );
-    assert_eq!(
-        call(&api, Method::GET, "/v1/states", STAYS).await.status,
-        StatusCode::OK
-    );
+    api.call(Method::GET, "/v1/states", None, STAYS)
+        .await
+        .expect(StatusCode::OK);
 
-    assert_eq!(
-        call(&api, Method::GET, "/v1/states", "nobody-token-0123456789")
-            .await
-            .status,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        call(&api, Method::DELETE, "/v1/locks/team-a:x", SCOPED)
-            .await
-            .status,
-        StatusCode::FORBIDDEN
-    );
+    api.call(Method::GET, "/v1/states", None, "nobody-token-0123456789")
+        .await
+        .expect(StatusCode::UNAUTHORIZED);
+    api.call(Method::DELETE, "/v1/locks/team-a:x", None, SCOPED)
+        .await
+        .expect(StatusCode::FORBIDDEN);
     for _ in 0..2 {
-        let outside = call(&api, Method::PUT, "/v1/states/team-b:x", SCOPED).await;
+        let outside = api
+            .call(Method::PUT, "/v1/states/team-b:x", Some(DOC), SCOPED)
+            .await;
         assert_eq!(outside.problem_type(), "out-of-scope");
     }
     let metrics = api.get("/metrics").await.text;

@@ -178,19 +178,18 @@ async fn the_command_holds_the_lease_from_its_environment() {
     // Writes with the command's lease land; others are refused while it runs.
     let doc = json!({"completed": {"singer_state": {"n": 1}}});
     let written = app.put_state_with_lease(state_id, &doc, lease_id).await;
-    assert_eq!(written.status, StatusCode::CREATED, "{}", written.text);
+    written.expect(StatusCode::CREATED);
     let other = app.put_state(state_id, &doc).await;
-    assert_eq!(other.status, StatusCode::CONFLICT);
+    other.expect(StatusCode::CONFLICT);
     assert_eq!(other.problem_type(), "state-locked");
 
     std::fs::write(scratch.path("go"), "").unwrap();
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     let after = app.put_state_with_lease(state_id, &doc, lease_id).await;
-    assert_eq!(
-        after.status,
+    after.expect_because(
         StatusCode::CONFLICT,
-        "the lease was released when the command ended"
+        "the lease was released when the command ended",
     );
 }
 
@@ -243,10 +242,9 @@ async fn with_a_wait_it_runs_once_the_holder_lets_go() {
     );
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(!scratch.path("ran").exists(), "it waits for the holder");
-    assert_eq!(
-        app.release("job", &lease_id).await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.release("job", &lease_id)
+        .await
+        .expect(StatusCode::NO_CONTENT);
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     assert!(scratch.path("ran").exists());
@@ -366,7 +364,7 @@ async fn a_force_unlock_stops_the_command_and_exits_76() {
     let unlocked = app
         .request(Method::DELETE, "/v1/locks/job", None, &[])
         .await;
-    assert_eq!(unlocked.status, StatusCode::NO_CONTENT);
+    unlocked.expect(StatusCode::NO_CONTENT);
     let at = Instant::now();
     until("SIGTERM", Duration::from_secs(5), || {
         scratch.path("terminated").exists()
@@ -629,7 +627,7 @@ async fn meltanos_own_settings_are_enough_to_find_the_gateway_and_its_token() {
             &[("authorization", &bearer)],
         )
         .await;
-    assert_eq!(after.status, StatusCode::NOT_FOUND, "and released it");
+    after.expect_because(StatusCode::NOT_FOUND, "and released it");
 }
 
 #[test]

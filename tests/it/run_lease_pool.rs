@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 
 use crate::helpers::{metric, spawn_app};
 use crate::run_lease::{BIN, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until};
@@ -68,7 +68,7 @@ async fn four_runs_of_a_pool_of_two_go_two_at_a_time_and_all_finish() {
         last - first
     );
     // Everything was released.
-    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("P").await.expect(StatusCode::NOT_FOUND);
     for id in ["dev:job-a", "dev:job-b"] {
         assert_eq!(lock_status(&app, id).await, StatusCode::NOT_FOUND, "{id}");
     }
@@ -115,7 +115,7 @@ async fn a_full_pool_exits_75_naming_its_holder_and_what_was_taken_is_released()
     let (status, stderr) = ended(busy, Duration::from_secs(20)).await;
     assert_eq!(status, Some(75), "{stderr}");
     assert!(!scratch.path("ran").exists());
-    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("A").await.expect(StatusCode::NOT_FOUND);
 
     // So is a pool taken before a state_id another holds.
     let (lease_id, _) = app.lease("job", "other-worker", 60, 0.0).await;
@@ -129,13 +129,13 @@ async fn a_full_pool_exits_75_naming_its_holder_and_what_was_taken_is_released()
     assert_eq!(status, Some(75), "{stderr}");
     assert!(stderr.contains("other-worker"), "{stderr}");
     assert!(!scratch.path("ran").exists());
-    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("A").await.expect(StatusCode::NOT_FOUND);
     app.release("job", &lease_id).await;
 
     std::fs::write(scratch.path("go"), "").unwrap();
     let (status, stderr) = ended(holder, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
-    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("P").await.expect(StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
@@ -153,10 +153,8 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
         scratch.path("ready").exists()
     })
     .await;
-    let ended_by_admin = app
-        .request(Method::DELETE, "/v1/pools/P?reason=x", None, &[])
-        .await;
-    assert_eq!(ended_by_admin.status, StatusCode::NO_CONTENT);
+    let ended_by_admin = app.pool_end("P", "x").await;
+    ended_by_admin.expect(StatusCode::NO_CONTENT);
     // A renewal goes out every third of the TTL (1 s); slack for a loaded machine.
     until("SIGTERM", Duration::from_secs(5), || {
         scratch.path("terminated").exists()
@@ -209,8 +207,8 @@ async fn a_pool_shows_who_holds_it_and_what_it_runs() {
     })
     .await;
     let pid = run.id().unwrap();
-    let view = app.get("/v1/pools/P").await;
-    assert_eq!(view.status, StatusCode::OK, "{}", view.text);
+    let view = app.pool_view("P").await;
+    view.expect(StatusCode::OK);
     let view = view.json();
     assert_eq!(view["limit"], 2);
     let holders = view["holders"].as_array().unwrap();
@@ -227,7 +225,7 @@ async fn a_pool_shows_who_holds_it_and_what_it_runs() {
     std::fs::write(scratch.path("go"), "").unwrap();
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
-    assert_eq!(app.get("/v1/pools/P").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("P").await.expect(StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
@@ -324,7 +322,7 @@ async fn a_signal_while_waiting_for_a_pool_releases_those_taken() {
     );
     let mut taken = false;
     for _ in 0..100 {
-        if app.get("/v1/pools/A").await.status == StatusCode::OK {
+        if app.pool_view("A").await.status == StatusCode::OK {
             taken = true;
             break;
         }
@@ -337,7 +335,7 @@ async fn a_signal_while_waiting_for_a_pool_releases_those_taken() {
     let (status, stderr) = ended(run, Duration::from_secs(5)).await;
     assert_eq!(status, Some(128 + libc::SIGTERM), "{stderr}");
     assert!(!scratch.path("ran").exists(), "nothing was run");
-    assert_eq!(app.get("/v1/pools/A").await.status, StatusCode::NOT_FOUND);
+    app.pool_view("A").await.expect(StatusCode::NOT_FOUND);
     std::fs::write(scratch.path("go"), "").unwrap();
     assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
 }

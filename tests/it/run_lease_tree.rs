@@ -86,7 +86,7 @@ async fn a_lost_lease_ends_the_grandchild_too() {
     let unlocked = app
         .request(Method::DELETE, "/v1/locks/job", None, &[])
         .await;
-    assert_eq!(unlocked.status, StatusCode::NO_CONTENT);
+    unlocked.expect(StatusCode::NO_CONTENT);
     let (status, stderr) = ended(run, Duration::from_secs(10)).await;
     assert_eq!(status, Some(76), "{stderr}");
     assert!(stderr.contains("process group"), "{stderr}");

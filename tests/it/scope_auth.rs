@@ -11,7 +11,8 @@ use statehouse::auth::Tokens;
 use statehouse::config::Config;
 
 use crate::helpers::{
-    Api, Reply, TestApp, encode_id, peer_config, spawn_app_with, spawn_configured, unique_schema,
+    Reply, TestApp, encode_id, peer_config, pool_path, spawn_app_with, spawn_configured,
+    unique_schema,
 };
 
 /// Sees and changes everything: sets the scene and checks it afterwards.
@@ -38,12 +39,6 @@ fn scoped_tokens(config: &mut Config, scope: &str) {
     config.tokens = tokens;
 }
 
-async fn call(api: &Api, method: Method, path: &str, body: Option<&str>, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    api.request(method, path, body, &[("authorization", &bearer)])
-        .await
-}
-
 fn state_body(n: u64) -> String {
     json!({"completed": {"singer_state": {"bookmarks": {"s": {"replication_key_value": n}}}}})
         .to_string()
@@ -65,14 +60,14 @@ async fn everything(
         app.schema
     ))
     .await;
-    let mut locks = call(app, Method::GET, "/v1/locks", None, ROOT).await.json()["locks"].clone();
+    let mut locks = app.call(Method::GET, "/v1/locks", None, ROOT).await.json()["locks"].clone();
     if let Some(locks) = locks.as_array_mut() {
         for lock in locks {
             // Renewals move it; who holds which lock is what counts.
             lock["expires_at"] = Value::Null;
         }
     }
-    let mut pools = call(app, Method::GET, "/v1/pools", None, ROOT).await.json()["pools"].clone();
+    let mut pools = app.call(Method::GET, "/v1/pools", None, ROOT).await.json()["pools"].clone();
     for holder in pools
         .as_array_mut()
         .into_iter()
@@ -162,7 +157,7 @@ fn body_for(method: &Method, template: &str) -> Option<String> {
 }
 
 fn ids_listed(reply: &Reply, what: &str) -> BTreeSet<String> {
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     // A pool is named by `pool`, every other listing's item by `state_id`.
     let key = if what == "pools" { "pool" } else { "state_id" };
     reply.json()[what]
@@ -177,39 +172,39 @@ fn ids_listed(reply: &Reply, what: &str) -> BTreeSet<String> {
 async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     let app = spawn_app_with(|config| scoped_tokens(config, SCOPE)).await;
     for id in [INSIDE, OUTSIDE] {
-        let put = call(
-            &app,
-            Method::PUT,
-            &format!("/v1/states/{}", encode_id(id)),
-            Some(&state_body(1)),
-            ROOT,
-        )
-        .await;
-        assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+        let put = app
+            .call(
+                Method::PUT,
+                &format!("/v1/states/{}", encode_id(id)),
+                Some(&state_body(1)),
+                ROOT,
+            )
+            .await;
+        put.expect(StatusCode::CREATED);
     }
     // The lock outside is held by someone else, with the lease_id every
     // lock operation on it is then tried with.
-    let acquired = call(
-        &app,
-        Method::POST,
-        &format!("/v1/locks/{}", encode_id(OUTSIDE)),
-        Some(r#"{"owner": "team-b", "ttl_seconds": 600}"#),
-        ROOT,
-    )
-    .await;
-    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
+    let acquired = app
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{}", encode_id(OUTSIDE)),
+            Some(r#"{"owner": "team-b", "ttl_seconds": 600}"#),
+            ROOT,
+        )
+        .await;
+    acquired.expect(StatusCode::CREATED);
     let outside_lease = acquired.json()["lease_id"].as_str().unwrap().to_owned();
     // A pool of the same name outside is in use too, so the pool listing has
     // something to leave out and the pool routes something to leave alone.
-    let pool = call(
-        &app,
-        Method::POST,
-        &format!("/v1/pools/{}", encode_id(OUTSIDE)),
-        Some(r#"{"owner": "team-b", "limit": 1, "ttl_seconds": 600}"#),
-        ROOT,
-    )
-    .await;
-    assert_eq!(pool.status, StatusCode::CREATED, "{}", pool.text);
+    let pool = app
+        .call(
+            Method::POST,
+            &pool_path(OUTSIDE),
+            Some(r#"{"owner": "team-b", "limit": 1, "ttl_seconds": 600}"#),
+            ROOT,
+        )
+        .await;
+    pool.expect(StatusCode::CREATED);
     let before = everything(&app).await;
 
     let operations = statehouse::http::operation_list();
@@ -224,13 +219,10 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     named += 1;
                     let path = concrete(template, OUTSIDE, &outside_lease);
                     let body = body_for(method, template);
-                    let reply = call(&app, method.clone(), &path, body.as_deref(), token).await;
-                    assert_eq!(
-                        reply.status,
-                        StatusCode::FORBIDDEN,
-                        "{what}: {}",
-                        reply.text
-                    );
+                    let reply = app
+                        .call(method.clone(), &path, body.as_deref(), token)
+                        .await;
+                    reply.expect_because(StatusCode::FORBIDDEN, &what);
                     // A token too weak for the operation is refused for that
                     // first; every other one for the scope.
                     let kind = reply.problem_type();
@@ -243,7 +235,9 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     }
                     // The same id that does not exist: the same answer.
                     let missing = concrete(template, "team-b:never-written", &outside_lease);
-                    let reply = call(&app, method.clone(), &missing, body.as_deref(), token).await;
+                    let reply = app
+                        .call(method.clone(), &missing, body.as_deref(), token)
+                        .await;
                     assert_eq!(reply.problem_type(), kind, "{what} on a missing id");
                 }
                 Try::Listing(what_listed) => {
@@ -252,7 +246,7 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                         continue;
                     }
                     let listed = ids_listed(
-                        &call(&app, method.clone(), template, None, token).await,
+                        &app.call(method.clone(), template, None, token).await,
                         what_listed,
                     );
                     assert!(!listed.contains(OUTSIDE), "{what}: {listed:?}");
@@ -262,21 +256,17 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                         BTreeSet::new()
                     } else {
                         ids_listed(
-                            &call(&app, method.clone(), &outside, None, token).await,
+                            &app.call(method.clone(), &outside, None, token).await,
                             what_listed,
                         )
                     };
                     assert!(none.is_empty(), "{what} pattern outside: {none:?}");
                 }
                 Try::IdsInBody(body) => {
-                    let mixed =
-                        call(&app, method.clone(), template, Some(&body(OUTSIDE)), token).await;
-                    assert_eq!(
-                        mixed.status,
-                        StatusCode::FORBIDDEN,
-                        "{what}: {}",
-                        mixed.text
-                    );
+                    let mixed = app
+                        .call(method.clone(), template, Some(&body(OUTSIDE)), token)
+                        .await;
+                    mixed.expect_because(StatusCode::FORBIDDEN, &what);
                     let kind = mixed.problem_type();
                     if token == READ_A {
                         assert_eq!(kind, "forbidden", "{what}");
@@ -290,23 +280,23 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                 }
                 Try::Settle => {
                     let path = template.replace("{ticket}", &uuid::Uuid::new_v4().to_string());
-                    let reply = call(&app, method.clone(), &path, None, token).await;
+                    let reply = app.call(method.clone(), &path, None, token).await;
                     let expected = if token == READ_A {
                         StatusCode::FORBIDDEN
                     } else {
                         StatusCode::NO_CONTENT
                     };
-                    assert_eq!(reply.status, expected, "{what}: {}", reply.text);
+                    reply.expect_because(expected, &what);
                 }
                 Try::Caller => {
-                    let reply = call(&app, method.clone(), template, None, token).await;
-                    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.text);
+                    let reply = app.call(method.clone(), template, None, token).await;
+                    reply.expect_because(StatusCode::OK, &what);
                     assert_eq!(reply.json()["scope"], json!([SCOPE]), "{what}");
                 }
                 Try::Open => {
                     let path = template.replace("{file}", "app.js");
                     let reply = app.request(method.clone(), &path, None, &[]).await;
-                    assert_eq!(reply.status, StatusCode::OK, "{what}: {}", reply.text);
+                    reply.expect_because(StatusCode::OK, &what);
                 }
             }
         }
@@ -321,15 +311,15 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     // Inside the scope the same tokens get on with their work: no operation
     // answers out-of-scope, and listings show the id.
     let (inside_lease, _) = {
-        let reply = call(
-            &app,
-            Method::POST,
-            &format!("/v1/locks/{}", encode_id(INSIDE)),
-            Some(r#"{"owner": "team-a", "ttl_seconds": 600}"#),
-            WRITE_A,
-        )
-        .await;
-        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/v1/locks/{}", encode_id(INSIDE)),
+                Some(r#"{"owner": "team-a", "ttl_seconds": 600}"#),
+                WRITE_A,
+            )
+            .await;
+        reply.expect(StatusCode::CREATED);
         (reply.json()["lease_id"].as_str().unwrap().to_owned(), ())
     };
     for (template, method) in &operations {
@@ -362,7 +352,8 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     }
     for what in ["states", "bookmarks"] {
         let listed = ids_listed(
-            &call(&app, Method::GET, &format!("/v1/{what}"), None, READ_A).await,
+            &app.call(Method::GET, &format!("/v1/{what}"), None, READ_A)
+                .await,
             what,
         );
         assert!(
@@ -372,16 +363,17 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
     }
 
     // A pattern delete by the scoped admin takes its own ids only.
-    call(
-        &app,
+    app.call(
         Method::PUT,
         &format!("/v1/states/{}", encode_id("team-a:second")),
         Some(&state_body(1)),
         ROOT,
     )
     .await;
-    let deleted = call(&app, Method::DELETE, "/v1/states?pattern=*", None, ADMIN_A).await;
-    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.text);
+    let deleted = app
+        .call(Method::DELETE, "/v1/states?pattern=*", None, ADMIN_A)
+        .await;
+    deleted.expect(StatusCode::OK);
     let left: BTreeSet<String> = app
         .table_snapshot()
         .await
@@ -393,14 +385,9 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
         BTreeSet::from([OUTSIDE.to_owned()]),
         "only ids in scope deleted"
     );
-    let outside_only = call(
-        &app,
-        Method::DELETE,
-        "/v1/states?pattern=team-b:*",
-        None,
-        ADMIN_A,
-    )
-    .await;
+    let outside_only = app
+        .call(Method::DELETE, "/v1/states?pattern=team-b:*", None, ADMIN_A)
+        .await;
     assert_eq!(
         outside_only.json()["deleted"],
         0,
@@ -420,8 +407,10 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
     all.push(json!({"state_id": "shared:1", "completed": {"n": 1}}));
     all.push(json!({"state_id": "shared:12", "completed": {"n": 12}}));
     let bulk = Value::Array(all).to_string();
-    let mixed = call(&app, Method::POST, "/v1/states", Some(&bulk), WRITE_A).await;
-    assert_eq!(mixed.status, StatusCode::FORBIDDEN, "{}", mixed.text);
+    let mixed = app
+        .call(Method::POST, "/v1/states", Some(&bulk), WRITE_A)
+        .await;
+    mixed.expect(StatusCode::FORBIDDEN);
     assert_eq!(mixed.problem_type(), "out-of-scope");
     assert!(
         mixed.json()["detail"]
@@ -432,8 +421,10 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
         mixed.text
     );
     assert!(app.table_snapshot().await.is_empty(), "nothing written");
-    let imported = call(&app, Method::POST, "/v1/states", Some(&bulk), ROOT).await;
-    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+    let imported = app
+        .call(Method::POST, "/v1/states", Some(&bulk), ROOT)
+        .await;
+    imported.expect(StatusCode::OK);
 
     let expected: BTreeSet<String> = (0..5)
         .map(|n| format!("team-a:{n}"))
@@ -447,7 +438,7 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
         let mut seen = BTreeSet::new();
         let mut next = path.to_owned();
         for _ in 0..10 {
-            let page = call(&app, Method::GET, &next, None, READ_A).await;
+            let page = app.call(Method::GET, &next, None, READ_A).await;
             seen.extend(ids_listed(&page, what));
             match page.json()["next_cursor"].as_str() {
                 Some(cursor) => next = format!("{path}&cursor={cursor}"),
@@ -457,14 +448,9 @@ async fn many_ids_a_mixed_import_a_pattern_delete_and_pages_keep_to_the_scope() 
         assert_eq!(seen, expected, "{path}");
     }
 
-    let deleted = call(
-        &app,
-        Method::DELETE,
-        "/v1/states?pattern=*:?",
-        None,
-        ADMIN_A,
-    )
-    .await;
+    let deleted = app
+        .call(Method::DELETE, "/v1/states?pattern=*:?", None, ADMIN_A)
+        .await;
     assert_eq!(deleted.json()["deleted"], 6, "{}", deleted.text);
     let left: BTreeSet<String> = app
         .table_snapshot()
@@ -493,15 +479,15 @@ async fn the_authority_holds_a_forwarded_request_to_the_tokens_scope() {
     let b = spawn_configured(config_b).await;
     let mut leases = Vec::new();
     for id in ["team-a:x1", "team-a:y1"] {
-        let granted = call(
-            &b,
-            Method::POST,
-            &format!("/v1/locks/{id}"),
-            Some(r#"{"owner": "w", "ttl_seconds": 600}"#),
-            ROOT,
-        )
-        .await;
-        assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.text);
+        let granted = b
+            .call(
+                Method::POST,
+                &format!("/v1/locks/{id}"),
+                Some(r#"{"owner": "w", "ttl_seconds": 600}"#),
+                ROOT,
+            )
+            .await;
+        granted.expect(StatusCode::CREATED);
         leases.push(granted.json()["lease_id"].as_str().unwrap().to_owned());
     }
     let bearer = format!("Bearer {WRITE_A}");
@@ -519,54 +505,49 @@ async fn the_authority_holds_a_forwarded_request_to_the_tokens_scope() {
         }
     };
     let allowed = put("team-a:x1", leases[0].clone()).await;
-    assert_eq!(allowed.status, StatusCode::CREATED, "{}", allowed.text);
+    allowed.expect(StatusCode::CREATED);
     let refused = put("team-a:y1", leases[1].clone()).await;
-    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text);
+    refused.expect(StatusCode::FORBIDDEN);
     assert_eq!(refused.problem_type(), "out-of-scope");
     // A bulk import through A: B admits its entries by a ticket, asked for
     // with the client's token, under B's rule for it.
     let import = |id: &str, lease: &str| {
         json!([{"state_id": id, "lease_id": lease, "completed": {"n": 2}}]).to_string()
     };
-    let imported = call(
-        &a,
-        Method::POST,
-        "/v1/states",
-        Some(&import("team-a:x1", &leases[0])),
-        WRITE_A,
-    )
-    .await;
-    assert_eq!(imported.status, StatusCode::OK, "{}", imported.text);
+    let imported = a
+        .call(
+            Method::POST,
+            "/v1/states",
+            Some(&import("team-a:x1", &leases[0])),
+            WRITE_A,
+        )
+        .await;
+    imported.expect(StatusCode::OK);
     // A refuses what its own rule refuses; what only B refuses, B refuses
     // to admit (A tells its client to retry: the two disagree only while
     // their tokens files do, mid-reload).
-    let refused = call(
-        &a,
-        Method::POST,
-        "/v1/states",
-        Some(&import("team-b:z1", &leases[1])),
-        WRITE_A,
-    )
-    .await;
+    let refused = a
+        .call(
+            Method::POST,
+            "/v1/states",
+            Some(&import("team-b:z1", &leases[1])),
+            WRITE_A,
+        )
+        .await;
     assert_eq!(refused.problem_type(), "out-of-scope", "{}", refused.text);
-    let refused = call(
-        &a,
-        Method::POST,
-        "/v1/states",
-        Some(&import("team-a:y1", &leases[1])),
-        WRITE_A,
-    )
-    .await;
+    let refused = a
+        .call(
+            Method::POST,
+            "/v1/states",
+            Some(&import("team-a:y1", &leases[1])),
+            WRITE_A,
+        )
+        .await;
     assert!(!refused.status.is_success(), "{}", refused.text);
     let ticket = json!({"writes": [{"state_id": "team-a:y1", "lease_id": leases[1]}]}).to_string();
-    let refused = call(
-        &b,
-        Method::POST,
-        "/v1/internal/tickets",
-        Some(&ticket),
-        WRITE_A,
-    )
-    .await;
+    let refused = b
+        .call(Method::POST, "/v1/internal/tickets", Some(&ticket), WRITE_A)
+        .await;
     assert_eq!(refused.problem_type(), "out-of-scope", "{}", refused.text);
     let ids: Vec<String> = a
         .table_snapshot()

@@ -29,7 +29,7 @@ async fn rows_written_by_another_writer_are_served() {
 
     let app = spawn_configured(test_config(&schema)).await;
     let got = app.get_state("dev:tap-a-to-b").await;
-    assert_eq!(got.status, StatusCode::OK);
+    got.expect(StatusCode::OK);
     let body = got.json();
     assert_eq!(
         body["completed"],
@@ -52,7 +52,7 @@ async fn rows_written_by_another_writer_are_served() {
             &json!({"partial": {"singer_state": {"q": 2}}}),
         )
         .await;
-    assert_eq!(merged.status, StatusCode::OK);
+    merged.expect(StatusCode::OK);
     assert_eq!(
         merged.json()["partial"],
         json!({"singer_state": {"p": 1, "q": 2}})
@@ -75,17 +75,17 @@ async fn unreadable_stored_state_is_reported_not_served() {
     ))
     .await;
     let reply = app.get_state("broken").await;
-    assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+    reply.expect(StatusCode::BAD_GATEWAY);
     assert_eq!(reply.problem_type(), "corrupt-state");
     // A merge needs the stored content and refuses; a replacement repairs it.
     let merge = app
         .patch_state("broken", &json!({"partial": {"p": 1}}))
         .await;
-    assert_eq!(merge.status, StatusCode::BAD_GATEWAY);
+    merge.expect(StatusCode::BAD_GATEWAY);
     let repaired = app
         .put_state("broken", &json!({"completed": {"ok": true}}))
         .await;
-    assert_eq!(repaired.status, StatusCode::OK);
+    repaired.expect(StatusCode::OK);
     assert_eq!(
         app.get_state("broken").await.json()["completed"],
         json!({"ok": true})

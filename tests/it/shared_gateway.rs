@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{
-    Api, Reply, TestApp, metric, peer_config, spawn_app, spawn_configured, unique_schema,
+    Api, TestApp, metric, peer_config, spawn_app, spawn_configured, unique_schema,
 };
 
 const TEAM_A: &str = "team-a-write-token-0123456789";
@@ -37,28 +37,41 @@ fn two_teams(config: &mut Config) {
     config.concurrency.requests = 8;
 }
 
-async fn call(api: &Api, method: Method, path: &str, body: Option<&str>, token: &str) -> Reply {
-    let bearer = format!("Bearer {token}");
-    api.request(method, path, body, &[("authorization", &bearer)])
-        .await
-}
-
 fn acquire_body(owner: &str, wait: f64) -> String {
     json!({"owner": owner, "ttl_seconds": 60, "wait_seconds": wait}).to_string()
 }
 
+/// A lease on `id` for `owner` as `token`.
+async fn lease_as(api: &Api, id: &str, owner: &str, token: &str) -> String {
+    let reply = api
+        .call(
+            Method::POST,
+            &format!("/v1/locks/{id}"),
+            Some(&acquire_body(owner, 0.0)),
+            token,
+        )
+        .await;
+    reply.expect(StatusCode::CREATED).json()["lease_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// A lease on `id` for `token`.
 async fn lease(api: &Api, id: &str, token: &str) -> String {
-    let reply = call(
-        api,
-        Method::POST,
-        &format!("/v1/locks/{id}"),
-        Some(&acquire_body("holder", 0.0)),
+    lease_as(api, id, "holder", token).await
+}
+
+/// Releases `token`'s lease on `id`, which must be current.
+async fn release(api: &Api, id: &str, lease_id: &str, token: &str) {
+    api.call(
+        Method::DELETE,
+        &format!("/v1/locks/{id}/{lease_id}"),
+        None,
         token,
     )
-    .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text);
-    reply.json()["lease_id"].as_str().unwrap().to_owned()
+    .await
+    .expect(StatusCode::NO_CONTENT);
 }
 
 /// Team B's acquire of a free id of its own, and its read, while team A
@@ -66,27 +79,12 @@ async fn lease(api: &Api, id: &str, token: &str) -> String {
 async fn team_b_is_served(api: &Api, round: usize) {
     let started = Instant::now();
     let id = format!("b:free-{round}");
-    let acquired = call(
-        api,
-        Method::POST,
-        &format!("/v1/locks/{id}"),
-        Some(&acquire_body("team-b", 0.0)),
-        TEAM_B,
-    )
-    .await;
-    assert_eq!(acquired.status, StatusCode::CREATED, "{}", acquired.text);
-    let lease_id = acquired.json()["lease_id"].as_str().unwrap().to_owned();
-    let read = call(api, Method::GET, "/v1/states?pattern=b:*", None, TEAM_B).await;
-    assert_eq!(read.status, StatusCode::OK, "{}", read.text);
-    let released = call(
-        api,
-        Method::DELETE,
-        &format!("/v1/locks/{id}/{lease_id}"),
-        None,
-        TEAM_B,
-    )
-    .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.text);
+    let lease_id = lease_as(api, &id, "team-b", TEAM_B).await;
+    let read = api
+        .call(Method::GET, "/v1/states?pattern=b:*", None, TEAM_B)
+        .await;
+    read.expect(StatusCode::OK);
+    release(api, &id, &lease_id, TEAM_B).await;
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "team B waited {:?}",
@@ -104,8 +102,7 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
         .map(|n| {
             let api = entry.api.clone();
             tokio::spawn(async move {
-                call(
-                    &api,
+                api.call(
                     Method::POST,
                     "/v1/locks/a:held",
                     Some(&acquire_body(&format!("waiter-{n}"), 4.0)),
@@ -139,15 +136,7 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
     }
     assert_eq!(refused, 8, "team A holds at most half the 16 waiters");
     assert_eq!(waited, 8);
-    let release = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:held/{held}"),
-        None,
-        TEAM_A,
-    )
-    .await;
-    assert_eq!(release.status, StatusCode::NO_CONTENT);
+    release(authority, "a:held", &held, TEAM_A).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -212,15 +201,7 @@ async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
         // The authority holds each id's claim, so the uploads are forwarded.
         let id = format!("a:slow-{n}");
         let held = lease(authority, &id, TEAM_A).await;
-        let released = call(
-            authority,
-            Method::DELETE,
-            &format!("/v1/locks/{id}/{held}"),
-            None,
-            TEAM_A,
-        )
-        .await;
-        assert_eq!(released.status, StatusCode::NO_CONTENT);
+        release(authority, &id, &held, TEAM_A).await;
     }
     let mut uploads = Vec::new();
     for n in 0..8 {
@@ -299,7 +280,7 @@ async fn readiness_probes_share_one_check_a_second() {
             tokio::spawn(async move {
                 for _ in 0..25 {
                     let ready = api.get("/readyz").await;
-                    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text);
+                    ready.expect(StatusCode::OK);
                 }
             })
         })
@@ -362,11 +343,10 @@ async fn a_web_page_cannot_write_to_a_gateway_without_tokens() {
     let opaque = [("origin", "null")];
     let sandboxed = simple_request(&app, Method::PUT, "/v1/states/web", &document, &opaque).await;
     assert_eq!(sandboxed.status(), StatusCode::FORBIDDEN);
-    assert_eq!(app.get_state("web").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(
-        app.get_state("web-import").await.status,
-        StatusCode::NOT_FOUND
-    );
+    app.get_state("web").await.expect(StatusCode::NOT_FOUND);
+    app.get_state("web-import")
+        .await
+        .expect(StatusCode::NOT_FOUND);
 
     // A cross-origin read is the browser's to keep from the page.
     let read = simple_request(&app, Method::GET, "/v1/states", "", &evil).await;
@@ -446,12 +426,7 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             &[("authorization", &bearer), ("lease-id", &lease_id)],
         )
         .await;
-    assert_eq!(
-        with_lease.status,
-        StatusCode::CREATED,
-        "{}",
-        with_lease.text
-    );
+    with_lease.expect(StatusCode::CREATED);
     // A state the authority holds in memory: its claim is still held.
     let done = lease(authority, "a:done", TEAM_A).await;
     let put = authority
@@ -462,16 +437,8 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
             &[("authorization", &bearer), ("lease-id", &done)],
         )
         .await;
-    assert_eq!(put.status, StatusCode::CREATED);
-    let released = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:done/{done}"),
-        None,
-        TEAM_A,
-    )
-    .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    put.expect(StatusCode::CREATED);
+    release(authority, "a:done", &done, TEAM_A).await;
 
     let admin = format!("Bearer {ADMIN}");
     let mut headers = vec![("authorization", admin.as_str())];
@@ -485,28 +452,24 @@ async fn pattern_delete_around_a_lease(entry: &TestApp, authority: &TestApp, for
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
         .await;
-    assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.text);
+    cleared.expect(StatusCode::OK);
     assert_eq!(
         cleared.json(),
         json!({"deleted": 1, "skipped_locked": 1, "locked": ["a:running"]})
     );
     for gateway in [entry, authority] {
-        let kept = call(gateway, Method::GET, "/v1/states/a:running", None, TEAM_A).await;
-        assert_eq!(kept.status, StatusCode::OK, "{}", kept.text);
+        let kept = gateway
+            .call(Method::GET, "/v1/states/a:running", None, TEAM_A)
+            .await;
+        kept.expect(StatusCode::OK);
         assert_eq!(kept.json()["completed"], json!({"bookmark": 7}));
-        let gone = call(gateway, Method::GET, "/v1/states/a:done", None, TEAM_A).await;
-        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{}", gone.text);
+        let gone = gateway
+            .call(Method::GET, "/v1/states/a:done", None, TEAM_A)
+            .await;
+        gone.expect(StatusCode::NOT_FOUND);
     }
     // Once the run is done, the same delete takes it.
-    let released = call(
-        authority,
-        Method::DELETE,
-        &format!("/v1/locks/a:running/{lease_id}"),
-        None,
-        TEAM_A,
-    )
-    .await;
-    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    release(authority, "a:running", &lease_id, TEAM_A).await;
     let cleared = entry
         .request(Method::DELETE, "/v1/states?pattern=a:*", None, &headers)
         .await;

@@ -18,10 +18,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::domain::Coordination;
 
+use crate::checker::{Held, Log, check};
 use crate::helpers::{
     Api, Reply, TestApp, encode_id, peer_config, raw_sql, spawn_configured, unique_schema,
 };
-use crate::lock_concurrency::{Held, Log, check};
 use crate::one_door::STATE_INSERT;
 use crate::proxy::Proxy;
 

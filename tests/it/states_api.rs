@@ -11,18 +11,18 @@ async fn put_creates_then_replaces_and_get_returns_it_with_its_etag() {
     let first = app
         .put_state("dev:tap-a-to-b", &json!({"completed": {"v": 1}}))
         .await;
-    assert_eq!(first.status, StatusCode::CREATED);
+    first.expect(StatusCode::CREATED);
     let second = app
         .put_state(
             "dev:tap-a-to-b",
             &json!({"completed": {"v": 2}, "partial": {"p": true}}),
         )
         .await;
-    assert_eq!(second.status, StatusCode::OK);
+    second.expect(StatusCode::OK);
     assert_ne!(first.header("etag"), second.header("etag"));
 
     let got = app.get_state("dev:tap-a-to-b").await;
-    assert_eq!(got.status, StatusCode::OK);
+    got.expect(StatusCode::OK);
     assert_eq!(got.header("etag"), second.header("etag"));
     let body = got.json();
     assert_eq!(body["state_id"], "dev:tap-a-to-b");
@@ -35,7 +35,7 @@ async fn put_creates_then_replaces_and_get_returns_it_with_its_etag() {
 async fn get_of_a_missing_state_is_404() {
     let app = spawn_app().await;
     let reply = app.get_state("nope").await;
-    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    reply.expect(StatusCode::NOT_FOUND);
     assert_eq!(reply.problem_type(), "state-not-found");
 }
 
@@ -46,7 +46,7 @@ async fn numbers_and_strings_come_back_exactly() {
     let put = app
         .request(Method::PUT, "/v1/states/exact", Some(body), &[])
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     let got = app.get_state("exact").await;
     for needle in [
         "123456789012345678901234567890",
@@ -81,7 +81,7 @@ async fn numbers_and_strings_keep_their_text_through_put_patch_and_get() {
     let put = app
         .request(Method::PUT, "/v1/states/exact-text", Some(sent), &[])
         .await;
-    assert_eq!(put.status, StatusCode::CREATED, "{}", put.text);
+    put.expect(StatusCode::CREATED);
     let completed = r#""completed":{"n":1E5,"m":2.5E-3,"k":1e5,"p":1e+5,"big":12345678901234567890123456789E-40,"s":"caf\u00e9 \/ \ud83d\ude80"}"#;
     for reply in [&put, &app.get_state("exact-text").await] {
         assert!(reply.text.contains(completed), "{}", reply.text);
@@ -100,7 +100,7 @@ async fn numbers_and_strings_keep_their_text_through_put_patch_and_get() {
             &[],
         )
         .await;
-    assert_eq!(patch.status, StatusCode::OK, "{}", patch.text);
+    patch.expect(StatusCode::OK);
     let merged = r#""partial":{"a":{"x":-0.0E0,"y":7E-1},"b":[1E0,{"c":3.0E+2}]}"#;
     assert!(patch.text.contains(completed), "{}", patch.text);
     assert!(patch.text.contains(merged), "{}", patch.text);
@@ -139,12 +139,12 @@ async fn any_utf8_id_up_to_900_bytes_is_stored_safely() {
     ];
     for (n, id) in ids.iter().enumerate() {
         let put = app.put_state(id, &json!({"completed": {"n": n}})).await;
-        assert_eq!(put.status, StatusCode::CREATED, "{id}: {}", put.text);
+        put.expect_because(StatusCode::CREATED, id);
         assert_eq!(put.json()["state_id"], *id);
     }
     for (n, id) in ids.iter().enumerate() {
         let got = app.get_state(id).await;
-        assert_eq!(got.status, StatusCode::OK, "{id}");
+        got.expect_because(StatusCode::OK, id);
         assert_eq!(got.json()["completed"]["n"], n);
     }
     let listing = app.get("/v1/states?limit=1000").await.json();
@@ -181,7 +181,7 @@ async fn if_match_guards_writes() {
             &[("if-match", "\"0000000000000000\"")],
         )
         .await;
-    assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED);
+    stale.expect(StatusCode::PRECONDITION_FAILED);
     assert_eq!(stale.problem_type(), "precondition-failed");
     assert_eq!(
         app.get_state("guarded").await.json()["completed"],
@@ -196,7 +196,7 @@ async fn if_match_guards_writes() {
             &[("if-match", &etag)],
         )
         .await;
-    assert_eq!(fresh.status, StatusCode::OK);
+    fresh.expect(StatusCode::OK);
     // The old tag is now stale.
     let again = app
         .request(
@@ -206,7 +206,7 @@ async fn if_match_guards_writes() {
             &[("if-match", &etag)],
         )
         .await;
-    assert_eq!(again.status, StatusCode::PRECONDITION_FAILED);
+    again.expect(StatusCode::PRECONDITION_FAILED);
     let any = app
         .request(
             Method::PATCH,
@@ -215,12 +215,12 @@ async fn if_match_guards_writes() {
             &[("if-match", "*")],
         )
         .await;
-    assert_eq!(any.status, StatusCode::OK);
+    any.expect(StatusCode::OK);
     let delete_stale = app
         .request(Method::DELETE, path, None, &[("if-match", &etag)])
         .await;
-    assert_eq!(delete_stale.status, StatusCode::PRECONDITION_FAILED);
-    assert_eq!(app.get_state("guarded").await.status, StatusCode::OK);
+    delete_stale.expect(StatusCode::PRECONDITION_FAILED);
+    app.get_state("guarded").await.expect(StatusCode::OK);
 
     let missing = app
         .request(
@@ -230,8 +230,8 @@ async fn if_match_guards_writes() {
             &[("if-match", "*")],
         )
         .await;
-    assert_eq!(missing.status, StatusCode::PRECONDITION_FAILED);
-    assert_eq!(app.get_state("absent").await.status, StatusCode::NOT_FOUND);
+    missing.expect(StatusCode::PRECONDITION_FAILED);
+    app.get_state("absent").await.expect(StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
@@ -251,7 +251,7 @@ async fn if_none_match_answers_304_while_unchanged() {
             &[("if-none-match", &etag)],
         )
         .await;
-    assert_eq!(unchanged.status, StatusCode::NOT_MODIFIED);
+    unchanged.expect(StatusCode::NOT_MODIFIED);
     app.put_state("cached", &json!({"completed": {"v": 1}}))
         .await;
     let changed = app
@@ -262,7 +262,7 @@ async fn if_none_match_answers_304_while_unchanged() {
             &[("if-none-match", &etag)],
         )
         .await;
-    assert_eq!(changed.status, StatusCode::OK);
+    changed.expect(StatusCode::OK);
 }
 
 #[tokio::test]
@@ -274,11 +274,7 @@ async fn patch_follows_meltano_update_semantics() {
             &json!({"partial": {"singer_state": {"bookmarks": {"s1": {"ts": 1}}}}}),
         )
         .await;
-    assert_eq!(
-        created.status,
-        StatusCode::CREATED,
-        "PATCH of a missing id creates it"
-    );
+    created.expect_because(StatusCode::CREATED, "PATCH of a missing id creates it");
 
     app.put_state(
         "job",
@@ -291,7 +287,7 @@ async fn patch_follows_meltano_update_semantics() {
     let merged = app
         .patch_state("job", &json!({"partial": {"singer_state": {"bookmarks": {"s1": {"ts": 2}, "s2": [9], "s3": {"new": true}}}}}))
         .await;
-    assert_eq!(merged.status, StatusCode::OK);
+    merged.expect(StatusCode::OK);
     let body = app.get_state("job").await.json();
     assert_eq!(
         body["completed"],
@@ -319,19 +315,16 @@ async fn patch_follows_meltano_update_semantics() {
 async fn delete_is_idempotent() {
     let app = spawn_app().await;
     app.put_state("gone", &json!({"completed": {"a": 1}})).await;
-    assert_eq!(
-        app.delete_state("gone").await.status,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(app.get_state("gone").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(
-        app.delete_state("gone").await.status,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        app.delete_state("never-was").await.status,
-        StatusCode::NO_CONTENT
-    );
+    app.delete_state("gone")
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    app.get_state("gone").await.expect(StatusCode::NOT_FOUND);
+    app.delete_state("gone")
+        .await
+        .expect(StatusCode::NO_CONTENT);
+    app.delete_state("never-was")
+        .await
+        .expect(StatusCode::NO_CONTENT);
     // A state written again after its deletion is visible again.
     app.put_state("gone", &json!({"completed": {"a": 2}})).await;
     assert_eq!(app.get_state("gone").await.json()["completed"]["a"], 2);
@@ -344,7 +337,7 @@ async fn listed(app: &crate::helpers::TestApp, pattern: &str) -> Vec<String> {
             encode_id(pattern)
         ))
         .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    reply.expect(StatusCode::OK);
     reply.json()["states"]
         .as_array()
         .unwrap()
@@ -388,7 +381,7 @@ async fn delete_many_deletes_matches_and_counts_them() {
     let reply = app
         .request(Method::DELETE, "/v1/states?pattern=dev:*", None, &[])
         .await;
-    assert_eq!(reply.status, StatusCode::OK);
+    reply.expect(StatusCode::OK);
     assert_eq!(
         reply.json(),
         json!({"deleted": 2, "skipped_locked": 0, "locked": []})
@@ -485,7 +478,7 @@ async fn a_cursor_resumes_its_own_pattern_through_any_gateway_and_no_other() {
             None => "/v1/states?pattern=dev:*&limit=4".to_owned(),
         };
         let page = gateway.get(&path).await;
-        assert_eq!(page.status, StatusCode::OK, "{}", page.text);
+        page.expect(StatusCode::OK);
         let page = page.json();
         seen.extend(
             page["states"]
@@ -501,7 +494,7 @@ async fn a_cursor_resumes_its_own_pattern_through_any_gateway_and_no_other() {
                     let misused = gateway
                         .get(&format!("/v1/states?limit=4&cursor={next}{other}"))
                         .await;
-                    assert_eq!(misused.status, StatusCode::BAD_REQUEST, "{other}");
+                    misused.expect_because(StatusCode::BAD_REQUEST, other);
                     assert_eq!(misused.problem_type(), "invalid-query");
                 }
                 cursor = Some(next.to_owned());
@@ -546,7 +539,7 @@ async fn a_write_wins_over_a_row_stamped_by_a_clock_ahead_of_ours() {
     let reply = app
         .put_state("skewed", &json!({"completed": {"from": "us"}}))
         .await;
-    assert_eq!(reply.status, StatusCode::OK);
+    reply.expect(StatusCode::OK);
     assert_eq!(
         app.get_state("skewed").await.json()["completed"],
         json!({"from": "us"})
@@ -572,7 +565,7 @@ async fn responses_carry_a_request_id_and_metrics_count_them() {
     assert_eq!(echoed.header("x-request-id"), Some("abc-123"));
 
     let metrics = app.get("/metrics").await;
-    assert_eq!(metrics.status, StatusCode::OK);
+    metrics.expect(StatusCode::OK);
     for needle in [
         r#"statehouse_http_requests_total{method="GET",route="/v1/states/{state_id}",status="404"} 1"#,
         r#"statehouse_http_request_duration_seconds_bucket{le="#,
@@ -591,6 +584,6 @@ async fn health_and_readiness_answer() {
     let app = spawn_app().await;
     assert_eq!(app.get("/healthz").await.json(), json!({"status": "ok"}));
     let ready = app.get("/readyz").await;
-    assert_eq!(ready.status, StatusCode::OK);
+    ready.expect(StatusCode::OK);
     assert_eq!(ready.json()["components"]["clickhouse"]["status"], "ok");
 }

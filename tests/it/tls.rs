@@ -44,12 +44,12 @@ async fn states_travel_over_tls_to_a_clickhouse_with_a_private_ca() {
     let put = app
         .put_state("over-tls", &json!({"completed": {"secure": true}}))
         .await;
-    assert_eq!(put.status, StatusCode::CREATED);
+    put.expect(StatusCode::CREATED);
     assert_eq!(
         app.get_state("over-tls").await.json()["completed"]["secure"],
         true
     );
-    assert_eq!(app.get("/readyz").await.status, StatusCode::OK);
+    app.get("/readyz").await.expect(StatusCode::OK);
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{Api, TestApp, peer_config, raw_sql, spawn_configured, unique_schema};
+use crate::helpers::{Api, TestApp, raw_sql, two_peers_with};
 use crate::proxy::Proxy;
 
 /// The INSERT that writes states (their history rows, which a view copies
@@ -34,18 +34,16 @@ pub struct Pair {
 
 impl Pair {
     pub async fn start(adjust: impl Fn(&mut statehouse::config::Config)) -> Self {
-        let schema = unique_schema();
         let (proxy_a, proxy_b) = (Proxy::to_clickhouse().await, Proxy::to_clickhouse().await);
-        let mut a = peer_config(&schema);
-        proxy_a.route(&mut a);
-        adjust(&mut a);
-        let mut b = peer_config(&schema);
-        proxy_b.route(&mut b);
-        adjust(&mut b);
+        let (a, b) = two_peers_with(|index, config| {
+            [&proxy_a, &proxy_b][index].route(config);
+            adjust(config);
+        })
+        .await;
         Self {
-            a: spawn_configured(a).await,
+            a,
             proxy_a,
-            b: spawn_configured(b).await,
+            b,
             proxy_b,
         }
     }

@@ -208,6 +208,11 @@ pub struct IdLocks {
     /// Its lease rows, oldest grant first: one on a state_id, those that may
     /// still matter on a pool.
     pub leases: Vec<StoredLease>,
+    /// The latest candidate that lapsed, within [`LAPSED_CLAIMS_READ`],
+    /// without being withdrawn: its gateway stopped renewing it (it crashed,
+    /// or was cut off from ClickHouse) and, if it lives, may still answer for
+    /// leases granted under it whose rows have not landed.
+    pub lapsed: Option<Candidate>,
 }
 
 impl IdLocks {
@@ -221,13 +226,20 @@ impl IdLocks {
         let mut locks = Self::default();
         for row in rows {
             if row.kind_code == KIND_CLAIM {
-                locks.candidates.push(Candidate {
+                let live = row.unexpired != 0;
+                let candidate = Candidate {
                     claim_id: parse_uuid(&row.claim_id)?,
                     gateway_id: parse_uuid(&row.gateway_id)?,
                     created_ms: row.created_ms,
                     advertise_url: row.advertise_url,
                     expires_ms: row.expires_ms,
-                });
+                };
+                if live {
+                    locks.candidates.push(candidate);
+                } else {
+                    // Rows come earliest first: the last one is the latest.
+                    locks.lapsed = Some(candidate);
+                }
             } else if let Some(lease) = stored_lease(row)? {
                 locks.leases.push(lease);
             }
@@ -269,6 +281,12 @@ fn stored_lease(row: LockRowIn) -> Result<Option<StoredLease>, StoreError> {
     }))
 }
 
+/// How long after it lapsed an unwithdrawn candidate is still read (see
+/// [`IdLocks::lapsed`]): longer than a gateway is cut off from ClickHouse and
+/// lives on, short enough that a crashed one is soon forgotten.
+pub const LAPSED_CLAIMS_READ: std::time::Duration = std::time::Duration::from_secs(600);
+const LAPSED_CLAIMS_READ_SECONDS: u64 = LAPSED_CLAIMS_READ.as_secs();
+
 /// Claim and lease rows of `table` matching `filter`, by id, then earliest
 /// first. Of a pool's lease rows, those that may still keep a place: their
 /// lease or its lock-delay has not run out.
@@ -289,7 +307,8 @@ pub(super) fn lock_rows_sql(table: &str, filter: &str, rows: LeaseRows) -> Strin
                 expires_at > now64(3) AS unexpired
          FROM {table} FINAL
          WHERE {filter}
-           AND (({leases}) OR (kind = 'claim' AND released = 0 AND expires_at > now64(3)))
+           AND (({leases}) OR (kind = 'claim' AND released = 0
+                AND expires_at > now64(3) - toIntervalSecond({LAPSED_CLAIMS_READ_SECONDS})))
          ORDER BY state_id, created_at, claim_id"
     )
 }
@@ -487,5 +506,22 @@ mod tests {
             .collect();
         assert_eq!(gateways, [OTHER, HOLDER]);
         assert_eq!(locks.latest().unwrap().record.lease.fencing_token, 7);
+    }
+
+    #[test]
+    fn a_lapsed_candidate_is_kept_apart_the_latest_one_and_a_lease_row_names_its_authority() {
+        let lapsed = |gateway: &str, created_ms: i64| LockRowIn {
+            created_ms,
+            unexpired: 0,
+            ..claim(gateway)
+        };
+        let mut row = lease(LeaseState::Held, true);
+        row.advertise_url = "http://holder".into();
+        let rows = vec![lapsed(OTHER, 1), lapsed(HOLDER, 5), claim(OTHER), row];
+        let locks = IdLocks::assemble(rows).unwrap();
+        assert_eq!(locks.candidates.len(), 1, "only live candidates are in line");
+        let lapsed = locks.lapsed.as_ref().expect("the lapsed candidate is read");
+        assert_eq!(lapsed.gateway_id.to_string(), HOLDER);
+        assert_eq!(locks.latest().unwrap().authority_url, "http://holder");
     }
 }

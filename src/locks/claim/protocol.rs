@@ -140,7 +140,7 @@ pub(super) fn leases_in_force(
 ) -> Vec<Lease> {
     unexpired
         .into_iter()
-        .flat_map(|IdLocks { candidates, leases }| {
+        .flat_map(|IdLocks { candidates, leases, .. }| {
             let has_claim = &has_claim;
             leases.into_iter().filter_map(move |stored| {
                 let id = &stored.record.lease.state_id;

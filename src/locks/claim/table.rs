@@ -68,7 +68,9 @@ impl TableClaims {
             .await?;
         tokio::time::sleep(claimant.timing.settle()).await;
         loop {
-            let IdLocks { candidates, leases } = claimant.leases.id_locks(id).await?;
+            let IdLocks {
+                candidates, leases, ..
+            } = claimant.leases.id_locks(id).await?;
             let Some(mine) = candidates
                 .iter()
                 .find(|c| c.claim_id == proposed.candidate.claim_id)
@@ -260,14 +262,14 @@ impl ClaimProtocol for TableClaims {
     fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority> {
         Box::pin(async move {
             let locks = self.claimant.leases.id_locks(id).await?;
-            // A lease row that runs with no live claim at all: its gateway's
-            // claim lapsed, and no other was made since (a winner's candidate
-            // stays live while its lease runs).
-            let lapsed = locks
+            // With no live claim at all: the latest candidate that lapsed
+            // unwithdrawn (its grants' rows may not have landed), or the
+            // gateway of a lease row that still runs. No other claim was made
+            // since either: a winner's candidate stays live while it holds.
+            let running = locks
                 .leases
                 .iter()
-                .filter(|l| locks.candidates.is_empty() && l.unexpired)
-                .filter(|l| l.record.state == LeaseState::Held && !l.authority_url.is_empty())
+                .filter(|l| l.unexpired && l.record.state == LeaseState::Held)
                 .map(|l| Candidate {
                     claim_id: Uuid::nil(),
                     gateway_id: l.record.lease.gateway_id,
@@ -276,6 +278,11 @@ impl ClaimProtocol for TableClaims {
                     expires_ms: 0,
                 })
                 .next_back();
+            let lapsed = locks
+                .lapsed
+                .clone()
+                .or(running)
+                .filter(|c| locks.candidates.is_empty() && !c.advertise_url.is_empty());
             Ok(Authority {
                 claims: locks.candidates,
                 leases: locks.leases,

@@ -15,15 +15,35 @@ start_local_clickhouse() {
   export LOCALCH_URL="clickhouse://default@127.0.0.1:$LOCALCH_PORT/default"
 }
 
+# Installs the Debian packages named that are missing, with one apt-get update.
+apt_install_missing() {
+  local missing=() package
+  for package in "$@"; do
+    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    # Another apt-get at work (another checkout's tests) is waited for.
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+# Runs a command and says how long it took (CI's phase timings); returns its status.
+timed() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  echo "scripts/test: $name took $((SECONDS - start))s" >&2
+  return "$status"
+}
+
 # Installs Debian's ZooKeeper when missing, starts it on a free loopback port
 # with its data in $2, and points the local ClickHouse started next at it (its
 # KeeperMap tables). Sets and exports ZOOKEEPER_PORT, ZOOKEEPER_DATA and
 # LOCALCH_ZOOKEEPER; the caller stops it (`localch/zookeeper stop`).
 start_zookeeper() {
   local root=$1 data=$2
-  if ! dpkg -s zookeeper >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null
-  fi
+  apt_install_missing zookeeper
   export ZOOKEEPER_PORT=${ZOOKEEPER_PORT:-$(free_port)}
   export ZOOKEEPER_DATA=$data
   "$root/localch/zookeeper" start
@@ -41,6 +61,7 @@ pinned_venv() {
     "$VENV/bin/pip" install --quiet -r "$requirements"
     if [ -n "$editable" ]; then
       "$VENV/bin/pip" install --quiet --no-deps -e "$editable"
+      cp "$editable/pyproject.toml" "$VENV/.editable"
     fi
     cp "$requirements" "$VENV/.installed"
   fi
@@ -50,6 +71,11 @@ pinned_venv() {
     "$VENV/bin/pip" install --quiet --no-deps -e "$editable"
     cp "$editable/pyproject.toml" "$VENV/.editable"
   fi
+}
+
+# Schemathesis's venv, pinned in tests/schemathesis/requirements.txt. Sets VENV.
+schemathesis_venv() {
+  pinned_venv "$1/.venvs/schemathesis" "$1/tests/schemathesis/requirements.txt"
 }
 
 # The shim's venv: its pinned test dependencies (meltano among them) and the

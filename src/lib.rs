@@ -122,6 +122,9 @@ pub struct App {
     shutdown_timeout: Duration,
     tls: Option<ServerTls>,
     token_sources: TokenSources,
+    /// SIGHUP, taken over when the gateway is built: it is ready (and says
+    /// so) before it serves, and a SIGHUP from then on must not end it.
+    hangups: Hangups,
 }
 
 impl App {
@@ -216,6 +219,7 @@ impl App {
             shutdown_timeout: config.shutdown_timeout,
             tls: config.tls.clone(),
             token_sources: config.token_sources.clone(),
+            hangups: Hangups::listen(),
         })
     }
 
@@ -251,7 +255,7 @@ impl App {
             .map(|registration| tokio::spawn(registration.heartbeat()));
         let metrics = self.ctx.metrics.clone();
         // SIGHUP reloads what can be reloaded, and never ends the gateway.
-        let hangups = Hangups::listen();
+        let hangups = self.hangups;
         let mut reloading = Vec::new();
         if let Some(tls) = &self.tls {
             reloading.push(tokio::spawn(tls::reload_on_hangup(

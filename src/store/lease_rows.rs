@@ -519,7 +519,11 @@ mod tests {
         row.advertise_url = "http://holder".into();
         let rows = vec![lapsed(OTHER, 1), lapsed(HOLDER, 5), claim(OTHER), row];
         let locks = IdLocks::assemble(rows).unwrap();
-        assert_eq!(locks.candidates.len(), 1, "only live candidates are in line");
+        assert_eq!(
+            locks.candidates.len(),
+            1,
+            "only live candidates are in line"
+        );
         let lapsed = locks.lapsed.as_ref().expect("the lapsed candidate is read");
         assert_eq!(lapsed.gateway_id.to_string(), HOLDER);
         assert_eq!(locks.latest().unwrap().authority_url, "http://holder");

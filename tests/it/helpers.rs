@@ -80,6 +80,12 @@ pub fn peer_config(schema: &str) -> Config {
     config
 }
 
+/// Whether `config` is [`peer_config`]'s: it advertises its own listen port.
+fn is_peer(config: &Config) -> bool {
+    config.locks.advertise_url.as_deref()
+        == Some(format!("http://127.0.0.1:{}", config.listen.port()).as_str())
+}
+
 /// Two gateways in this process on one database that forward to each other.
 pub async fn two_peers() -> (TestApp, TestApp) {
     two_peers_with(|_, _| {}).await
@@ -140,9 +146,20 @@ pub async fn spawn_configured(config: Config) -> TestApp {
         .with_test_writer()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .try_init();
-    let app = App::build(&config)
-        .await
-        .expect("gateway starts against the test ClickHouse");
+    let mut config = config;
+    let app = loop {
+        match App::build(&config).await {
+            Ok(app) => break app,
+            // Two tests' free_port() may pick the same port: a peer whose
+            // own port was taken meanwhile moves to another.
+            Err(err) if format!("{err:?}").contains("AddrInUse") && is_peer(&config) => {
+                let port = free_port();
+                config.listen = ([127, 0, 0, 1], port).into();
+                config.locks.advertise_url = Some(format!("http://127.0.0.1:{port}"));
+            }
+            Err(err) => panic!("gateway starts against the test ClickHouse: {err:?}"),
+        }
+    };
     let base = format!("{}://{}", app.scheme(), app.local_addr());
     let (stop, stopped) = oneshot::channel();
     let served = tokio::spawn(app.serve(async move {

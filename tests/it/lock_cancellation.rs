@@ -8,7 +8,7 @@
 //! recording and the wait in line.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use statehouse::domain::{LeaseInfo, StateId};
@@ -17,7 +17,7 @@ use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{spawn_app_with, test_config, unique_schema};
+use crate::helpers::{Reply, spawn_app_with, test_config, unique_schema};
 use crate::proxy::Proxy;
 
 /// A lock manager of its own on a fresh database, reaching ClickHouse through
@@ -226,8 +226,11 @@ async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
 /// 100 first acquires at once, each on its own id, through a ClickHouse that
 /// takes 100 ms and more per round trip (the local one also queues them):
 /// claims are won seconds after their candidates were written, a good part of
-/// the claim TTL. Every lease must still live its TTL: renewed after 2 s and
-/// released, both accepted.
+/// the claim TTL, and the renewals of 100 claims at once may land late
+/// enough that a claim lapses. Every lease must still live its TTL: renewed
+/// after 2 s and released, both accepted, at once or after a 503 while a
+/// lapsed claim is re-won (which clients retry, as `Retry-After` asks; a
+/// 409 would mean the lease was lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
     let proxy = Proxy::to_clickhouse().await;
@@ -247,15 +250,28 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
                 let id = format!("late-{n}");
                 let (lease, _) = api.lease(&id, "worker", 30, 120.0).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let renewed = api.renew(&id, &lease, 30).await;
+                let renewed = retried(|| api.renew(&id, &lease, 30)).await;
                 renewed.expect_because(StatusCode::OK, format!("{id} renew"));
-                let released = api.release(&id, &lease).await;
+                let released = retried(|| api.release(&id, &lease)).await;
                 released.expect_because(StatusCode::NO_CONTENT, format!("{id} release"));
             })
         })
         .collect();
     for worker in workers {
         worker.await.unwrap();
+    }
+}
+
+/// `request`'s answer, asked again after each 503 for up to 20 s (well
+/// inside a 30 s lease), a second apart as `Retry-After` says.
+async fn retried<F: std::future::Future<Output = Reply>>(request: impl Fn() -> F) -> Reply {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = request().await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

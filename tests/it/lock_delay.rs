@@ -148,9 +148,11 @@ async fn granted_after(next: &Api, id: &str, free_at: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_delay_outlives_a_restart_of_the_authority() {
     let (a, b) = two_peers().await;
-    let expired = acquire(&a.api, "restart-expiry", 1, 0.0, 4).await;
+    // Delays of 10 s: the authority's shutdown hands over and waits for its
+    // writes, which on a loaded 2-core machine has taken longer than 4 s.
+    let expired = acquire(&a.api, "restart-expiry", 1, 0.0, 10).await;
     expired.expect(StatusCode::CREATED);
-    let forced = acquire(&a.api, "restart-force", 30, 0.0, 4).await;
+    let forced = acquire(&a.api, "restart-force", 30, 0.0, 10).await;
     forced.expect(StatusCode::CREATED);
     let unlock = a
         .request(Method::DELETE, "/v1/locks/restart-force", None, &[])

@@ -140,13 +140,17 @@ pub(super) fn leases_in_force(
 ) -> Vec<Lease> {
     unexpired
         .into_iter()
-        .flat_map(|IdLocks { candidates, leases, .. }| {
-            let has_claim = &has_claim;
-            leases.into_iter().filter_map(move |stored| {
-                let id = &stored.record.lease.state_id;
-                in_force(&stored, |gateway| has_claim(&candidates, id, gateway))
-                    .then(|| stored.record.lease.clone())
-            })
-        })
+        .flat_map(
+            |IdLocks {
+                 candidates, leases, ..
+             }| {
+                let has_claim = &has_claim;
+                leases.into_iter().filter_map(move |stored| {
+                    let id = &stored.record.lease.state_id;
+                    in_force(&stored, |gateway| has_claim(&candidates, id, gateway))
+                        .then(|| stored.record.lease.clone())
+                })
+            },
+        )
         .collect()
 }

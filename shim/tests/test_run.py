@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -133,12 +134,19 @@ def inserts(gateway: Gateway) -> int:
     )
 
 
-def test_a_run_of_100_state_messages_costs_clickhouse_at_most_110_inserts(project: Project, gateway: Gateway):
+def test_a_run_of_100_state_messages_costs_one_insert_each_and_a_lease_row_insert_a_second(
+    project: Project, gateway: Gateway
+):
     # Each STATE message is one version INSERT; the lease rows of its lock
-    # and unlock are coalesced, at most one INSERT a second.
+    # and unlock are coalesced, at most one INSERT a second. On a quiet
+    # machine the run takes well under 10 s (at most 110 INSERTs); a loaded
+    # one takes longer, and the bound follows the seconds it took.
     before = inserts(gateway)
+    started = time.monotonic()
     project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "100"})
     assert bookmark(gateway) == 100
     time.sleep(1.5)  # the last lease rows go out within a second
+    seconds = time.monotonic() - started
     spent = inserts(gateway) - before
-    assert spent <= 110, f"100 STATE messages took {spent} INSERTs"
+    bound = 100 + max(10, math.ceil(seconds) + 1)
+    assert spent <= bound, f"100 STATE messages took {spent} INSERTs in {seconds:.1f} s (bound {bound})"

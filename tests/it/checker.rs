@@ -6,13 +6,14 @@
 //! number of cycles. Other tests with workers of their own (lock_delay,
 //! lock_faults, soak_mixed) record into the same log and run the same check.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::Api;
+use crate::helpers::{Api, Reply};
 
 /// What a worker saw while it held a lease: a sub-interval of the lease.
 #[derive(Clone, Copy, Debug)]
@@ -76,28 +77,43 @@ async fn worker(api: Api, id: &'static str, name: String, cycles: usize, work: W
         if work == Work::Counter {
             increment(&api, id, &lease, &name).await;
         }
-        api.renew(id, &lease, 30)
+        retried(|| api.renew(id, &lease, 30))
             .await
             .expect_because(StatusCode::OK, &name);
         let end = Instant::now();
-        api.release(id, &lease)
+        retried(|| api.release(id, &lease))
             .await
             .expect_because(StatusCode::NO_CONTENT, &name);
         log.lock().unwrap().push(Held { start, end, token });
     }
 }
 
-/// Reads the counter and writes it + 1 under `lease`, which must hold.
+/// `request`'s answer, asked again a second apart (as `Retry-After` says)
+/// while it is 503 (ClickHouse or Keeper slow or away, a claim between
+/// gateways, a lapsed claim being re-won), for up to 20 s: what every
+/// client does. Any other answer is the request's.
+pub async fn retried<F: Future<Output = Reply>>(request: impl Fn() -> F) -> Reply {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = request().await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Reads the counter and writes it + 1 under `lease`, which must hold:
+/// a 503 is asked again, a 409 fails.
 pub async fn increment(api: &Api, id: &str, lease: &str, who: &str) {
-    let read = api.get_state(id).await;
+    let read = retried(|| api.get_state(id)).await;
     let counter = match read.status {
         StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
         StatusCode::NOT_FOUND => 0,
         other => panic!("{who}: read failed: {other} {}", read.text),
     };
-    let write = api
-        .put_state_with_lease(id, &json!({"completed": {"counter": counter + 1}}), lease)
-        .await;
+    let next = json!({"completed": {"counter": counter + 1}});
+    let write = retried(|| api.put_state_with_lease(id, &next, lease)).await;
     assert!(write.status.is_success(), "{who}: {}", write.text);
 }
 

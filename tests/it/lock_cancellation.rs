@@ -8,7 +8,7 @@
 //! recording and the wait in line.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::StatusCode;
 use statehouse::domain::{LeaseInfo, StateId};
@@ -17,7 +17,8 @@ use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{Reply, spawn_app_with, test_config, unique_schema};
+use crate::checker::retried;
+use crate::helpers::{spawn_app_with, test_config, unique_schema};
 use crate::proxy::Proxy;
 
 /// A lock manager of its own on a fresh database, reaching ClickHouse through
@@ -259,19 +260,6 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
         .collect();
     for worker in workers {
         worker.await.unwrap();
-    }
-}
-
-/// `request`'s answer, asked again after each 503 for up to 20 s (well
-/// inside a 30 s lease), a second apart as `Retry-After` says.
-async fn retried<F: std::future::Future<Output = Reply>>(request: impl Fn() -> F) -> Reply {
-    let give_up = Instant::now() + Duration::from_secs(20);
-    loop {
-        let reply = request().await;
-        if reply.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
-            return reply;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

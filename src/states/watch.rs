@@ -28,6 +28,12 @@ use crate::store::StateStore;
 /// the contract allows for a change made elsewhere (1 s).
 const POLL_EVERY: Duration = Duration::from_secs(1);
 
+/// The most bytes of ids one poll statement names: the ids travel in the
+/// URL, and ClickHouse refuses one longer than `http_max_uri_size` (1 MiB by
+/// default) once percent-encoded. Ids of usual length fit a thousand
+/// waiters in one statement; only very long ones take a second.
+const POLL_BYTES: usize = 256 << 10;
+
 /// The version a waiter last read of its id: `None` when the state did not
 /// exist, else its `updated_at` in milliseconds.
 pub type Known = Option<i64>;
@@ -267,16 +273,37 @@ async fn poll(shared: Arc<Shared>) {
         if ids.is_empty() {
             continue;
         }
-        match shared.store.versions(&ids).await {
-            Ok(found) => {
-                let found: HashMap<StateId, i64> = found.into_iter().collect();
-                shared.registry().observed(&ids, &found);
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again in a second");
+        for ids in statements(&ids) {
+            match shared.store.versions(ids).await {
+                Ok(found) => {
+                    let found: HashMap<StateId, i64> = found.into_iter().collect();
+                    shared.registry().observed(ids, &found);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again in a second");
+                }
             }
         }
     }
+}
+
+/// `ids` cut into runs of at most [`POLL_BYTES`] of names (at least one id
+/// each): one run, one statement.
+fn statements(ids: &[StateId]) -> Vec<&[StateId]> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (index, id) in ids.iter().enumerate() {
+        let more = id.as_str().len();
+        if index > start && bytes + more > POLL_BYTES {
+            runs.push(&ids[start..index]);
+            (start, bytes) = (index, 0);
+        }
+        bytes += more;
+    }
+    if start < ids.len() {
+        runs.push(&ids[start..]);
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -352,6 +379,22 @@ mod tests {
         registry.wake_all(&id("a"));
         assert!(woken(&wake_a), "kept as a permit until the waiter waits");
         assert!(!woken(&wake_b));
+    }
+
+    #[test]
+    fn ids_of_usual_length_are_polled_in_one_statement() {
+        let usual: Vec<StateId> = (0..1024)
+            .map(|n| id(&format!("prod:tap-postgres-to-target-snowflake-{n:04}")))
+            .collect();
+        assert_eq!(statements(&usual), vec![&usual[..]]);
+        assert!(statements(&[]).is_empty());
+        let long: Vec<StateId> = (0..1024)
+            .map(|n| id(&format!("{n:04}{}", "x".repeat(896))))
+            .collect();
+        let runs = statements(&long);
+        assert_eq!(runs.len(), 4, "900 bytes each: 291 ids a statement");
+        assert_eq!(runs.iter().map(|run| run.len()).sum::<usize>(), 1024);
+        assert!(runs.iter().all(|run| run.len() * 900 <= POLL_BYTES));
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl States {
             history: history.clone(),
             states: store.clone(),
         };
-        let watches = Watches::new(store.clone());
+        let watches = Watches::new(store.clone(), metrics.clone());
         Self {
             commits: Arc::new(GroupCommit::new(
                 target,

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 use crate::domain::StateId;
+use crate::metrics::Metrics;
 use crate::store::StateStore;
 
 /// How often the poller reads the versions of the ids waited on: the delay
@@ -52,6 +53,8 @@ struct Shared {
     store: StateStore,
     /// Turns true once, when the gateway stops: every waiter answers then.
     closed: watch::Sender<bool>,
+    /// Counts the waiters (`statehouse_watchers`).
+    metrics: Arc<Metrics>,
 }
 
 /// Who waits on which id. Pure bookkeeping, no I/O, so its rules are unit
@@ -156,11 +159,12 @@ impl Registry {
 }
 
 impl Watches {
-    pub fn new(store: StateStore) -> Self {
+    pub fn new(store: StateStore, metrics: Arc<Metrics>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::default(),
                 store,
+                metrics,
                 closed: watch::channel(false).0,
             }),
         }
@@ -170,6 +174,7 @@ impl Watches {
     /// the state after this, then tell the guard what was read.
     pub fn watch(&self, id: &StateId) -> Watching {
         let (key, wake, start) = self.shared.registry().add(id);
+        self.shared.metrics.long_polls(1);
         if start {
             tokio::spawn(poll(self.shared.clone()));
         }
@@ -254,6 +259,7 @@ impl Watching {
 impl Drop for Watching {
     fn drop(&mut self) {
         self.shared.registry().remove(&self.id, self.key);
+        self.shared.metrics.long_polls(-1);
     }
 }
 

@@ -266,6 +266,59 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
     }
 }
 
+/// A leased id, whose authority is gateway A (it remembers the id's state
+/// and serves its reads from memory): a write through B with the lease is
+/// forwarded to A and wakes A's waiter at once and B's through B's poller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leased_ids_write_wakes_waiters_on_its_authority_and_elsewhere() {
+    let schema = unique_schema();
+    let a = spawn_configured(peer_config(&schema)).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    let id = fresh_id("leased");
+    let (lease, _) = a.lease(&id, "worker", 30, 5.0).await;
+    let first = b.put_state_with_lease(&id, &doc(1), &lease).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.text);
+    for n in 2..=4 {
+        let on_a = long_poll(&a, &id, "20s", Some(&etag(&a.get_state(&id).await)));
+        let current = etag(&b.get_state(&id).await);
+        let on_b = long_poll(&b, &id, "20s", Some(&current));
+        settle().await;
+        let written = b.put_state_with_lease(&id, &doc(n), &lease).await;
+        assert_eq!(written.status, StatusCode::OK, "{}", written.text);
+        let at_write = Instant::now();
+        let (reply, at) = on_b.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        assert_eq!(etag(&reply), etag(&written));
+        assert!(
+            at - at_write < ACROSS,
+            "round {n}, on B: {:?}",
+            at - at_write
+        );
+        let (reply, _) = on_a.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+        assert_eq!(reply.json()["completed"], doc(n)["completed"]);
+    }
+    let waiter = long_poll(&a, &id, "20s", Some(&etag(&b.get_state(&id).await)));
+    settle().await;
+    let deleted = b
+        .request(
+            Method::DELETE,
+            &format!("/v1/states/{}", encode_id(&id)),
+            None,
+            &[("lease-id", lease.as_str())],
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{}", deleted.text);
+    let at_write = Instant::now();
+    let (reply, at) = waiter.await.unwrap();
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert!(
+        at - at_write < LOCAL,
+        "on the authority: {:?}",
+        at - at_write
+    );
+}
+
 /// Waiters hold no request permit: with one permit and room for two
 /// waiters, two waiters leave reads and writes served, and a third waiter
 /// is refused with 503 and Retry-After.

@@ -5,9 +5,9 @@
 //! one commit path calls [`Watches::changed`]). A change through another
 //! gateway, or a row another writer INSERTed, is found by one poller task
 //! per gateway: it runs only while someone waits and, once a second, reads
-//! the current version of every id waited on in ONE statement, so watching
-//! costs ClickHouse about a statement a second whatever the number of
-//! waiters. A waiter whose known version differs from what the poller read
+//! the current version of every id waited on in one statement (a few only
+//! when the ids are very long, see [`POLL_BYTES`]), so watching costs
+//! ClickHouse about a statement a second whatever the number of waiters. A waiter whose known version differs from what the poller read
 //! is woken. A wake is only a hint: the waiter reads the state again and
 //! decides for itself whether it changed.
 //!

@@ -241,9 +241,13 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (begin_drain, draining) = tokio::sync::oneshot::channel::<()>();
+        let watches = self.ctx.states.watches().clone();
         let signal = async move {
             shutdown.await;
             tracing::info!("shutting down: draining in-flight requests");
+            // Long-polls answer now with what they know, rather than hold
+            // the drain up to their deadlines.
+            watches.close();
             let _ = begin_drain.send(());
         };
         let (locks, pools) = (self.ctx.locks.clone(), self.ctx.pools.clone());

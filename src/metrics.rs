@@ -47,6 +47,11 @@ struct ShedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatcherLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClosedLabels {
     reason: &'static str,
 }
@@ -160,6 +165,7 @@ pub struct Metrics {
     auth_denied: Family<DeniedLabels, Counter>,
     pool_holders: Family<PoolLabels, Gauge>,
     pool_waiting: Family<PoolLabels, Gauge>,
+    watchers: Family<WatcherLabels, Gauge>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -183,6 +189,13 @@ impl Default for Metrics {
         let auth_denied = Family::<DeniedLabels, Counter>::default();
         let pool_holders = Family::<PoolLabels, Gauge>::default();
         let pool_waiting = Family::<PoolLabels, Gauge>::default();
+        let watchers = Family::<WatcherLabels, Gauge>::default();
+        registry.register(
+            "watchers",
+            "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=)",
+            watchers.clone(),
+        );
+        let _ = watchers.get_or_create(&WatcherLabels { kind: "long_poll" });
         registry.register(
             "pool_holders",
             "Leases held on each pool this gateway is the authority for",
@@ -245,7 +258,7 @@ impl Default for Metrics {
         );
         registry.register(
             "requests_shed",
-            "Requests refused because a concurrency limit was reached, by limit (requests, lock_waiters: 503 for everyone; share: 429, a token at its --max-share of either)",
+            "Requests refused because a concurrency limit was reached, by limit (requests, lock_waiters, watchers: 503 for everyone; share: 429, a token at its --max-share of one)",
             shed.clone(),
         );
         registry.register(
@@ -260,7 +273,7 @@ impl Default for Metrics {
                 event: event.label(),
             });
         }
-        for limit in ["requests", "lock_waiters", "share"] {
+        for limit in ["requests", "lock_waiters", "watchers", "share"] {
             let _ = shed.get_or_create(&ShedLabels { limit });
         }
         for read in ["state", "locks"] {
@@ -273,6 +286,7 @@ impl Default for Metrics {
             let _ = auth_denied.get_or_create(&DeniedLabels { reason });
         }
         Self {
+            watchers,
             auth_denied,
             pool_holders,
             pool_waiting,
@@ -376,6 +390,13 @@ impl Metrics {
             self.pool_holders.get_or_create(&labels).set(count(holders));
             self.pool_waiting.get_or_create(&labels).set(count(waiting));
         }
+    }
+
+    /// One more long-poll waits (`delta` 1), or one answered (-1).
+    pub fn long_polls(&self, delta: i64) {
+        self.watchers
+            .get_or_create(&WatcherLabels { kind: "long_poll" })
+            .inc_by(delta);
     }
 
     /// The OpenMetrics text exposition.

@@ -159,7 +159,13 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_MAX_LOCK_WAITERS", default_value_t = 1024)]
     pub max_lock_waiters: u32,
 
-    /// The part of --max-concurrent-requests and of --max-lock-waiters that
+    /// Long-polls (GET /v1/states/{state_id}?wait=) waiting at once; they
+    /// hold no --max-concurrent-requests permit, so this caps them instead.
+    /// One more is answered at once with 503 and Retry-After.
+    #[arg(long, env = "STATEHOUSE_MAX_WATCHERS", default_value_t = 1024)]
+    pub max_watchers: u32,
+
+    /// The part of --max-concurrent-requests, --max-lock-waiters and --max-watchers that
     /// one token name may hold at once (at least one request); past it that
     /// token gets 429 and Retry-After while the others are served. Without
     /// tokens only the limits apply.

@@ -53,6 +53,8 @@ pub struct LockSettings {
 pub struct Concurrency {
     pub requests: u32,
     pub lock_waiters: u32,
+    /// Long-polls waiting at once (`--max-watchers`).
+    pub watchers: u32,
     /// The part of each limit one token name may hold, in (0, 1].
     pub max_share: f64,
 }
@@ -134,6 +136,7 @@ impl TryFrom<ServeArgs> for Config {
         for (value, flag) in [
             (args.max_concurrent_requests, "--max-concurrent-requests"),
             (args.max_lock_waiters, "--max-lock-waiters"),
+            (args.max_watchers, "--max-watchers"),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero(flag));
@@ -193,6 +196,7 @@ impl TryFrom<ServeArgs> for Config {
             concurrency: Concurrency {
                 requests: args.max_concurrent_requests,
                 lock_waiters: args.max_lock_waiters,
+                watchers: args.max_watchers,
                 max_share: args.max_share,
             },
             client_timeouts: ClientTimeouts {

@@ -14,6 +14,7 @@ mod regression;
 mod scope;
 mod state_id;
 mod version;
+mod wait;
 
 pub use coordination::Coordination;
 pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};
@@ -30,3 +31,4 @@ pub use regression::{AllowedRegressions, Regression, RegressionMode, regressions
 pub use scope::Scope;
 pub use state_id::{StateId, StateIdError};
 pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};
+pub use wait::{InvalidWait, MAX_WAIT, Wait};

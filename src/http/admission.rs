@@ -27,6 +27,10 @@ pub enum Counts {
     /// `--max-lock-waiters`: lock acquires, which may wait up to their
     /// wait_seconds and would otherwise crowd out everything else.
     LockWaiter,
+    /// `--max-watchers` when the request asks to wait (`?wait=`, a
+    /// long-poll), else `--max-concurrent-requests`: a waiting request holds
+    /// no request permit, or a few idle watchers would starve every write.
+    RequestOrWatcher,
     /// Nothing: health checks and metrics answer under overload.
     Nothing,
 }
@@ -45,6 +49,7 @@ pub enum Sharer {
 pub struct Admission {
     requests: Limit,
     lock_waiters: Limit,
+    watchers: Limit,
 }
 
 /// One limit: its permits, and who holds how many of them.
@@ -73,6 +78,12 @@ impl Admission {
                 concurrency.max_share,
                 "--max-lock-waiters",
                 "lock_waiters",
+            ),
+            watchers: Limit::new(
+                concurrency.watchers,
+                concurrency.max_share,
+                "--max-watchers",
+                "watchers",
             ),
         }
     }
@@ -166,6 +177,8 @@ pub async fn admit(
         Counts::Nothing => return next.run(request).await,
         Counts::Request => &admission.requests,
         Counts::LockWaiter => &admission.lock_waiters,
+        Counts::RequestOrWatcher if asks_to_wait(&request) => &admission.watchers,
+        Counts::RequestOrWatcher => &admission.requests,
     };
     let sharer = request
         .extensions()
@@ -199,12 +212,39 @@ pub async fn admit(
     response
 }
 
+/// Whether the query string names `wait`, whatever its value: a bad one is
+/// refused by the handler, after admission, as every other bad parameter is.
+fn asks_to_wait(request: &Request) -> bool {
+    request.uri().query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| pair.split('=').next() == Some("wait"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn token(name: &str) -> Sharer {
         Sharer::Token(Arc::from(name))
+    }
+
+    #[test]
+    fn only_a_wait_parameter_makes_a_watcher() {
+        let asks = |uri: &str| {
+            asks_to_wait(
+                &Request::builder()
+                    .uri(uri)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+        };
+        assert!(asks("/v1/states/a?wait=5s"));
+        assert!(asks("/v1/states/a?x=1&wait="));
+        assert!(!asks("/v1/states/a"));
+        assert!(!asks("/v1/states/a?waiting=1"));
+        assert!(!asks("/v1/states/wait"));
     }
 
     #[test]

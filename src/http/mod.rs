@@ -14,11 +14,13 @@ mod history;
 mod lock_history;
 mod lock_view;
 mod locks;
+mod long_poll;
 mod metrics_page;
 mod pool_view;
 mod pools;
 mod regressions;
 mod server;
+mod state_answer;
 mod states;
 mod tickets;
 mod whoami;
@@ -93,14 +95,14 @@ enum Served {
 /// this table, and the contract test holds it against `openapi.yaml` both ways.
 fn operations() -> Vec<Operation> {
     use Access::{Metrics, Needs, Open};
-    use Counts::{LockWaiter, Nothing, Request};
+    use Counts::{LockWaiter, Nothing, Request, RequestOrWatcher};
     use Role::{Admin, Read, Write};
     use Served::{Anywhere, ByAuthority};
     vec![
         op!(GET "/v1/states" => states::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/states" => states::import, Needs(Write), Request, Anywhere),
         op!(DELETE "/v1/states" => states::delete_many, Needs(Admin), Request, Anywhere),
-        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), Request, Anywhere),
+        op!(GET "/v1/states/{state_id}" => states::get, Needs(Read), RequestOrWatcher, Anywhere),
         op!(PUT "/v1/states/{state_id}" => states::put, Needs(Write), Request, ByAuthority),
         op!(PATCH "/v1/states/{state_id}" => states::patch, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/states/{state_id}" => states::delete, Needs(Write), Request, ByAuthority),

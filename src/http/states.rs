@@ -15,13 +15,14 @@ use super::error::ApiError;
 use super::extract::{
     ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_request,
 };
+use super::long_poll;
+use super::state_answer::{not_modified, representation};
 use super::wire::rfc3339_millis;
 use crate::domain::{
     DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument, StateId,
-    StateIdError, StatePattern,
+    StateIdError, StatePattern, Wait,
 };
 use crate::states::{Change, WriteConditions, Written};
-use crate::store::StoredState;
 use uuid::Uuid;
 
 #[derive(Deserialize)]
@@ -54,28 +55,6 @@ struct ListedState {
     completed: Option<JsonObject>,
     #[serde(skip_serializing_if = "Option::is_none")]
     partial: Option<JsonObject>,
-}
-
-#[derive(Serialize)]
-struct StateRepresentation<'a> {
-    state_id: &'a str,
-    completed: &'a JsonObject,
-    partial: &'a JsonObject,
-    updated_at: String,
-}
-
-fn representation(state: &StoredState, status: StatusCode) -> Response {
-    let body = StateRepresentation {
-        state_id: state.id.as_str(),
-        completed: &state.doc.completed,
-        partial: &state.doc.partial,
-        updated_at: rfc3339_millis(state.updated_at_ms),
-    };
-    let mut response = (status, Json(body)).into_response();
-    if let Ok(etag) = HeaderValue::from_str(state.etag.as_str()) {
-        response.headers_mut().insert(header::ETAG, etag);
-    }
-    response
 }
 
 pub(super) fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
@@ -278,26 +257,33 @@ pub async fn delete_many(
     })))
 }
 
+/// `GET /v1/states/{state_id}`'s query: `wait` makes it a long-poll.
+#[derive(Deserialize)]
+pub struct GetParams {
+    wait: Option<String>,
+}
+
 pub async fn get(
     State(ctx): State<AppContext>,
     StatePath(id): StatePath,
+    ApiQuery(params): ApiQuery<GetParams>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let if_none_match = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .map(IfNoneMatch::new);
+    if let Some(raw) = params.wait {
+        let wait = Wait::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
+        return long_poll::answer(&ctx, &id, if_none_match.as_ref(), wait).await;
+    }
     let state = ctx
         .states
         .get(&id)
         .await?
         .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
-    let unchanged = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| IfNoneMatch::new(v).unchanged(&state.etag));
-    if unchanged {
-        let mut response = StatusCode::NOT_MODIFIED.into_response();
-        if let Ok(value) = HeaderValue::from_str(state.etag.as_str()) {
-            response.headers_mut().insert(header::ETAG, value);
-        }
-        return Ok(response);
+    if if_none_match.is_some_and(|tags| tags.unchanged(&state.etag)) {
+        return Ok(not_modified(&state.etag));
     }
     Ok(representation(&state, StatusCode::OK))
 }

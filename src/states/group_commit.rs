@@ -32,6 +32,7 @@ use uuid::Uuid;
 
 use super::memory::Memory;
 use super::prepare::Prepared;
+use super::watch::Watches;
 use crate::domain::{Lease, Provenance, StateId};
 use crate::locks::{Admitted, LockError, Sending};
 use crate::metrics::Metrics;
@@ -122,6 +123,8 @@ pub(super) struct GroupCommit {
     target: Target,
     memory: Arc<Memory>,
     metrics: Arc<Metrics>,
+    /// Told of every id a batch wrote, or may have written.
+    watches: Watches,
     /// Submissions waiting for the next INSERT, and whether a task is
     /// sending; held only to push or take, never across an `.await`.
     queue: Mutex<Queue>,
@@ -134,11 +137,17 @@ struct Queue {
 }
 
 impl GroupCommit {
-    pub fn new(target: Target, memory: Arc<Memory>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        target: Target,
+        memory: Arc<Memory>,
+        metrics: Arc<Metrics>,
+        watches: Watches,
+    ) -> Self {
         Self {
             target,
             memory,
             metrics,
+            watches,
             queue: Mutex::default(),
         }
     }
@@ -225,11 +234,11 @@ impl GroupCommit {
         // may read here at once. Such a read finds nothing remembered and
         // waits for the id's writer lock, held until its change is settled
         // below; the state from before the write is never served to it.
-        self.memory.forget_each(
-            parts
-                .iter()
-                .flat_map(|part| part.changes.iter().map(|change| &change.id)),
-        );
+        let ids: Vec<StateId> = parts
+            .iter()
+            .flat_map(|part| part.changes.iter().map(|change| change.id.clone()))
+            .collect();
+        self.memory.forget_each(&ids);
         drop(permit);
         match sent {
             Ok(()) => {
@@ -257,6 +266,9 @@ impl GroupCommit {
                 }
             }
         }
+        // Once settled: a woken waiter reads what the batch left. A failed
+        // batch may have landed all the same, so its ids are told too.
+        self.watches.changed(&ids);
     }
 
     /// What the gateway remembers of a change that landed; its state.

@@ -16,6 +16,7 @@ mod error;
 mod group_commit;
 mod memory;
 mod prepare;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target}
 use self::memory::Memory;
 pub use self::prepare::Change;
 use self::prepare::{Policy, Prepared, prepare};
+pub use self::watch::{Known, WaitEnd, Watches, Watching};
 
 use crate::domain::{
     AllowedRegressions, IfMatch, PageCursor, PageLimit, Provenance, RegressionMode, Scope,
@@ -68,6 +70,8 @@ pub struct States {
     commits: Arc<GroupCommit>,
     regression: RegressionMode,
     metrics: Arc<Metrics>,
+    /// Requests waiting on a change of one state (long-polls).
+    watches: Watches,
 }
 
 /// What a write carries besides its document.
@@ -110,8 +114,15 @@ impl States {
             history: history.clone(),
             states: store.clone(),
         };
+        let watches = Watches::new(store.clone(), metrics.clone());
         Self {
-            commits: Arc::new(GroupCommit::new(target, memory.clone(), metrics.clone())),
+            commits: Arc::new(GroupCommit::new(
+                target,
+                memory.clone(),
+                metrics.clone(),
+                watches.clone(),
+            )),
+            watches,
             regression,
             metrics,
             store,
@@ -134,6 +145,11 @@ impl States {
         let _reading = self.writers.lock(id).await;
         let row = self.current(id, Some(claim)).await?;
         row.map(StoredRow::parse).transpose()
+    }
+
+    /// The requests waiting on a change of one state.
+    pub fn watches(&self) -> &Watches {
+        &self.watches
     }
 
     /// The stored row of `id`: the known one under `claim`, else ClickHouse's,

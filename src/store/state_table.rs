@@ -263,6 +263,27 @@ impl StateStore {
         Ok(version.map(Version::from_millis))
     }
 
+    /// The current version of each of `ids` that exists (milliseconds, as
+    /// `updated_at`), in one statement without documents: what the watch
+    /// poller reads once a second for every id someone waits on.
+    pub async fn versions(&self, ids: &[StateId]) -> Result<Vec<(StateId, i64)>, StoreError> {
+        let sql = format!(
+            "SELECT state_id, toUnixTimestamp64Milli(updated_at) FROM {} FINAL
+             WHERE state_id IN {{ids:Array(String)}}",
+            self.table
+        );
+        let names: Vec<&str> = ids.iter().map(StateId::as_str).collect();
+        let query = self.ch.latest_read(&sql).param("ids", names);
+        let rows = self
+            .ch
+            .timed("watch", query.fetch_all::<(String, i64)>())
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, version)| StateId::parse(id).ok().map(|id| (id, version)))
+            .collect())
+    }
+
     /// `schema`.`table`, for queries that read it into another table.
     pub fn table(&self) -> &str {
         &self.table

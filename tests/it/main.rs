@@ -54,3 +54,4 @@ mod soak_mixed;
 mod states_api;
 mod structure;
 mod tls;
+mod watch;

@@ -21,9 +21,15 @@ Positive cases (which must be accepted) are kept to what the schema can say:
   coverage phase of Schemathesis 4.32 also sends a placeholder such as `0` in
   a case it calls positive when it cannot write a value for the header's
   pattern: that one goes too.)
+- A long-poll's `wait` may be any string the schema allows, and a valid one
+  up to 120 s holds the request that long (past the run's request timeout):
+  a positive case waits `500ms`, and so does any case whose `wait` is a plain
+  duration (`7`, `90s`, `2m`); what is left is refused with 400 at once.
 - A bulk import names each state_id once (no schema says "unique by a
   member"): a positive batch keeps the first entry of each id.
 """
+
+import re
 
 import schemathesis
 
@@ -52,6 +58,19 @@ def first_of_each_id(batch):
     return kept
 
 
+# `wait` values a long-poll accepts and would wait on: seconds or one unit.
+PLAIN_WAIT = re.compile(r"\s*\d+\s*(ms|s|m)?\s*")
+
+
+def short_wait(query, positive):
+    """Cuts a long-poll's wait to half a second, in place."""
+    if not query or "wait" not in query:
+        return
+    value = query["wait"]
+    if positive or (isinstance(value, str) and PLAIN_WAIT.fullmatch(value)):
+        query["wait"] = "500ms"
+
+
 @schemathesis.hook
 def map_body(context, body):
     return shorten(body)
@@ -62,7 +81,9 @@ def map_case(context, case):
     # The coverage phase does not go through map_body.
     shorten(case.body)
     meta = case.meta
-    if meta is None or not meta.generation.mode.is_positive:
+    positive = meta is not None and meta.generation.mode.is_positive
+    short_wait(case.query, positive)
+    if not positive:
         return case
     if case.query:
         case.query.pop("cursor", None)

@@ -1,0 +1,415 @@
+//! Waiting on one state (a long-poll): who waits on which id, and how they
+//! hear of a change.
+//!
+//! A change through this gateway wakes the waiters of its id at once (the
+//! one commit path calls [`Watches::changed`]). A change through another
+//! gateway, or a row another writer INSERTed, is found by one poller task
+//! per gateway: it runs only while someone waits and, once a second, reads
+//! the current version of every id waited on in one statement (a few only
+//! when the ids are very long, see [`POLL_BYTES`]), so watching costs
+//! ClickHouse about a statement a second whatever the number of waiters. A waiter whose known version differs from what the poller read
+//! is woken. A wake is only a hint: the waiter reads the state again and
+//! decides for itself whether it changed.
+//!
+//! As in mini-redis's `db.rs`, the handle ([`Watches`]), the state it
+//! shares ([`Shared`], its registry under a std mutex never held across an
+//! `.await`) and the background task ([`poll`]) are kept apart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use crate::domain::StateId;
+use crate::metrics::Metrics;
+use crate::store::StateStore;
+
+/// How often the poller reads the versions of the ids waited on: the delay
+/// the contract allows for a change made elsewhere (1 s).
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// The most bytes of ids one poll statement names: the ids travel in the
+/// URL, and ClickHouse refuses one longer than `http_max_uri_size` (1 MiB by
+/// default) once percent-encoded. Ids of usual length fit a thousand
+/// waiters in one statement; only very long ones take a second.
+const POLL_BYTES: usize = 256 << 10;
+
+/// The version a waiter last read of its id: `None` when the state did not
+/// exist, else its `updated_at` in milliseconds.
+pub type Known = Option<i64>;
+
+/// The waiters of this gateway; cheap to clone.
+#[derive(Clone)]
+pub struct Watches {
+    shared: Arc<Shared>,
+}
+
+/// What the handle, the waiters' guards and the poller share.
+struct Shared {
+    /// Who waits on what; never held across an `.await`.
+    registry: Mutex<Registry>,
+    /// Where the poller reads versions.
+    store: StateStore,
+    /// Turns true once, when the gateway stops: every waiter answers then.
+    closed: watch::Sender<bool>,
+    /// Counts the waiters (`statehouse_watchers`).
+    metrics: Arc<Metrics>,
+}
+
+/// Who waits on which id. Pure bookkeeping, no I/O, so its rules are unit
+/// tested on their own.
+#[derive(Default)]
+struct Registry {
+    /// The waiters of each id; an id leaves with its last waiter.
+    ids: HashMap<StateId, Vec<Waiter>>,
+    /// The key of the next waiter, unique for the gateway's life.
+    next_key: u64,
+    /// Whether a poller task runs; it stops when no one waits.
+    polling: bool,
+}
+
+/// One waiting request.
+struct Waiter {
+    /// Tells it apart from the other waiters of its id.
+    key: u64,
+    /// What it last read; `None` until it has read, so the poller does not
+    /// wake it against a version it never saw.
+    known: Option<Known>,
+    /// Woken on a change; a wake before it waits is kept (a permit), so a
+    /// change between its read and its wait is never lost.
+    wake: Arc<Notify>,
+}
+
+impl Registry {
+    /// Adds a waiter on `id`; answers its key and wake, and whether a poller
+    /// must be started (none runs).
+    fn add(&mut self, id: &StateId) -> (u64, Arc<Notify>, bool) {
+        let key = self.next_key;
+        self.next_key += 1;
+        let wake = Arc::new(Notify::new());
+        self.ids.entry(id.clone()).or_default().push(Waiter {
+            key,
+            known: None,
+            wake: wake.clone(),
+        });
+        let start = !std::mem::replace(&mut self.polling, true);
+        (key, wake, start)
+    }
+
+    fn remove(&mut self, id: &StateId, key: u64) {
+        if let Some(waiters) = self.ids.get_mut(id) {
+            waiters.retain(|w| w.key != key);
+            if waiters.is_empty() {
+                self.ids.remove(id);
+            }
+        }
+    }
+
+    fn set_known(&mut self, id: &StateId, key: u64, known: Known) {
+        let waiter = self
+            .ids
+            .get_mut(id)
+            .and_then(|waiters| waiters.iter_mut().find(|w| w.key == key));
+        if let Some(waiter) = waiter {
+            waiter.known = Some(known);
+        }
+    }
+
+    /// Wakes every waiter of `id` (a change through this gateway).
+    fn wake_all(&self, id: &StateId) {
+        for waiter in self.ids.get(id).into_iter().flatten() {
+            waiter.wake.notify_one();
+        }
+    }
+
+    /// The ids to read: those with a waiter that knows what it read. None
+    /// when no one waits at all: the poller stops, under the same lock as
+    /// the look, so a waiter added after it starts another.
+    fn ids_to_poll(&mut self) -> Option<Vec<StateId>> {
+        if self.ids.is_empty() {
+            self.polling = false;
+            return None;
+        }
+        let ids = self
+            .ids
+            .iter()
+            .filter(|(_, waiters)| waiters.iter().any(|w| w.known.is_some()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        Some(ids)
+    }
+
+    /// What the poller read of `polled` (`found`: the versions of those that
+    /// exist): wakes each waiter whose known version is not the current one.
+    /// Answers how many it woke.
+    fn observed(&self, polled: &[StateId], found: &HashMap<StateId, i64>) -> usize {
+        let mut woken = 0;
+        for id in polled {
+            let current = found.get(id).copied();
+            for waiter in self.ids.get(id).into_iter().flatten() {
+                if waiter.known.is_some_and(|known| known != current) {
+                    waiter.wake.notify_one();
+                    woken += 1;
+                }
+            }
+        }
+        woken
+    }
+}
+
+impl Watches {
+    pub fn new(store: StateStore, metrics: Arc<Metrics>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                registry: Mutex::default(),
+                store,
+                metrics,
+                closed: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// Starts waiting on `id`: from now on, no change of it is missed. Read
+    /// the state after this, then tell the guard what was read.
+    pub fn watch(&self, id: &StateId) -> Watching {
+        let (key, wake, start) = self.shared.registry().add(id);
+        self.shared.metrics.long_polls(1);
+        if start {
+            tokio::spawn(poll(self.shared.clone()));
+        }
+        Watching {
+            shared: self.shared.clone(),
+            id: id.clone(),
+            key,
+            wake,
+            closed: self.shared.closed.subscribe(),
+        }
+    }
+
+    /// `ids` changed through this gateway (or may have: a write whose
+    /// outcome is unknown): their waiters look again at once.
+    pub fn changed<'a>(&self, ids: impl IntoIterator<Item = &'a StateId>) {
+        let registry = self.shared.registry();
+        if registry.ids.is_empty() {
+            return;
+        }
+        for id in ids {
+            registry.wake_all(id);
+        }
+    }
+
+    /// The gateway stops: every waiter answers now, and so does every one
+    /// that comes after.
+    pub fn close(&self) {
+        self.shared.closed.send_replace(true);
+    }
+}
+
+impl Shared {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One waiting request's place; it leaves the registry when dropped
+/// (answered, or the client hung up).
+pub struct Watching {
+    shared: Arc<Shared>,
+    id: StateId,
+    key: u64,
+    wake: Arc<Notify>,
+    /// The gateway's stop, seen from here.
+    closed: watch::Receiver<bool>,
+}
+
+/// Why a wait ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// The id may have changed: read it again.
+    Changed,
+    /// The gateway stops: answer with what is known now.
+    Closing,
+}
+
+impl Watching {
+    /// What the waiter read of its id, for the poller to compare with.
+    pub fn read(&self, known: Known) {
+        self.shared.registry().set_known(&self.id, self.key, known);
+    }
+
+    /// Until the id may have changed or the gateway stops. The caller bounds
+    /// it with its deadline.
+    pub async fn next(&mut self) -> WaitEnd {
+        if *self.closed.borrow() {
+            return WaitEnd::Closing;
+        }
+        tokio::select! {
+            () = self.wake.notified() => WaitEnd::Changed,
+            _ = self.closed.wait_for(|closed| *closed) => WaitEnd::Closing,
+        }
+    }
+
+    /// Whether the gateway stops.
+    pub fn closing(&self) -> bool {
+        *self.closed.borrow()
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.shared.registry().remove(&self.id, self.key);
+        self.shared.metrics.long_polls(-1);
+    }
+}
+
+/// The poller: once a second, one read of the versions of every id waited
+/// on, while anyone waits. A failed read is logged and tried again at the
+/// next tick: the waiters keep waiting until their deadlines.
+async fn poll(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(POLL_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once; the waiter that started this has not read yet.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(ids) = shared.registry().ids_to_poll() else {
+            return;
+        };
+        if ids.is_empty() {
+            continue;
+        }
+        for ids in statements(&ids) {
+            match shared.store.versions(ids).await {
+                Ok(found) => {
+                    let found: HashMap<StateId, i64> = found.into_iter().collect();
+                    shared.registry().observed(ids, &found);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again in a second");
+                }
+            }
+        }
+    }
+}
+
+/// `ids` cut into runs of at most [`POLL_BYTES`] of names (at least one id
+/// each): one run, one statement.
+fn statements(ids: &[StateId]) -> Vec<&[StateId]> {
+    let mut runs = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (index, id) in ids.iter().enumerate() {
+        let more = id.as_str().len();
+        if index > start && bytes + more > POLL_BYTES {
+            runs.push(&ids[start..index]);
+            (start, bytes) = (index, 0);
+        }
+        bytes += more;
+    }
+    if start < ids.len() {
+        runs.push(&ids[start..]);
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> StateId {
+        StateId::parse(name.to_owned()).unwrap()
+    }
+
+    /// Whether `wake` holds a wake: polled once, without waiting.
+    fn woken(wake: &Notify) -> bool {
+        use std::future::Future;
+        let notified = std::pin::pin!(wake.notified());
+        let waker = std::task::Waker::noop();
+        notified
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_ready()
+    }
+
+    #[test]
+    fn the_first_waiter_starts_the_poller_and_it_stops_when_none_is_left() {
+        let mut registry = Registry::default();
+        let (a, _, start) = registry.add(&id("a"));
+        assert!(start);
+        let (b, _, start) = registry.add(&id("a"));
+        assert!(!start, "one poller per gateway");
+        registry.remove(&id("a"), a);
+        assert_eq!(
+            registry.ids_to_poll(),
+            Some(vec![]),
+            "b waits, but has not read yet"
+        );
+        registry.remove(&id("a"), b);
+        assert_eq!(registry.ids_to_poll(), None);
+        assert!(!registry.polling);
+        let (_, _, start) = registry.add(&id("b"));
+        assert!(start, "a waiter after the poller stopped starts another");
+    }
+
+    #[test]
+    fn the_poller_reads_every_id_once_and_wakes_only_the_waiters_it_moved_past() {
+        let mut registry = Registry::default();
+        let (a1, wake_a1, _) = registry.add(&id("a"));
+        let (a2, wake_a2, _) = registry.add(&id("a"));
+        let (b, wake_b, _) = registry.add(&id("b"));
+        let (_, wake_c, _) = registry.add(&id("c"));
+        registry.set_known(&id("a"), a1, Some(10));
+        registry.set_known(&id("a"), a2, Some(20));
+        registry.set_known(&id("b"), b, None);
+        let mut polled = registry.ids_to_poll().unwrap();
+        polled.sort();
+        assert_eq!(polled, vec![id("a"), id("b")], "c has not read yet");
+        let found = HashMap::from([(id("a"), 20)]);
+        assert_eq!(registry.observed(&polled, &found), 1);
+        assert!(woken(&wake_a1), "a moved past what a1 read");
+        assert!(!woken(&wake_a2), "a2 read the current version");
+        assert!(!woken(&wake_b), "b is still absent");
+        assert!(!woken(&wake_c));
+        let created = HashMap::from([(id("a"), 20), (id("b"), 5)]);
+        registry.observed(&polled, &created);
+        assert!(woken(&wake_b), "b was created");
+        let deleted = HashMap::new();
+        registry.observed(&polled, &deleted);
+        assert!(woken(&wake_a2), "a was deleted");
+    }
+
+    #[test]
+    fn a_local_change_wakes_every_waiter_of_its_id_even_before_it_waits() {
+        let mut registry = Registry::default();
+        let (_, wake_a, _) = registry.add(&id("a"));
+        let (_, wake_b, _) = registry.add(&id("b"));
+        registry.wake_all(&id("a"));
+        assert!(woken(&wake_a), "kept as a permit until the waiter waits");
+        assert!(!woken(&wake_b));
+    }
+
+    #[test]
+    fn ids_of_usual_length_are_polled_in_one_statement() {
+        let usual: Vec<StateId> = (0..1024)
+            .map(|n| id(&format!("prod:tap-postgres-to-target-snowflake-{n:04}")))
+            .collect();
+        assert_eq!(statements(&usual), vec![&usual[..]]);
+        assert!(statements(&[]).is_empty());
+        let long: Vec<StateId> = (0..1024)
+            .map(|n| id(&format!("{n:04}{}", "x".repeat(896))))
+            .collect();
+        let runs = statements(&long);
+        assert_eq!(runs.len(), 4, "900 bytes each: 291 ids a statement");
+        assert_eq!(runs.iter().map(|run| run.len()).sum::<usize>(), 1024);
+        assert!(runs.iter().all(|run| run.len() * 900 <= POLL_BYTES));
+    }
+
+    #[test]
+    fn a_waiter_that_left_is_not_polled_for() {
+        let mut registry = Registry::default();
+        let (a, _, _) = registry.add(&id("a"));
+        registry.set_known(&id("a"), a, Some(1));
+        registry.remove(&id("a"), a);
+        registry.set_known(&id("a"), a, Some(2));
+        assert!(registry.ids.is_empty());
+    }
+}

@@ -210,21 +210,28 @@ impl LeaseStore {
         Ok(renewed)
     }
 
-    /// Whether a gateway other than `me` proposed a claim on `id` at or after
-    /// `since_ms` (server time), whatever became of it: withdrawn and lapsed
-    /// candidates stay a day (the table's TTL), so this sees every one made
-    /// since a claim of the last day.
+    /// Whether a gateway other than `me` proposed a claim on `id` after
+    /// `lapsed` was made that was still in line when `lapsed` ran out (its
+    /// expiry, or its withdrawal, later than `lapsed`'s expiry, by the
+    /// server's clock): only such a one can have won the claim meanwhile.
+    /// Earlier candidates were behind `lapsed` while it lived, and one gone
+    /// before it never became the earliest. Withdrawn and lapsed candidates
+    /// stay a day (the table's TTL); with `lapsed`'s own row gone, every
+    /// later candidate counts.
     pub async fn claimed_since(
         &self,
         id: &StateId,
         me: Uuid,
-        since_ms: i64,
+        lapsed: &Candidate,
     ) -> Result<bool, StoreError> {
         let sql = format!(
-            "SELECT count() FROM {} FINAL
+            "SELECT count() FROM {table} FINAL
              WHERE state_id = {{id:String}} AND kind = 'claim' AND gateway_id != {{me:UUID}}
-               AND created_at >= fromUnixTimestamp64Milli({{since:Int64}})",
-            self.table
+               AND created_at >= fromUnixTimestamp64Milli({{since:Int64}})
+               AND expires_at > (SELECT max(expires_at) FROM {table} FINAL
+                                 WHERE state_id = {{id:String}} AND kind = 'claim'
+                                   AND claim_id = {{lapsed:UUID}})",
+            table = self.table
         );
         let query = self
             .ch
@@ -232,7 +239,8 @@ impl LeaseStore {
             .query(&sql)
             .param("id", id.as_str())
             .param("me", me.to_string())
-            .param("since", since_ms);
+            .param("since", lapsed.created_ms)
+            .param("lapsed", lapsed.claim_id.to_string());
         let count = self
             .ch
             .timed("claims_since", query.fetch_one::<u64>())

@@ -53,6 +53,27 @@ async fn gateway(
     spawn_configured(config).await
 }
 
+/// Two gateways on the test ClickHouse, the first behind a proxy that can
+/// cut its link (and, with `unreachable_advertised`, out of its peer's reach).
+async fn cut_pair(
+    coordination: Coordination,
+    unreachable_advertised: bool,
+) -> (Proxy, TestApp, TestApp) {
+    let schema = unique_schema();
+    let proxy = Proxy::to_clickhouse().await;
+    let url = clickhouse_url();
+    let a = gateway(
+        &schema,
+        coordination,
+        &url,
+        Some(&proxy),
+        unreachable_advertised,
+    )
+    .await;
+    let b = gateway(&schema, coordination, &url, None, false).await;
+    (proxy, a, b)
+}
+
 fn counter(n: u64) -> serde_json::Value {
     json!({"completed": {"counter": n}})
 }
@@ -200,17 +221,7 @@ async fn a_lease_outlives_a_cut_to_clickhouse_in_keeper_mode() {
 }
 
 async fn cut_link_ride_out(coordination: Coordination, id: &'static str) {
-    let schema = unique_schema();
-    let proxy = Proxy::to_clickhouse().await;
-    let a = gateway(
-        &schema,
-        coordination,
-        &clickhouse_url(),
-        Some(&proxy),
-        false,
-    )
-    .await;
-    let b = gateway(&schema, coordination, &clickhouse_url(), None, false).await;
+    let (proxy, a, b) = cut_pair(coordination, false).await;
     ride_out(
         &a,
         &b,
@@ -234,10 +245,7 @@ async fn a_lease_claimed_elsewhere_during_a_cut_is_dead_in_keeper_mode() {
 }
 
 async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
-    let schema = unique_schema();
-    let proxy = Proxy::to_clickhouse().await;
-    let a = gateway(&schema, coordination, &clickhouse_url(), Some(&proxy), true).await;
-    let b = gateway(&schema, coordination, &clickhouse_url(), None, false).await;
+    let (proxy, a, b) = cut_pair(coordination, true).await;
     assert!(a.put_state(id, &counter(0)).await.status.is_success());
     let (lease, token) = a.lease(id, "holder", LEASE_TTL, 0.0).await;
 
@@ -418,17 +426,7 @@ async fn checker_through_an_outage(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_lock_checker_holds_through_a_cut_to_clickhouse_in_table_mode() {
-    let schema = unique_schema();
-    let proxy = Proxy::to_clickhouse().await;
-    let a = gateway(
-        &schema,
-        Coordination::Table,
-        &clickhouse_url(),
-        Some(&proxy),
-        false,
-    )
-    .await;
-    let b = gateway(&schema, Coordination::Table, &clickhouse_url(), None, false).await;
+    let (proxy, a, b) = cut_pair(Coordination::Table, false).await;
     checker_through_an_outage(
         &a,
         &b,

@@ -169,9 +169,10 @@ impl TableClaims {
     }
 
     /// Whether nothing shows another claim or grant on `id` since `lapsed`
-    /// was made: no other gateway's candidate row (in line, won, withdrawn
-    /// or lapsed: any may have won while ours had lapsed), and no lease row
-    /// of another gateway's granted since.
+    /// was made: no other gateway's candidate row made since that was still
+    /// in line when ours ran out (in line, won, withdrawn or lapsed later:
+    /// any such may have won while ours had lapsed), and no lease row of
+    /// another gateway's granted since.
     async fn nothing_since(
         &self,
         id: &StateId,
@@ -183,7 +184,11 @@ impl TableClaims {
         if !granted_only_by(rows, me, since_ms) {
             return Ok(false);
         }
-        Ok(!self.claimant.leases.claimed_since(id, me, since_ms).await?)
+        Ok(!self
+            .claimant
+            .leases
+            .claimed_since(id, me, &lapsed.claim)
+            .await?)
     }
 
     /// Reserves the next block of fencing tokens for `id`, above every token

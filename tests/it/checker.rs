@@ -93,7 +93,15 @@ async fn worker(api: Api, id: &'static str, name: String, cycles: usize, work: W
 /// gateways, a lapsed claim being re-won), for up to 20 s: what every
 /// client does. Any other answer is the request's.
 pub async fn retried<F: Future<Output = Reply>>(request: impl Fn() -> F) -> Reply {
-    let give_up = Instant::now() + Duration::from_secs(20);
+    retried_for(Duration::from_secs(20), request).await
+}
+
+/// [`retried`], giving up after `limit`.
+pub async fn retried_for<F: Future<Output = Reply>>(
+    limit: Duration,
+    request: impl Fn() -> F,
+) -> Reply {
+    let give_up = Instant::now() + limit;
     loop {
         let reply = request().await;
         if reply.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {

@@ -17,7 +17,7 @@ use serde_json::json;
 use statehouse::config::parse_clickhouse_url;
 use statehouse::domain::Coordination;
 
-use crate::checker::{Held, Log, check, final_counter};
+use crate::checker::{Held, Log, check, final_counter, retried_for};
 use crate::helpers::{
     Api, TestApp, clickhouse_url, free_port, peer_config, spawn_configured, unique_schema,
 };
@@ -253,31 +253,7 @@ async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
     let cut = Instant::now();
     // Once the claim lapses, the other gateway finds the authority out of
     // reach and claims the id itself.
-    let (next, next_token) = loop {
-        let reply = b
-            .acquire(
-                id,
-                &json!({"owner": "next", "ttl_seconds": 30, "wait_seconds": 1}),
-            )
-            .await;
-        if reply.status == StatusCode::CREATED {
-            let body = reply.json();
-            break (
-                body["lease_id"].as_str().unwrap().to_owned(),
-                body["fencing_token"].as_u64().unwrap(),
-            );
-        }
-        assert!(
-            matches!(
-                reply.status,
-                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
-            ),
-            "{}",
-            reply.text
-        );
-        assert!(cut.elapsed() < Duration::from_secs(40), "{}", reply.text);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let (next, next_token) = granted(&b, id, "next", cut + Duration::from_secs(40)).await;
     assert!(next_token > token, "{next_token} after {token}");
     let write = b.put_state_with_lease(id, &counter(7), &next).await;
     assert!(write.status.is_success(), "{}", write.text);
@@ -312,81 +288,68 @@ async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
 
 /// A worker that rides an outage out: each step of its cycle (acquire, read
 /// the counter, write it + 1 with the lease, renew, release) is asked again
-/// while it answers 503, and must then succeed: a 409 on its own lease
-/// fails the test. What it held goes to the checker.
+/// while it answers 503, through the outage and the recovery, and must then
+/// succeed: a 409 on its own lease fails the test. What it held goes to the
+/// checker.
 async fn patient_worker(api: Api, id: &'static str, name: String, cycles: usize, log: Log) {
-    let patiently = |reply: &crate::helpers::Reply, step: &str| {
-        assert_eq!(
-            reply.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{name} {step}: {}",
-            reply.text
-        );
-    };
+    let patience = OUTAGE + RECOVERY;
     for _ in 0..cycles {
-        let (lease, token) = loop {
-            let reply = api
-                .acquire(
-                    id,
-                    &json!({"owner": name, "ttl_seconds": LEASE_TTL, "wait_seconds": 5}),
-                )
-                .await;
-            if reply.status == StatusCode::CREATED {
-                let body = reply.json();
-                break (
-                    body["lease_id"].as_str().unwrap().to_owned(),
-                    body["fencing_token"].as_u64().unwrap(),
-                );
-            }
-            assert!(
-                matches!(
-                    reply.status,
-                    StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
-                ),
-                "{name} acquire: {}",
-                reply.text
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let (lease, token) = granted(&api, id, &name, Instant::now() + patience * 2).await;
         let start = Instant::now();
-        let counter = loop {
-            let read = api.get_state(id).await;
-            match read.status {
-                StatusCode::OK => break read.json()["completed"]["counter"].as_u64().unwrap(),
-                StatusCode::NOT_FOUND => break 0,
-                _ => patiently(&read, "read"),
+        let read = retried_for(patience, || api.get_state(id)).await;
+        let counter = match read.status {
+            StatusCode::OK => read.json()["completed"]["counter"].as_u64().unwrap(),
+            _ => {
+                read.expect_because(StatusCode::NOT_FOUND, format!("{name} read"));
+                0
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         };
         // Written again on a 503: the same value, under the same lease.
-        loop {
-            let write = api
-                .put_state_with_lease(id, &self::counter(counter + 1), &lease)
-                .await;
-            if write.status.is_success() {
-                break;
-            }
-            patiently(&write, "write");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        loop {
-            let renewal = api.renew(id, &lease, LEASE_TTL).await;
-            if renewal.status == StatusCode::OK {
-                break;
-            }
-            patiently(&renewal, "renew");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let next = self::counter(counter + 1);
+        let write = retried_for(patience, || api.put_state_with_lease(id, &next, &lease)).await;
+        assert!(write.status.is_success(), "{name} write: {}", write.text);
+        retried_for(patience, || api.renew(id, &lease, LEASE_TTL))
+            .await
+            .expect_because(StatusCode::OK, format!("{name} renew"));
         let end = Instant::now();
-        loop {
-            let released = api.release(id, &lease).await;
-            if released.status == StatusCode::NO_CONTENT {
-                break;
-            }
-            patiently(&released, "release");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        retried_for(patience, || api.release(id, &lease))
+            .await
+            .expect_because(StatusCode::NO_CONTENT, format!("{name} release"));
         log.lock().unwrap().push(Held { start, end, token });
+    }
+}
+
+/// Acquires `id` for `owner` through `api`, asking again while the answer is
+/// 409 (held, the wait ran out) or 503, until `give_up`: its lease and token.
+async fn granted(api: &Api, id: &str, owner: &str, give_up: Instant) -> (String, u64) {
+    loop {
+        let reply = api
+            .acquire(
+                id,
+                &json!({"owner": owner, "ttl_seconds": LEASE_TTL, "wait_seconds": 5}),
+            )
+            .await;
+        if reply.status == StatusCode::CREATED {
+            let body = reply.json();
+            return (
+                body["lease_id"].as_str().unwrap().to_owned(),
+                body["fencing_token"].as_u64().unwrap(),
+            );
+        }
+        assert!(
+            matches!(
+                reply.status,
+                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+            ),
+            "{owner} acquire: {}",
+            reply.text
+        );
+        assert!(
+            Instant::now() < give_up,
+            "{owner} not granted: {}",
+            reply.text
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

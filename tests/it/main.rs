@@ -54,4 +54,5 @@ mod soak_mixed;
 mod states_api;
 mod structure;
 mod tls;
+mod wait_cli;
 mod watch;

@@ -54,8 +54,7 @@ pub struct ConnectionArgs {
     pub client_key_file: Option<PathBuf>,
 }
 
-/// The gateway a client with no URL of its own and no statehouse Meltano
-/// backend goes to, its token and its TLS files: what the flags and the
+/// Where a client goes and what it presents there: what the flags and the
 /// environment resolve to.
 #[derive(Clone, Debug)]
 pub struct Connection {

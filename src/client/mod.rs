@@ -25,6 +25,7 @@ pub struct TlsFiles {
     pub ca_file: Option<PathBuf>,
     /// A client certificate to present (mTLS), with its key.
     pub client_cert_file: Option<PathBuf>,
+    /// The key of `client_cert_file`.
     pub client_key_file: Option<PathBuf>,
 }
 

@@ -42,7 +42,12 @@ pub struct WaitArgs {
 /// What a run waits for.
 pub enum Goal {
     /// The stream's bookmark at or past the value.
-    Reach { stream: String, until: Until },
+    Reach {
+        /// The stream under `singer_state.bookmarks`.
+        stream: String,
+        /// The value its bookmark must reach.
+        until: Until,
+    },
     /// The state's next change.
     Change,
 }

@@ -104,7 +104,9 @@ async fn wait(args: WaitArgs) -> u8 {
 
 /// Why a wait ended without its goal.
 enum Stop {
+    /// `--timeout` ended first.
     TimedOut,
+    /// The gateway refused, or answered what cannot be read: why.
     Failed(String),
 }
 

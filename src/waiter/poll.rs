@@ -14,7 +14,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Beyond the wait asked for: the gateway may answer up to a sixteenth of
 /// it late (jitter), and the read itself takes a ClickHouse round trip.
 const ANSWER_MARGIN: Duration = Duration::from_secs(15);
-/// A state is at most a few MiB; the gateway's own body limit is far below.
+/// A state is no larger than a body the gateway took (`--body-limit`, 16 MiB
+/// by default): this bounds an endless answer, not a state.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// What one long-poll saw.
@@ -39,14 +40,18 @@ pub enum Failure {
     /// Worth asking again: no answer, or 503 or 429, after `after` when the
     /// gateway said (`Retry-After`).
     Retry {
+        /// The gateway's `Retry-After`, when it sent one.
         after: Option<Duration>,
+        /// What went wrong, for the line on stderr.
         why: String,
     },
     /// Asking again would get the same (a bad token, a scope, a bad id).
     Refused(String),
 }
 
+/// The long-poll of one state on one gateway.
 pub struct Poller {
+    /// Pooled: each long-poll reuses the last one's connection.
     client: reqwest::Client,
     /// The state's URL, without the query.
     url: String,

@@ -96,8 +96,10 @@ fn value(bookmark: &JsonObject) -> Option<String> {
 /// numbers keep every digit.
 #[derive(Deserialize)]
 struct Answer<'a> {
+    /// The completed half, null or absent for none.
     #[serde(borrow)]
     completed: Option<&'a RawValue>,
+    /// The partial half, null or absent for none.
     #[serde(borrow)]
     partial: Option<&'a RawValue>,
 }

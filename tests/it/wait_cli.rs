@@ -35,11 +35,16 @@ fn fresh_id(name: &str) -> String {
     format!("wait-cli-{name}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// `statehouse wait --url BASE ARGS...`, with no token or Meltano setting
-/// from the environment of the tests.
+/// `statehouse wait --url BASE ARGS...` against `api`, with no token or
+/// Meltano setting from the environment of the tests.
 fn wait(api: &Api, args: &[&str]) -> tokio::process::Child {
+    wait_at(&api.base, args)
+}
+
+/// `statehouse wait --url BASE ARGS...`, as [`wait`] runs it.
+fn wait_at(base: &str, args: &[&str]) -> tokio::process::Child {
     tokio::process::Command::new(BIN)
-        .args(["wait", "--url", &api.base])
+        .args(["wait", "--url", base])
         .args(args)
         .env_remove("STATEHOUSE_TOKEN")
         .env_remove("STATEHOUSE_URL")
@@ -210,6 +215,27 @@ async fn changed_exits_at_the_next_write_create_or_delete() {
         .expect(StatusCode::CREATED);
     let (status, stderr) = ended(child).await;
     assert_eq!(status.code(), Some(0), "a create: {stderr}");
+}
+
+/// A gateway that is not up yet is asked again, after a backoff, until it
+/// answers: the command outlives a gateway's restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_gateway_is_asked_again_until_it_answers() {
+    let config = peer_config(&unique_schema());
+    let base = format!("http://127.0.0.1:{}", config.listen.port());
+    let id = fresh_id("unreachable");
+    let mut child = wait_at(&base, &["--stream=s", "--until=5", "--timeout=60s", &id]);
+    tokio::time::sleep(SETTLE).await;
+    waiting(&mut child, "nothing listens yet");
+
+    let app = spawn_configured(config).await;
+    app.put_state(&id, &at(json!(5)))
+        .await
+        .expect(StatusCode::CREATED);
+    let (status, stderr) = ended(child).await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("cannot reach the gateway"), "{stderr}");
+    assert!(stderr.contains("asking again"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,6 +20,7 @@ pub mod states;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod waiter;
 
 pub use http::AppContext;
 

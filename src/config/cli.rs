@@ -1,4 +1,4 @@
-//! The command line: `serve`, `lock` and `healthcheck`, each flag with its
+//! The command line: `serve`, `lock`, `wait` and `healthcheck`, each flag with its
 //! `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
@@ -35,6 +35,13 @@ pub enum Command {
     /// when a lease was lost.
     #[command(arg_required_else_help = true)]
     Lock(Box<crate::run_lease::LockArgs>),
+    /// Wait until a stream's bookmark reaches a value (--stream, --until), or
+    /// for the state's next change (--changed), through the gateway's
+    /// long-poll: exits 0 then (at once if the value is already reached),
+    /// 124 when --timeout ends first, 1 when the gateway refuses (a token, a
+    /// scope) or the command line is bad.
+    #[command(arg_required_else_help = true)]
+    Wait(Box<crate::waiter::WaitArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
     #[command(hide = true)]

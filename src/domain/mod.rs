@@ -27,8 +27,8 @@ pub use lease_info::{
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;
-pub use regression::{AllowedRegressions, Regression, RegressionMode, regressions};
+pub use regression::{AllowedRegressions, Regression, RegressionMode, compare_values, regressions};
 pub use scope::Scope;
 pub use state_id::{StateId, StateIdError};
 pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};
-pub use wait::{InvalidWait, MAX_WAIT, Wait};
+pub use wait::{InvalidWait, MAX_WAIT, Wait, parse_duration};

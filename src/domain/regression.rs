@@ -138,12 +138,14 @@ fn backwards(was: &JsonObject, now: &JsonObject) -> Option<(Raw, Raw)> {
     ) else {
         return None;
     };
-    (compare(from.get(), to.get())? == Ordering::Greater).then(|| (from.to_raw(), to.to_raw()))
+    (compare_values(from.get(), to.get())? == Ordering::Greater)
+        .then(|| (from.to_raw(), to.to_raw()))
 }
 
 /// Orders two bookmark values written as JSON: two timestamps or dates by
-/// instant, two numbers by value; None for anything else.
-fn compare(a: &str, b: &str) -> Option<Ordering> {
+/// instant, two numbers by value; None for anything else. The guard's one
+/// comparison, which `statehouse wait --until` asks too.
+pub fn compare_values(a: &str, b: &str) -> Option<Ordering> {
     if a.starts_with('"') && b.starts_with('"') {
         let (a, b): (String, String) =
             (serde_json::from_str(a).ok()?, serde_json::from_str(b).ok()?);

@@ -23,13 +23,7 @@ pub enum InvalidWait {
 impl Wait {
     /// `500ms`, `30s`, `2m` or plain seconds (`30`).
     pub fn parse(raw: &str) -> Result<Self, InvalidWait> {
-        let text = raw.trim();
-        let parsed = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            text.parse::<u64>().ok().map(Duration::from_secs)
-        } else {
-            humantime::parse_duration(text).ok()
-        };
-        let Some(duration) = parsed else {
+        let Some(duration) = parse_duration(raw) else {
             return Err(InvalidWait::NotADuration(raw.to_owned()));
         };
         if duration > MAX_WAIT {
@@ -40,6 +34,17 @@ impl Wait {
 
     pub fn get(self) -> Duration {
         self.0
+    }
+}
+
+/// A duration as `wait=` writes it, `500ms`, `30s`, `2m` or plain seconds
+/// (`30`), of any length: `statehouse wait --timeout` takes the same.
+pub fn parse_duration(raw: &str) -> Option<Duration> {
+    let text = raw.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>().ok().map(Duration::from_secs)
+    } else {
+        humantime::parse_duration(text).ok()
     }
 }
 

@@ -25,6 +25,7 @@ struct RegressedVersionView {
     /// The version (its `updated_at`), as in the state's history.
     version: String,
     regressed_streams: Vec<String>,
+    lost_streams: Vec<String>,
     actor: String,
     operation: String,
     lease_owner: Option<String>,
@@ -51,6 +52,7 @@ pub async fn list(
                 state_id: v.state_id,
                 version: rfc3339_millis(v.version_ms),
                 regressed_streams: v.regressed_streams,
+                lost_streams: v.lost_streams,
                 actor: v.actor,
                 operation: v.operation,
                 lease_owner: Some(v.lease_owner).filter(|o| !o.is_empty()),

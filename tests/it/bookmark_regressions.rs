@@ -232,6 +232,7 @@ async fn a_history_table_from_before_gains_the_regressed_streams() {
     let app = spawn_configured(test_config(&schema)).await;
     let old = app.get("/v1/states/old/history").await.json();
     assert_eq!(old["versions"][0]["regressed_streams"], json!([]));
+    assert_eq!(old["versions"][0]["lost_streams"], json!([]));
     put(&app, "job", &state("2024-05-02", 10), None).await;
     put(&app, "job", &state("2024-05-01", 10), None).await;
     let versions = app.get("/v1/states/job/history").await.json()["versions"].clone();

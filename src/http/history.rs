@@ -34,6 +34,7 @@ struct VersionView<'a> {
     current: bool,
     changed_streams: &'a [String],
     regressed_streams: &'a [String],
+    /// Streams whose bookmark the version dropped (see `--bookmark-loss`).
     lost_streams: &'a [String],
     actor: &'a str,
     lease_owner: Option<&'a str>,

@@ -1,5 +1,5 @@
 //! `GET /v1/regressions`: the newest versions that moved a stream's bookmark
-//! backwards, across states, for the dashboard's Regressions view.
+//! backwards or dropped it, across states, for the dashboard's Regressions view.
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -25,6 +25,7 @@ struct RegressedVersionView {
     /// The version (its `updated_at`), as in the state's history.
     version: String,
     regressed_streams: Vec<String>,
+    /// Streams whose bookmark the version dropped (see `--bookmark-loss`).
     lost_streams: Vec<String>,
     actor: String,
     operation: String,

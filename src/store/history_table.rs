@@ -105,6 +105,7 @@ pub struct RegressedVersion {
     pub state_id: String,
     pub version_ms: i64,
     pub regressed_streams: Vec<String>,
+    /// Streams whose bookmark the version dropped.
     pub lost_streams: Vec<String>,
     pub actor: String,
     pub operation: String,

@@ -107,7 +107,9 @@ type Raw = Box<serde_json::value::RawValue>;
 #[derive(Clone, Debug, Serialize)]
 pub struct Regression {
     pub stream: String,
+    /// The stored `replication_key_value`.
     pub from: Raw,
+    /// The one the write sends.
     pub to: Raw,
     /// The partition's context, for a partitioned bookmark.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,6 +120,7 @@ pub struct Regression {
 /// the value it had as stored.
 #[derive(Clone, Debug, Serialize)]
 pub struct Loss {
+    /// The stream whose bookmark (or one of whose partitions) goes.
     pub stream: String,
     /// The stored `replication_key_value` (the partition's, for a lost
     /// partition).

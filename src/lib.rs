@@ -36,6 +36,7 @@ use crate::agreement::{Disagreement, Registration};
 use crate::auth::TokenSources;
 use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
+use crate::domain::GuardModes;
 use crate::hangup::Hangups;
 use crate::http::{Admission, OwnHosts, Readiness};
 use crate::locks::LockManager;
@@ -189,7 +190,10 @@ impl App {
                     store.history,
                     locks.clone(),
                     metrics.clone(),
-                    config.bookmark_regression,
+                    GuardModes {
+                        regression: config.bookmark_regression,
+                        loss: config.bookmark_loss,
+                    },
                 )),
                 locks,
                 pools,

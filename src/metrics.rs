@@ -162,6 +162,7 @@ pub struct Metrics {
     write_batch_rows: Histogram,
     read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
+    bookmark_losses: Counter,
     auth_denied: Family<DeniedLabels, Counter>,
     pool_holders: Family<PoolLabels, Gauge>,
     pool_waiting: Family<PoolLabels, Gauge>,
@@ -186,6 +187,7 @@ impl Default for Metrics {
         let shed = Family::<ShedLabels, Counter>::default();
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         let bookmark_regressions = Counter::default();
+        let bookmark_losses = Counter::default();
         let auth_denied = Family::<DeniedLabels, Counter>::default();
         let pool_holders = Family::<PoolLabels, Gauge>::default();
         let pool_waiting = Family::<PoolLabels, Gauge>::default();
@@ -215,6 +217,11 @@ impl Default for Metrics {
             "bookmark_regressions",
             "Bookmarks that went backwards in a write (one per stream or partition), written or refused",
             bookmark_regressions.clone(),
+        );
+        registry.register(
+            "bookmark_losses",
+            "Bookmarks a write dropped (one per stream or partition), written or refused",
+            bookmark_losses.clone(),
         );
         // 1 .. 1024 rows: a lone write up to a full batch.
         let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 11));
@@ -293,6 +300,7 @@ impl Default for Metrics {
             write_batch_rows,
             read_batch_keys,
             bookmark_regressions,
+            bookmark_losses,
             lock_events,
             shed,
             connections_closed,
@@ -328,6 +336,10 @@ impl Metrics {
 
     pub fn bookmark_regressions(&self, count: usize) {
         self.bookmark_regressions.inc_by(count as u64);
+    }
+
+    pub fn bookmark_losses(&self, count: usize) {
+        self.bookmark_losses.inc_by(count as u64);
     }
 
     pub fn observe_write_batch(&self, rows: usize) {

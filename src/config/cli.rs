@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
-use crate::domain::{Coordination, RegressionMode};
+use crate::domain::{Coordination, GuardMode};
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -247,8 +247,16 @@ pub struct ServeArgs {
     /// warn (write it, and say so in a header, the log and /metrics), reject
     /// (409 unless the request's Statehouse-Allow-Regression names the
     /// stream) or off.
-    #[arg(long, env = "STATEHOUSE_BOOKMARK_REGRESSION", value_enum, default_value_t = RegressionMode::Warn)]
-    pub bookmark_regression: RegressionMode,
+    #[arg(long, env = "STATEHOUSE_BOOKMARK_REGRESSION", value_enum, default_value_t = GuardMode::Warn)]
+    pub bookmark_regression: GuardMode,
+
+    /// What to do with a write that drops a bookmark (a stream, its
+    /// replication_key_value or one of its partitions gone from the
+    /// effective state, or the whole state emptied): warn (write it, and
+    /// say so in a header, the log and /metrics), reject (409 unless the
+    /// request's Statehouse-Allow-Loss names the stream) or off.
+    #[arg(long, env = "STATEHOUSE_BOOKMARK_LOSS", value_enum, default_value_t = GuardMode::Warn)]
+    pub bookmark_loss: GuardMode,
 
     /// Keep a version of every change made through the gateway in
     /// `<table>_history` (see --history-retention); false records none, and

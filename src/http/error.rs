@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::lock_view::LockView;
 use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
-use crate::domain::{DocumentError, Regression, StateIdError};
+use crate::domain::{DocumentError, Loss, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
@@ -67,6 +67,8 @@ pub enum ApiError {
     AuthorityMoving,
     #[error("{0}")]
     BookmarkRegression(String, Vec<Regression>),
+    #[error("{0}")]
+    BookmarkLoss(String, Vec<Loss>),
     /// No slot of the pool within the acquire's wait: who holds it.
     #[error("pool {name:?} is full ({} of {} held) and the wait ran out", .view.holders_len(), .view.limit())]
     PoolFull {
@@ -131,6 +133,7 @@ problem_types! {
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
     BookmarkRegression => CONFLICT, "bookmark-regression", "Bookmark goes backwards";
+    BookmarkLoss => CONFLICT, "bookmark-loss", "Bookmark lost";
     TooManyRequests => TOO_MANY_REQUESTS, "too-many-requests", "Over the token's share";
     PreconditionFailed => PRECONDITION_FAILED, "precondition-failed", "Precondition failed";
     PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large";
@@ -190,6 +193,9 @@ struct ProblemBody<'a> {
     /// A refused regression says which bookmarks went from what to what.
     #[serde(skip_serializing_if = "Option::is_none")]
     regressions: Option<&'a [Regression]>,
+    /// A refused loss says which bookmarks went, and what they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    losses: Option<&'a [Loss]>,
     /// A lock-delay says when the id is free again.
     #[serde(skip_serializing_if = "Option::is_none")]
     free_at: Option<String>,
@@ -227,6 +233,7 @@ pub fn bare_problem(status: StatusCode, detail: &str) -> Response {
 struct Extras<'a> {
     holder: Option<Option<LockView>>,
     regressions: Option<&'a [Regression]>,
+    losses: Option<&'a [Loss]>,
     free_at: Option<String>,
     pool: Option<&'a PoolView>,
     pool_limit: Option<PoolLimit<'a>>,
@@ -245,6 +252,7 @@ fn problem_with(
         detail,
         holder: extras.holder,
         regressions: extras.regressions,
+        losses: extras.losses,
         free_at: extras.free_at,
         pool: extras.pool,
         pool_limit: extras.pool_limit,
@@ -284,6 +292,7 @@ impl ApiError {
             Self::PoolFull { .. } => ProblemType::PoolFull,
             Self::Lock(LockError::LimitMismatch { .. }) => ProblemType::PoolLimitMismatch,
             Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
+            Self::BookmarkLoss(..) => ProblemType::BookmarkLoss,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
             Self::Lock(LockError::Delayed { .. }) => ProblemType::LockDelay,
             Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
@@ -321,12 +330,17 @@ impl IntoResponse for ApiError {
             }
             _ => None,
         };
-        let regressions = match &self {
+        // A batch's refusal carries its entry's.
+        let refusal = match &self {
+            Self::InBatch { inner, .. } => inner.as_ref(),
+            other => other,
+        };
+        let regressions = match refusal {
             Self::BookmarkRegression(_, found) => Some(found.as_slice()),
-            Self::InBatch { inner, .. } => match inner.as_ref() {
-                Self::BookmarkRegression(_, found) => Some(found.as_slice()),
-                _ => None,
-            },
+            _ => None,
+        };
+        let losses = match refusal {
+            Self::BookmarkLoss(_, found) => Some(found.as_slice()),
             _ => None,
         };
         let free_at = match &self {
@@ -351,6 +365,7 @@ impl IntoResponse for ApiError {
         let extras = Extras {
             holder,
             regressions,
+            losses,
             free_at,
             pool,
             pool_limit,
@@ -402,6 +417,7 @@ impl From<StateError> for ApiError {
             StateError::Lock(lock) => lock.into(),
             StateError::HistoryOff => Self::HistoryOff(text),
             StateError::BookmarkRegression(found) => Self::BookmarkRegression(text, found),
+            StateError::BookmarkLoss(found) => Self::BookmarkLoss(text, found),
             StateError::VersionNotFound(_) => Self::VersionNotFound(text),
             StateError::NotFound(id) => Self::StateNotFound(id),
             StateError::NoBookmark(_) => Self::BookmarkNotFound(text),

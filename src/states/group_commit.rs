@@ -303,6 +303,7 @@ impl GroupCommit {
                             doc: change.prepared.written.as_ref().map(|(_, s)| &s.doc),
                             changed_streams: change.prepared.changed_streams.clone(),
                             regressed_streams: change.prepared.regressed_streams.clone(),
+                            lost_streams: change.prepared.lost_streams.clone(),
                             lease: change.lease.as_ref(),
                             provenance: &part.provenance,
                         })

@@ -5,6 +5,7 @@ mod api;
 mod auth;
 mod bad_input;
 mod balancer;
+mod bookmark_losses;
 mod bookmark_regressions;
 mod bookmarks;
 mod bulk;

@@ -16,6 +16,7 @@ mod coordination_start;
 mod dashboard_api;
 mod dashboards;
 mod docs;
+mod feed;
 mod first_start;
 mod gateways;
 mod group_commit;

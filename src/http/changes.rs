@@ -1,0 +1,107 @@
+//! `GET /v1/changes?pattern=GLOB&since=C&wait=D&limit=N`: the change feed.
+//!
+//! A follower holds no `--max-concurrent-requests` permit while it waits
+//! (with `wait`, the admission counts it against `--max-watchers`), and
+//! answers at once when the gateway stops. The rules of what it is
+//! delivered are in `states::feed`.
+
+use axum::Json;
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::context::AppContext;
+use super::error::ApiError;
+use super::extract::{ApiQuery, page_limit};
+use super::states::parse_pattern;
+use super::wire::rfc3339_millis;
+use crate::domain::{Scope, StateId, StatePattern, Wait};
+use crate::states::{Delivered, Delivery, FeedCursor, Follow};
+use crate::store::now_ms;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangesParams {
+    pattern: Option<String>,
+    since: Option<String>,
+    wait: Option<String>,
+    limit: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ChangeList {
+    changes: Vec<ChangeOut>,
+    cursor: String,
+}
+
+#[derive(Serialize)]
+struct ChangeOut {
+    state_id: StateId,
+    etag: Option<String>,
+    deleted: bool,
+    updated_at: String,
+}
+
+impl From<Delivered> for ChangeOut {
+    fn from(change: Delivered) -> Self {
+        Self {
+            state_id: change.id,
+            etag: change.etag.map(|etag| etag.as_str().to_owned()),
+            deleted: change.deleted,
+            updated_at: rfc3339_millis(change.updated_at_ms),
+        }
+    }
+}
+
+pub async fn list(
+    State(ctx): State<AppContext>,
+    Extension(scope): Extension<Scope>,
+    ApiQuery(params): ApiQuery<ChangesParams>,
+) -> Result<Response, ApiError> {
+    let follow = follow(&ctx, scope, params)?;
+    let delivery = ctx.states.feed().changes(&follow).await?;
+    Ok(Json(listing(delivery, &follow.pattern)).into_response())
+}
+
+/// What the query asks, checked: a bad parameter, or a cursor of another
+/// pattern or made up, is 400; a cursor past the retention is 410.
+fn follow(ctx: &AppContext, scope: Scope, params: ChangesParams) -> Result<Follow, ApiError> {
+    let pattern = parse_pattern(params.pattern)?;
+    let limit = page_limit(params.limit)?;
+    let wait = match params.wait {
+        Some(raw) => Wait::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string()))?,
+        None => Wait::parse("0").expect("0 is a wait"),
+    };
+    let since = params
+        .since
+        .map(|raw| {
+            FeedCursor::decode(&raw, &pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
+        })
+        .transpose()?;
+    if let Some(cursor) = &since {
+        let retention = ctx.states.feed().retention();
+        let age_ms = now_ms() - cursor.read_at_us / 1000;
+        if age_ms > i64::try_from(retention.as_millis()).unwrap_or(i64::MAX) {
+            return Err(ApiError::CursorExpired(format!(
+                "this cursor is {:.1}s old, older than the {} the gateway keeps changes for (--watch-retention); list the states again and follow from a new cursor",
+                age_ms as f64 / 1000.0,
+                humantime::format_duration(retention)
+            )));
+        }
+    }
+    Ok(Follow {
+        pattern,
+        scope,
+        since,
+        limit: limit.get() as usize,
+        deadline: Instant::now() + wait.jittered(),
+    })
+}
+
+fn listing(delivery: Delivery, pattern: &StatePattern) -> ChangeList {
+    ChangeList {
+        cursor: delivery.cursor.encode(pattern),
+        changes: delivery.changes.into_iter().map(ChangeOut::from).collect(),
+    }
+}

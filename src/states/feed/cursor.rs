@@ -22,8 +22,8 @@ const FORMAT: u8 = 1;
 /// Bytes of the glob's hash and of the checksum.
 const HASH_BYTES: usize = 8;
 
-/// version, P, R, count, sum, glob hash.
-const BODY_BYTES: usize = 1 + 8 + 8 + 4 + 8 + HASH_BYTES;
+/// version, P, R, count, sum, cut flag, cut, glob hash.
+const BODY_BYTES: usize = 1 + 8 + 8 + 4 + 8 + 1 + 8 + HASH_BYTES;
 
 /// A count and a wrapping sum of a stable hash of each change: equal for
 /// equal sets of changes, whatever their order. A sum, not an XOR: a
@@ -39,18 +39,38 @@ impl Fingerprint {
         self.count = self.count.wrapping_add(1);
         self.sum = self.sum.wrapping_add(change_hash(id, version_ms, deleted));
     }
+
+    /// What `self` holds beyond `before`, which it includes: sums are
+    /// additive, so the fingerprint of a range is a difference of two.
+    pub fn minus(self, before: Self) -> Self {
+        Self {
+            count: self.count.wrapping_sub(before.count),
+            sum: self.sum.wrapping_sub(before.sum),
+        }
+    }
+}
+
+/// A stable hash of an id: the order of ids whose last changes were
+/// inserted in the same instant (one INSERT's rows share it), so a cursor
+/// can stop between them.
+pub fn id_hash(id: &StateId) -> u64 {
+    fnv1a(id.as_str().bytes())
 }
 
 /// FNV-1a (64 bit) over the id, the version and the tombstone flag: stable
 /// across builds and gateways, as cursors must be.
 fn change_hash(id: &StateId, version_ms: i64, deleted: bool) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let bytes = id
         .as_str()
         .bytes()
         .chain((id.as_str().len() as u64).to_le_bytes())
         .chain(version_ms.to_le_bytes())
         .chain([u8::from(deleted)]);
+    fnv1a(bytes)
+}
+
+fn fnv1a(bytes: impl Iterator<Item = u8>) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         hash ^= u64::from(b);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
@@ -68,6 +88,10 @@ pub struct FeedCursor {
     pub read_at_us: i64,
     /// The changes under the glob in (P, R] as that answer saw them.
     pub fingerprint: Fingerprint,
+    /// Set when the answer stopped among ids whose last changes were
+    /// inserted at R: those whose [`id_hash`] is at most this were
+    /// delivered, the others' changes at R were not.
+    pub cut: Option<u64>,
 }
 
 /// Why a cursor is refused (400).
@@ -87,6 +111,8 @@ impl FeedCursor {
         bytes.extend(self.read_at_us.to_be_bytes());
         bytes.extend(self.fingerprint.count.to_be_bytes());
         bytes.extend(self.fingerprint.sum.to_be_bytes());
+        bytes.push(u8::from(self.cut.is_some()));
+        bytes.extend(self.cut.unwrap_or(0).to_be_bytes());
         bytes.extend(pattern_hash(pattern));
         let check = checksum(&bytes);
         bytes.extend(check);
@@ -110,8 +136,13 @@ impl FeedCursor {
                 count: u32::from_be_bytes(body[17..21].try_into().expect("4 bytes")),
                 sum: u64::from_be_bytes(field(21)),
             },
+            cut: match body[29] {
+                0 => None,
+                1 => Some(u64::from_be_bytes(field(30))),
+                _ => return Err(CursorError::Invalid),
+            },
         };
-        if body[29..] != pattern_hash(pattern) {
+        if body[38..] != pattern_hash(pattern) {
             return Err(CursorError::OtherPattern);
         }
         if cursor.settled_us > cursor.read_at_us {
@@ -169,6 +200,7 @@ mod tests {
             settled_us: 1_000,
             read_at_us: 6_000,
             fingerprint,
+            cut: Some(7),
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::cursor::{FeedCursor, Fingerprint};
+use super::cursor::{FeedCursor, Fingerprint, id_hash};
 use crate::domain::{ETag, Scope, StateId, StatePattern};
 use crate::store::{ChangeRead, ChangeRecord};
 
@@ -59,6 +59,8 @@ pub struct Delivered {
     pub updated_at_ms: i64,
     /// The insert time of its newest change: the delay's start.
     pub seen_us: i64,
+    /// Where a follower that has this change, and those before it, stands.
+    pub cursor: FeedCursor,
 }
 
 /// What a follower is answered.
@@ -141,7 +143,8 @@ impl Window {
 /// What a follower at `since` (None: a first call, which delivers nothing)
 /// is delivered from `window`, which covers it: the ids under `pattern` and
 /// in `scope` changed after it, each once with its current row, at most
-/// `limit` of them, and the cursor after them.
+/// `limit` of them, each with the cursor after it, and the cursor after
+/// them all.
 pub fn deliver(
     window: &Window,
     since: Option<&FeedCursor>,
@@ -149,83 +152,125 @@ pub fn deliver(
     scope: &Scope,
     limit: usize,
 ) -> Delivery {
-    let mine: Vec<&Change> = window
-        .changes
-        .iter()
-        .filter(|change| pattern.matches(&change.id) && scope.allows(&change.id))
-        .collect();
+    let mine = Mine::new(window, pattern, scope);
     let Some(since) = since else {
         return Delivery {
             changes: Vec::new(),
-            cursor: settle(&mine, window.from_us, window.read_at_us),
+            cursor: mine.settle(window.from_us, window.read_at_us, None),
         };
     };
-    let seen = fingerprint(&mine, since.settled_us, since.read_at_us);
     // A change landed late in (P, R]: deliver from P again.
-    let after = if seen == since.fingerprint {
-        since.read_at_us
-    } else {
-        since.settled_us
+    let on_time = mine.fingerprint(since.settled_us, since.read_at_us) == since.fingerprint;
+    let undelivered = |change: &Change| {
+        if !on_time {
+            return change.seen_us > since.settled_us;
+        }
+        change.seen_us > since.read_at_us
+            || (change.seen_us == since.read_at_us
+                && since.cut.is_some_and(|cut| id_hash(&change.id) > cut))
     };
     // Per id: its newest change, and the insert time of its last one.
     let mut newest: HashMap<&StateId, (&Change, i64)> = HashMap::new();
-    for change in mine.iter().filter(|change| change.seen_us > after) {
+    for change in mine.changes.iter().copied().filter(|c| undelivered(c)) {
         let entry = newest.entry(&change.id).or_insert((change, change.seen_us));
         if (change.version_ms, change.deleted) > (entry.0.version_ms, entry.0.deleted) {
             entry.0 = change;
         }
         entry.1 = entry.1.max(change.seen_us);
     }
-    let mut ids: Vec<(&StateId, &Change, i64)> = newest
+    let mut ids: Vec<(i64, u64, &StateId, &Change)> = newest
         .into_iter()
-        .map(|(id, (change, last_seen))| (id, change, last_seen))
+        .map(|(id, (change, last_seen))| (last_seen, id_hash(id), id, change))
         .collect();
-    ids.sort_by(|a, b| (a.2, a.0).cmp(&(b.2, b.0)));
-    // Cut after the limit: every id changed up to the last one taken is
-    // delivered, and every other has a later change, delivered next time.
-    let until = if ids.len() > limit {
-        ids.truncate(limit);
-        ids.last().map_or(window.read_at_us, |last| last.2)
-    } else {
-        window.read_at_us
-    };
-    let changes = ids
-        .into_iter()
-        .map(|(id, change, last_seen)| delivered(window, id, change, last_seen))
-        .collect();
-    Delivery {
-        changes,
-        cursor: settle(&mine, since.settled_us, until),
-    }
-}
-
-/// The cursor of a reader that has read through `read_at_us`, whose
-/// changes up to `settled_us` are delivered: it settles what lies more
-/// than [`RE_READ`] behind its read.
-fn settle(mine: &[&Change], settled_us: i64, read_at_us: i64) -> FeedCursor {
-    let settled_us = settled_us.max(read_at_us - micros(RE_READ)).min(read_at_us);
-    FeedCursor {
-        settled_us,
-        read_at_us,
-        fingerprint: fingerprint(mine, settled_us, read_at_us),
-    }
-}
-
-fn fingerprint(mine: &[&Change], after_us: i64, until_us: i64) -> Fingerprint {
-    let mut fingerprint = Fingerprint::default();
-    for change in mine
-        .iter()
-        .filter(|change| change.seen_us > after_us && change.seen_us <= until_us)
+    ids.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    // Cut after the limit: every id whose last change comes up to the last
+    // one taken is delivered, every other has a later change, delivered
+    // next time. Ids of one hash go together, so the cut never parts them.
+    let mut taken = ids.len().min(limit);
+    while taken > 0
+        && taken < ids.len()
+        && (ids[taken].0, ids[taken].1) == (ids[taken - 1].0, ids[taken - 1].1)
     {
-        fingerprint.add(&change.id, change.version_ms, change.deleted);
+        taken += 1;
     }
-    fingerprint
+    let whole = taken == ids.len();
+    ids.truncate(taken);
+    let last = ids.len();
+    let changes: Vec<Delivered> = ids
+        .into_iter()
+        .enumerate()
+        .map(|(index, (last_seen, hash, id, change))| {
+            let cursor = if whole && index + 1 == last {
+                mine.settle(since.settled_us, window.read_at_us, None)
+            } else {
+                mine.settle(since.settled_us, last_seen, Some(hash))
+            };
+            delivered(window, id, change, last_seen, cursor)
+        })
+        .collect();
+    let cursor = match changes.last() {
+        Some(change) => change.cursor,
+        None => mine.settle(since.settled_us, window.read_at_us, None),
+    };
+    Delivery { changes, cursor }
+}
+
+/// The window's changes under a glob and in a scope, in insert order, with
+/// running fingerprints: the fingerprint of any range is a difference.
+struct Mine<'a> {
+    changes: Vec<&'a Change>,
+    /// `running[i]`: the fingerprint of the first `i` changes.
+    running: Vec<Fingerprint>,
+}
+
+impl<'a> Mine<'a> {
+    fn new(window: &'a Window, pattern: &StatePattern, scope: &Scope) -> Self {
+        let changes: Vec<&Change> = window
+            .changes
+            .iter()
+            .filter(|change| pattern.matches(&change.id) && scope.allows(&change.id))
+            .collect();
+        let mut running = Vec::with_capacity(changes.len() + 1);
+        let mut sum = Fingerprint::default();
+        running.push(sum);
+        for change in &changes {
+            sum.add(&change.id, change.version_ms, change.deleted);
+            running.push(sum);
+        }
+        Self { changes, running }
+    }
+
+    /// The fingerprint of the changes inserted in (`after_us`, `until_us`].
+    fn fingerprint(&self, after_us: i64, until_us: i64) -> Fingerprint {
+        let upto = |at: i64| self.changes.partition_point(|change| change.seen_us <= at);
+        self.running[upto(until_us)].minus(self.running[upto(after_us.min(until_us))])
+    }
+
+    /// The cursor of a reader that has read through `read_at_us` (up to
+    /// `cut` among the ids last changed then), whose changes up to
+    /// `settled_us` are delivered: it settles what lies more than
+    /// [`RE_READ`] behind its read.
+    fn settle(&self, settled_us: i64, read_at_us: i64, cut: Option<u64>) -> FeedCursor {
+        let settled_us = settled_us.max(read_at_us - micros(RE_READ)).min(read_at_us);
+        FeedCursor {
+            settled_us,
+            read_at_us,
+            fingerprint: self.fingerprint(settled_us, read_at_us),
+            cut,
+        }
+    }
 }
 
 /// The change of `id` to deliver: its current row, unless its newest change
 /// is a tombstone at or after that row (the row's DELETE is on its way), or
 /// it has no row.
-fn delivered(window: &Window, id: &StateId, newest: &Change, last_seen: i64) -> Delivered {
+fn delivered(
+    window: &Window,
+    id: &StateId,
+    newest: &Change,
+    last_seen: i64,
+    cursor: FeedCursor,
+) -> Delivered {
     let current = window.current.get(id).cloned().flatten();
     match current {
         Some(row) if !(newest.deleted && newest.version_ms >= row.updated_at_ms) => Delivered {
@@ -234,6 +279,7 @@ fn delivered(window: &Window, id: &StateId, newest: &Change, last_seen: i64) -> 
             deleted: false,
             updated_at_ms: row.updated_at_ms,
             seen_us: last_seen,
+            cursor,
         },
         _ => Delivered {
             id: id.clone(),
@@ -241,6 +287,7 @@ fn delivered(window: &Window, id: &StateId, newest: &Change, last_seen: i64) -> 
             deleted: true,
             updated_at_ms: newest.version_ms,
             seen_us: last_seen,
+            cursor,
         },
     }
 }

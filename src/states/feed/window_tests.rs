@@ -190,8 +190,54 @@ fn merging_a_read_replaces_the_re_read_part_and_trimming_moves_the_start() {
         settled_us: settled * S,
         read_at_us: read_at * S,
         fingerprint: Fingerprint::default(),
+        cut: None,
     };
     assert!(w.covers(&cursor(96, 100)));
     assert!(!w.covers(&cursor(94, 100)), "before the start");
     assert!(!w.covers(&cursor(96, 102)), "read later than the window");
+}
+
+#[test]
+fn one_inserts_ids_share_an_instant_and_a_limit_cuts_between_them_without_a_loss() {
+    let w = window(0, 100, vec![]);
+    let mut cursor = all(&w, None).cursor;
+    let rows = (0..7)
+        .map(|n| record(&format!("id{n}"), 1, false, 101, Some(1)))
+        .collect();
+    let w = window(0, 110, rows);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let got = deliver(&w, Some(&cursor), &glob("*"), &Scope::everything(), 3);
+        seen.extend(got.changes.iter().map(|c| c.id.as_str().to_owned()));
+        cursor = got.cursor;
+    }
+    seen.sort();
+    let want: Vec<String> = (0..7).map(|n| format!("id{n}")).collect();
+    assert_eq!(seen, want, "each once, none lost");
+}
+
+#[test]
+fn the_cursor_after_each_change_resumes_after_it() {
+    let w = window(0, 100, vec![]);
+    let start = all(&w, None).cursor;
+    let w = window(
+        0,
+        110,
+        vec![
+            record("a", 1, false, 101, Some(1)),
+            record("b", 1, false, 102, Some(1)),
+            record("c", 1, false, 102, Some(1)),
+        ],
+    );
+    let got = all(&w, Some(&start));
+    assert_eq!(got.changes.len(), 3);
+    assert_eq!(
+        got.changes[2].cursor, got.cursor,
+        "the last one's is the answer's"
+    );
+    for (index, change) in got.changes.iter().enumerate() {
+        let rest = all(&w, Some(&change.cursor));
+        let want: Vec<&str> = names(&got)[index + 1..].to_vec();
+        assert_eq!(names(&rest), want, "after {}", change.id.as_str());
+    }
 }

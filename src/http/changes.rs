@@ -2,22 +2,26 @@
 //!
 //! A follower holds no `--max-concurrent-requests` permit while it waits
 //! (with `wait`, the admission counts it against `--max-watchers`), and
-//! answers at once when the gateway stops. The rules of what it is
-//! delivered are in `states::feed`.
+//! answers at once when the gateway stops. With `Accept:
+//! text/event-stream` it is a stream (`changes_stream`). The rules of what
+//! it is delivered are in `states::feed`.
 
 use axum::Json;
 use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::admission::accepts_event_stream;
+use super::auth::presented_token;
+use super::changes_stream::{self, ChangeOut, Credentials};
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, page_limit};
 use super::states::parse_pattern;
-use super::wire::rfc3339_millis;
-use crate::domain::{Scope, StateId, StatePattern, Wait};
-use crate::states::{Delivered, Delivery, FeedCursor, Follow};
+use crate::domain::{Scope, StatePattern, Wait};
+use crate::states::{Delivery, FeedCursor, Follow};
 use crate::store::now_ms;
 
 #[derive(Deserialize)]
@@ -35,46 +39,59 @@ struct ChangeList {
     cursor: String,
 }
 
-#[derive(Serialize)]
-struct ChangeOut {
-    state_id: StateId,
-    etag: Option<String>,
-    deleted: bool,
-    updated_at: String,
-}
-
-impl From<Delivered> for ChangeOut {
-    fn from(change: Delivered) -> Self {
-        Self {
-            state_id: change.id,
-            etag: change.etag.map(|etag| etag.as_str().to_owned()),
-            deleted: change.deleted,
-            updated_at: rfc3339_millis(change.updated_at_ms),
-        }
-    }
-}
-
 pub async fn list(
     State(ctx): State<AppContext>,
     Extension(scope): Extension<Scope>,
     ApiQuery(params): ApiQuery<ChangesParams>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let follow = follow(&ctx, scope, params)?;
-    let delivery = ctx.states.feed().changes(&follow).await?;
+    let streams = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(accepts_event_stream);
+    // A stream resumes after the last event it had, whatever its URL says.
+    let last_event = headers
+        .get("last-event-id")
+        .filter(|_| streams)
+        .map(|value| {
+            value.to_str().map(str::to_owned).map_err(|_| {
+                ApiError::InvalidHeader(
+                    "Last-Event-ID is not a cursor this service handed out".to_owned(),
+                )
+            })
+        })
+        .transpose()?;
+    let follow = follow(&ctx, scope.clone(), params, last_event)?;
+    let feed = ctx.states.feed();
+    if streams {
+        let credentials = Credentials {
+            tokens: ctx.tokens.clone(),
+            presented: presented_token(&headers),
+            scope,
+        };
+        return changes_stream::stream(feed, follow, credentials).await;
+    }
+    let delivery = feed.changes(&follow).await?;
     Ok(Json(listing(delivery, &follow.pattern)).into_response())
 }
 
 /// What the query asks, checked: a bad parameter, or a cursor of another
 /// pattern or made up, is 400; a cursor past the retention is 410.
-fn follow(ctx: &AppContext, scope: Scope, params: ChangesParams) -> Result<Follow, ApiError> {
+fn follow(
+    ctx: &AppContext,
+    scope: Scope,
+    params: ChangesParams,
+    last_event: Option<String>,
+) -> Result<Follow, ApiError> {
     let pattern = parse_pattern(params.pattern)?;
     let limit = page_limit(params.limit)?;
     let wait = match params.wait {
         Some(raw) => Wait::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string()))?,
         None => Wait::parse("0").expect("0 is a wait"),
     };
-    let since = params
-        .since
+    let since = last_event
+        .or(params.since)
         .map(|raw| {
             FeedCursor::decode(&raw, &pattern).map_err(|e| ApiError::InvalidQuery(e.to_string()))
         })

@@ -5,6 +5,7 @@ mod auth;
 mod bookmarks;
 mod browser;
 mod changes;
+mod changes_stream;
 mod context;
 mod dashboard;
 mod error;

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 pub use self::clear::Cleared;
 pub use self::error::StateError;
-pub use self::feed::{CursorError, Delivered, Delivery, Feed, FeedCursor, Follow};
+pub use self::feed::{CursorError, Delivered, Delivery, Feed, FeedCursor, Follow, Follower};
 use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
 pub use self::prepare::Change;

@@ -17,6 +17,7 @@ mod dashboard_api;
 mod dashboards;
 mod docs;
 mod feed;
+mod feed_stream;
 mod first_start;
 mod gateways;
 mod group_commit;

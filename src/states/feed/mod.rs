@@ -113,13 +113,31 @@ impl Feed {
         self.shared.closed.send_replace(true);
     }
 
+    /// Whether the gateway stops: streams end.
+    pub fn closing(&self) -> bool {
+        *self.shared.closed.borrow()
+    }
+
     /// The changes after `follow.since`, at once when there are some, else
     /// when some come or at the deadline (then none, and a cursor).
     pub async fn changes(&self, follow: &Follow) -> Result<Delivery, StoreError> {
+        if follow.since.is_none() {
+            return self.first(follow).await;
+        }
+        let follower = self.follow();
+        self.next(&follower, follow).await
+    }
+
+    /// As [`Feed::changes`] with a `since`, for a follower that follows on
+    /// (a stream): its place, and the poller, last across its calls.
+    pub async fn next(
+        &self,
+        _follower: &Follower,
+        follow: &Follow,
+    ) -> Result<Delivery, StoreError> {
         let Some(mut cursor) = follow.since else {
             return self.first(follow).await;
         };
-        let _following = self.follow();
         let mut windows = self.shared.window.subscribe();
         let mut closed = self.shared.closed.subscribe();
         let mut first = true;
@@ -160,7 +178,7 @@ impl Feed {
 
     /// A first call: no changes, and the current cursor, from the window if
     /// a poller runs, else from one read.
-    async fn first(&self, follow: &Follow) -> Result<Delivery, StoreError> {
+    pub async fn first(&self, follow: &Follow) -> Result<Delivery, StoreError> {
         let window = self.shared.window.borrow().clone();
         let window = match window {
             Some(window) => window,
@@ -211,7 +229,7 @@ impl Feed {
     }
 
     /// One more follower: starts the poller if none runs.
-    fn follow(&self) -> Following {
+    pub fn follow(&self) -> Follower {
         let start = {
             let mut followers = self.shared.followers();
             followers.count += 1;
@@ -221,7 +239,7 @@ impl Feed {
         if start {
             tokio::spawn(poll(self.shared.clone()));
         }
-        Following {
+        Follower {
             shared: self.shared.clone(),
         }
     }
@@ -234,11 +252,11 @@ impl Shared {
 }
 
 /// A follower's place, given back when dropped (answered, or hung up).
-struct Following {
+pub struct Follower {
     shared: Arc<Shared>,
 }
 
-impl Drop for Following {
+impl Drop for Follower {
     fn drop(&mut self) {
         self.shared.followers().count -= 1;
         self.shared.metrics.feeds(-1);

@@ -82,9 +82,32 @@ async fn follow_until(
     token: Option<&str>,
     done: impl Fn(&[Value]) -> bool,
 ) -> (Vec<Value>, String) {
+    follow_across(
+        std::slice::from_ref(api),
+        pattern,
+        since,
+        within,
+        token,
+        done,
+    )
+    .await
+}
+
+/// As [`follow_until`], each call through the next of `apis` in turn.
+async fn follow_across(
+    apis: &[Api],
+    pattern: &str,
+    since: String,
+    within: Duration,
+    token: Option<&str>,
+    done: impl Fn(&[Value]) -> bool,
+) -> (Vec<Value>, String) {
     let started = Instant::now();
     let (mut all, mut cursor) = (Vec::new(), since);
-    while !done(&all) && started.elapsed() < within {
+    for api in apis.iter().cycle() {
+        if done(&all) || started.elapsed() >= within {
+            break;
+        }
         let reply = changes(api, pattern, Some(&cursor), "1s", token).await;
         reply.expect(StatusCode::OK);
         all.extend(delivered(&reply));
@@ -98,9 +121,10 @@ fn has_id(all: &[Value], id: &str) -> bool {
 }
 
 /// Three gateways, writers through each on six ids under a glob, and the
-/// follower on the third: the last delivered of each id is its newest
-/// version, no version comes after a newer one, nothing outside the glob
-/// comes; a row another writer INSERTs comes within a few seconds.
+/// follower on the third (and another that asks each gateway in turn): the
+/// last delivered of each id is its newest version, no version comes after
+/// a newer one, nothing outside the glob comes; a row another writer
+/// INSERTs comes within a few seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_sees_the_newest_of_every_id_written_through_three_gateways() {
     let schema = unique_schema();
@@ -134,13 +158,20 @@ async fn a_follower_sees_the_newest_of_every_id_written_through_three_gateways()
         })
         .collect();
     let writing = Arc::new(AtomicBool::new(true));
-    let follower = {
-        let (api, glob, writing) = (c.api.clone(), glob.clone(), writing.clone());
-        tokio::spawn(async move {
-            let still = move |_: &[Value]| !writing.load(Ordering::SeqCst);
-            follow_until(&api, &glob, start, Duration::from_secs(60), None, still).await
+    let on_c = vec![c.api.clone()];
+    let hopping = vec![a.api.clone(), b.api.clone(), c.api.clone()];
+    let followers: Vec<_> = [on_c, hopping]
+        .into_iter()
+        .map(|apis| {
+            let (glob, writing, start) = (glob.clone(), writing.clone(), start.clone());
+            tokio::spawn(async move {
+                let still = move |_: &[Value]| !writing.load(Ordering::SeqCst);
+                let within = Duration::from_secs(60);
+                let (all, cursor) = follow_across(&apis, &glob, start, within, None, still).await;
+                (apis, all, cursor)
+            })
         })
-    };
+        .collect();
     for writer in writers {
         writer.await.unwrap();
     }
@@ -150,8 +181,7 @@ async fn a_follower_sees_the_newest_of_every_id_written_through_three_gateways()
         let etag = a.get_state(id).await.header("etag").unwrap().to_owned();
         newest.insert(id.clone(), etag);
     }
-    let (mut all, cursor_after) = follower.await.unwrap();
-    // Follow on until the last delivered etag of every id is its newest.
+    // The last delivered etag of every id is its newest.
     let last_is_newest = |all: &[Value]| {
         ids.iter().all(|id| {
             let last = all
@@ -161,33 +191,41 @@ async fn a_follower_sees_the_newest_of_every_id_written_through_three_gateways()
             last.is_some_and(|change| change["etag"] == newest[id].as_str())
         })
     };
-    let (more, _) = follow_until(
-        &c,
-        &glob,
-        cursor_after,
-        Duration::from_secs(10),
-        None,
-        |more| {
-            let so_far: Vec<Value> = all.iter().chain(more).cloned().collect();
-            last_is_newest(&so_far)
-        },
-    )
-    .await;
-    all.extend(more);
-    assert!(
-        last_is_newest(&all),
-        "the newest of every id is delivered last: {all:?}"
-    );
-    let mut last: HashMap<&str, String> = HashMap::new();
-    for change in &all {
-        let id = change["state_id"].as_str().unwrap();
+    for follower in followers {
+        let (apis, mut all, cursor_after) = follower.await.unwrap();
+        let gateways = apis.len();
+        // Follow on until it is so, for a while.
+        let (more, _) = follow_across(
+            &apis,
+            &glob,
+            cursor_after,
+            Duration::from_secs(10),
+            None,
+            |more| {
+                let so_far: Vec<Value> = all.iter().chain(more).cloned().collect();
+                last_is_newest(&so_far)
+            },
+        )
+        .await;
+        all.extend(more);
         assert!(
-            id.starts_with(&format!("{base}:")),
-            "outside the glob: {id}"
+            last_is_newest(&all),
+            "through {gateways} gateway(s), the newest of every id is delivered last: {all:?}"
         );
-        let at = change["updated_at"].as_str().unwrap().to_owned();
-        if let Some(before) = last.insert(id, at.clone()) {
-            assert!(before <= at, "{id}: {at} came after {before}");
+        let mut last: HashMap<&str, String> = HashMap::new();
+        for change in &all {
+            let id = change["state_id"].as_str().unwrap();
+            assert!(
+                id.starts_with(&format!("{base}:")),
+                "outside the glob: {id}"
+            );
+            let at = change["updated_at"].as_str().unwrap().to_owned();
+            if let Some(before) = last.insert(id, at.clone()) {
+                assert!(
+                    before <= at,
+                    "through {gateways} gateway(s), {id}: {at} came after {before}"
+                );
+            }
         }
     }
 

@@ -140,21 +140,28 @@ impl Feed {
         };
         let mut windows = self.shared.window.subscribe();
         let mut closed = self.shared.closed.subscribe();
-        let mut first = true;
+        // At most one read of its own: the window covers the cursor after it.
+        let mut read = false;
         loop {
             let window = windows.borrow_and_update().clone();
+            let in_time = Instant::now() < follow.deadline;
             let delivery = match window {
                 Some(window) if window.covers(&cursor) => {
                     Some(self.deliver(&window, &cursor, follow))
                 }
-                // Not covered: read once; the window covers the next cursor.
-                _ if first => {
-                    let window = self.read(cursor.settled_us, follow, "feed").await?;
-                    Some(self.deliver(&window, &cursor, follow))
+                // Older than the window: the poller never reads that far back.
+                Some(window) if cursor.settled_us < window.from_us && !read => {
+                    read = true;
+                    Some(self.read_for(&cursor, follow).await?)
+                }
+                // Ahead of the window (made on another gateway) or no window
+                // yet: the poller's next read covers it, if there is time.
+                _ if !in_time && !read => {
+                    read = true;
+                    Some(self.read_for(&cursor, follow).await?)
                 }
                 _ => None,
             };
-            first = false;
             if let Some(delivery) = delivery {
                 if !delivery.changes.is_empty() {
                     return Ok(delivery);
@@ -194,6 +201,12 @@ impl Feed {
             &follow.scope,
             follow.limit,
         ))
+    }
+
+    /// What a follower at `cursor` is delivered, read from ClickHouse.
+    async fn read_for(&self, cursor: &FeedCursor, follow: &Follow) -> Result<Delivery, StoreError> {
+        let window = self.read(cursor.settled_us, follow, "feed").await?;
+        Ok(self.deliver(&window, cursor, follow))
     }
 
     /// Every change under the follower's glob and scope after `from_us`.

@@ -222,6 +222,7 @@ impl Drop for StreamPlace {
 
 /// A response body that holds its request's place until it ends.
 struct Holding {
+    /// The handler's body, passed through.
     body: Body,
     _place: StreamPlace,
 }

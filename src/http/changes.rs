@@ -27,15 +27,20 @@ use crate::store::now_ms;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChangesParams {
+    /// The glob; every id when absent.
     pattern: Option<String>,
+    /// The cursor to follow from; none for a first call.
     since: Option<String>,
+    /// How long to wait for a change; 0 when absent.
     wait: Option<String>,
+    /// The most ids one answer delivers.
     limit: Option<String>,
 }
 
 #[derive(Serialize)]
 struct ChangeList {
     changes: Vec<ChangeOut>,
+    /// Where to follow on from.
     cursor: String,
 }
 

@@ -39,8 +39,10 @@ const TURN: Duration = Duration::from_secs(1);
 #[derive(Serialize)]
 pub(super) struct ChangeOut {
     state_id: StateId,
+    /// The ETag `GET` sends now; null when deleted.
     etag: Option<String>,
     deleted: bool,
+    /// RFC 3339 with milliseconds.
     updated_at: String,
 }
 
@@ -57,6 +59,7 @@ impl From<Delivered> for ChangeOut {
 
 /// What a stream's request was let in with, checked again every turn.
 pub(super) struct Credentials {
+    /// The tokens in use, replaced by a reload.
     pub tokens: Arc<LiveTokens>,
     /// The bearer token presented; None on a gateway without tokens.
     pub presented: Option<String>,
@@ -82,6 +85,7 @@ impl Credentials {
 
 /// A stream's state between its events.
 struct Streaming {
+    /// Where it reads.
     feed: Feed,
     /// Its place among the followers, for its whole life.
     follower: Follower,

@@ -28,6 +28,7 @@ const TTL_MARGIN: Duration = Duration::from_secs(60);
 /// One change as read, with the state's current row (None: no row now).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChangeRecord {
+    /// The changed state.
     pub id: StateId,
     /// The changed version, milliseconds since the epoch.
     pub version_ms: i64,
@@ -53,10 +54,15 @@ pub struct ChangeRead {
 #[derive(clickhouse::Row, Deserialize)]
 struct ChangeRowIn {
     state_id: String,
+    /// The change's version, milliseconds.
     version_ms: i64,
+    /// 1 for a tombstone; 2 marks the row that carries the read time.
     deleted: u8,
+    /// Its insert time (or the read time), microseconds.
     seen_us: i64,
+    /// 1 when the state has a row now (the join found one).
     present: u8,
+    /// That row's `updated_at`, milliseconds.
     updated_ms: i64,
     completed_state: Option<String>,
     partial_state: Option<String>,
@@ -65,7 +71,9 @@ struct ChangeRowIn {
 #[derive(clickhouse::Row, Serialize)]
 struct TombstoneOut<'a> {
     state_id: &'a str,
+    /// The delete's version, milliseconds.
     version: i64,
+    /// Always 1; `seen_at` takes its default, ClickHouse's clock.
     deleted: u8,
 }
 
@@ -120,6 +128,7 @@ pub(super) fn create_deletes_view_sql(
 
 #[derive(Clone)]
 pub struct ChangesStore {
+    /// The one client.
     ch: ClickHouse,
     /// `schema`.`table_changes`.
     table: String,
@@ -137,10 +146,15 @@ pub struct ChangesStore {
 
 /// The names the changes store works with.
 pub struct ChangesTables {
+    /// `schema`.`table_changes`.
     pub table: String,
+    /// `schema`.`table_changes_writes`.
     pub writes_view: String,
+    /// `schema`.`table_changes_deletes`.
     pub deletes_view: String,
+    /// `schema`.`table`.
     pub state_table: String,
+    /// `schema`.`table_history`; None when history is off.
     pub history_table: Option<String>,
 }
 

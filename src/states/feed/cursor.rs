@@ -30,7 +30,9 @@ const BODY_BYTES: usize = 1 + 8 + 8 + 4 + 8 + 1 + 8 + HASH_BYTES;
 /// change read twice does not cancel itself out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fingerprint {
+    /// How many changes.
     pub count: u32,
+    /// The wrapping sum of their hashes.
     pub sum: u64,
 }
 

@@ -43,6 +43,7 @@ fn micros(duration: Duration) -> i64 {
 
 /// What a follower asks.
 pub struct Follow {
+    /// The glob the cursor is bound to.
     pub pattern: StatePattern,
     /// The token's: ids outside it are never delivered.
     pub scope: Scope,
@@ -62,6 +63,7 @@ pub struct Feed {
 
 /// What the handle, the followers and the poller share.
 struct Shared {
+    /// Where the changes are read.
     store: ChangesStore,
     /// The newest window; None while no poller runs.
     window: watch::Sender<Option<Arc<Window>>>,
@@ -71,11 +73,13 @@ struct Shared {
     poke: Notify,
     /// Turns true once, when the gateway stops: every follower answers then.
     closed: watch::Sender<bool>,
+    /// Counts the followers and the delivery delay.
     metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
 struct Followers {
+    /// Requests following now, streams included.
     count: usize,
     /// Whether a poller task runs; it stops when no one follows.
     polling: bool,
@@ -266,6 +270,7 @@ impl Shared {
 
 /// A follower's place, given back when dropped (answered, or hung up).
 pub struct Follower {
+    /// Where it is counted.
     shared: Arc<Shared>,
 }
 

@@ -16,6 +16,7 @@ pub const RE_READ: Duration = Duration::from_secs(5);
 /// One change, as the window keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
+    /// The changed state.
     pub id: StateId,
     /// The changed version, milliseconds.
     pub version_ms: i64,
@@ -28,6 +29,7 @@ pub struct Change {
 /// A state's row as last read: what the feed delivers for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Current {
+    /// Its version, milliseconds.
     pub updated_at_ms: i64,
     /// The ETag `GET` sends for this row.
     pub etag: ETag,
@@ -51,9 +53,11 @@ pub struct Window {
 /// One delivered change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivered {
+    /// The changed state.
     pub id: StateId,
     /// None when deleted.
     pub etag: Option<ETag>,
+    /// Gone: its newest change is a delete, or it has no row.
     pub deleted: bool,
     /// The row's `updated_at`, or the tombstone's version.
     pub updated_at_ms: i64,
@@ -66,7 +70,9 @@ pub struct Delivered {
 /// What a follower is answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
+    /// Each changed id once, in the order of their last changes.
     pub changes: Vec<Delivered>,
+    /// Where the follower stands after them all.
     pub cursor: FeedCursor,
 }
 
@@ -218,6 +224,7 @@ pub fn deliver(
 /// The window's changes under a glob and in a scope, in insert order, with
 /// running fingerprints: the fingerprint of any range is a difference.
 struct Mine<'a> {
+    /// In insert order.
     changes: Vec<&'a Change>,
     /// `running[i]`: the fingerprint of the first `i` changes.
     running: Vec<Fingerprint>,

@@ -141,6 +141,7 @@ impl App {
             Layout {
                 coordination: config.locks.coordination,
                 cluster: config.cluster.clone(),
+                watch_retention: config.watch_retention,
             },
         );
         prepare_clickhouse(&store, config).await?;
@@ -188,6 +189,7 @@ impl App {
                 states: Arc::new(States::new(
                     store.states,
                     store.history,
+                    store.changes,
                     locks.clone(),
                     metrics.clone(),
                     GuardModes {

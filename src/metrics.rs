@@ -167,6 +167,7 @@ pub struct Metrics {
     pool_holders: Family<PoolLabels, Gauge>,
     pool_waiting: Family<PoolLabels, Gauge>,
     watchers: Family<WatcherLabels, Gauge>,
+    delivery_delay: Histogram,
 }
 
 fn latency_histogram() -> Histogram {
@@ -194,10 +195,18 @@ impl Default for Metrics {
         let watchers = Family::<WatcherLabels, Gauge>::default();
         registry.register(
             "watchers",
-            "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=)",
+            "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=; feed: GET /v1/changes)",
             watchers.clone(),
         );
         let _ = watchers.get_or_create(&WatcherLabels { kind: "long_poll" });
+        let _ = watchers.get_or_create(&WatcherLabels { kind: "feed" });
+        // 1 ms .. ~33 s: a local poke up to a follower far behind.
+        let delivery_delay = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "watch_delivery_delay_seconds",
+            "Time from a change's insert into ClickHouse to its delivery by the change feed (this gateway's clock against ClickHouse's)",
+            delivery_delay.clone(),
+        );
         registry.register(
             "pool_holders",
             "Leases held on each pool this gateway is the authority for",
@@ -294,6 +303,7 @@ impl Default for Metrics {
         }
         Self {
             watchers,
+            delivery_delay,
             auth_denied,
             pool_holders,
             pool_waiting,
@@ -409,6 +419,18 @@ impl Metrics {
         self.watchers
             .get_or_create(&WatcherLabels { kind: "long_poll" })
             .inc_by(delta);
+    }
+
+    /// One more feed follower waits (`delta` 1), or one answered (-1).
+    pub fn feeds(&self, delta: i64) {
+        self.watchers
+            .get_or_create(&WatcherLabels { kind: "feed" })
+            .inc_by(delta);
+    }
+
+    /// A change delivered by the feed, `seconds` after ClickHouse took it.
+    pub fn delivery_delay(&self, seconds: f64) {
+        self.delivery_delay.observe(seconds);
     }
 
     /// The OpenMetrics text exposition.

@@ -269,6 +269,12 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_HISTORY_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub history_retention: Duration,
 
+    /// How long a change feed cursor (GET /v1/changes) stays good, and so
+    /// how long `<table>_changes` keeps a change (a TTL, plus a minute); an
+    /// older cursor is answered 410 cursor-expired, e.g. 1h or 30m.
+    #[arg(long, env = "STATEHOUSE_WATCH_RETENTION", default_value = "1h", value_parser = parse_watch_retention)]
+    pub watch_retention: Duration,
+
     /// File of bearer tokens, one `<role> <token> [<name>] [scope=<glob>,...]
     /// [expires=<RFC 3339>]` per line (role: read, write or admin; `<role>
     /// sha256:<hex>` keeps the token itself off disk; the name is who history
@@ -323,6 +329,17 @@ pub struct ServeArgs {
 pub(super) struct ServeOnly {
     #[command(flatten)]
     pub(super) args: ServeArgs,
+}
+
+/// A watch retention: a duration of at least a second (a TTL is whole seconds).
+fn parse_watch_retention(raw: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(raw) {
+        Ok(retention) if retention >= Duration::from_secs(1) => Ok(retention),
+        Ok(_) => Err(format!("{raw:?} is shorter than a second")),
+        Err(err) => Err(format!(
+            "{raw:?} is not a duration ({err}), such as 1h or 30m"
+        )),
+    }
 }
 
 /// A share of a limit: a number above 0 and at most 1.

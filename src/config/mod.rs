@@ -85,6 +85,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub locks: LockSettings,
     pub history: History,
+    /// How long a change feed cursor stays good (`--watch-retention`).
+    pub watch_retention: Duration,
     pub bookmark_regression: GuardMode,
     pub bookmark_loss: GuardMode,
     pub tokens: Tokens,
@@ -225,6 +227,7 @@ impl TryFrom<ServeArgs> for Config {
                 (true, Duration::ZERO) => History::Kept(None),
                 (true, retention) => History::Kept(Some(retention)),
             },
+            watch_retention: args.watch_retention,
             bookmark_regression: args.bookmark_regression,
             bookmark_loss: args.bookmark_loss,
             tokens,

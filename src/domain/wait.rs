@@ -35,6 +35,20 @@ impl Wait {
     pub fn get(self) -> Duration {
         self.0
     }
+
+    /// The wait plus a random part of up to a sixteenth of it (the
+    /// contract's jitter): many waiters that asked for the same wait at the
+    /// same time do not all come back, and ask again, in the same instant.
+    pub fn jittered(self) -> Duration {
+        use std::hash::{BuildHasher, Hasher};
+        // A fresh RandomState is randomly keyed: a random number from std.
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let most = self.0 / 16;
+        let nanos = u64::try_from(most.as_nanos()).unwrap_or(u64::MAX);
+        self.0 + Duration::from_nanos(random.checked_rem(nanos).unwrap_or(0))
+    }
 }
 
 /// A duration as `wait=` writes it, `500ms`, `30s`, `2m` or plain seconds
@@ -62,6 +76,19 @@ mod tests {
         assert_eq!(Wait::parse("2m").unwrap().get(), Duration::from_secs(120));
         assert_eq!(Wait::parse("7").unwrap().get(), Duration::from_secs(7));
         assert_eq!(Wait::parse("0").unwrap().get(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_jittered_wait_is_at_most_a_sixteenth_longer() {
+        let wait = Wait::parse("16s").unwrap();
+        let waits: Vec<Duration> = (0..64).map(|_| wait.jittered()).collect();
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w >= wait.get() && *w < Duration::from_secs(17))
+        );
+        assert!(waits.iter().any(|w| *w != waits[0]), "spread");
+        assert_eq!(Wait::parse("0").unwrap().jittered(), Duration::ZERO);
     }
 
     #[test]

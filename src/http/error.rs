@@ -82,6 +82,9 @@ pub enum ApiError {
     /// The state_id is outside the token's scope.
     #[error("this token's scope ({0}) does not cover this state_id")]
     OutOfScope(String),
+    /// A change feed cursor older than `--watch-retention`.
+    #[error("{0}")]
+    CursorExpired(String),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -123,6 +126,7 @@ problem_types! {
     VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
     BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
+    CursorExpired => GONE, "cursor-expired", "Cursor expired";
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
     LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
@@ -287,6 +291,7 @@ impl ApiError {
             Self::CorruptState(_) => ProblemType::CorruptState,
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::OutOfScope(_) => ProblemType::OutOfScope,
+            Self::CursorExpired(_) => ProblemType::CursorExpired,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
             Self::PoolFull { .. } => ProblemType::PoolFull,

@@ -13,6 +13,7 @@
 
 mod clear;
 mod error;
+mod feed;
 mod group_commit;
 mod memory;
 mod prepare;
@@ -26,6 +27,7 @@ use uuid::Uuid;
 
 pub use self::clear::Cleared;
 pub use self::error::StateError;
+pub use self::feed::{CursorError, Delivered, Delivery, Feed, FeedCursor, Follow, Follower};
 use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
 pub use self::prepare::Change;
@@ -40,8 +42,8 @@ use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary, StoreError,
-    StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    ChangesStore, HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary,
+    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
 use crate::telemetry::ClientText;
 
@@ -74,6 +76,8 @@ pub struct States {
     metrics: Arc<Metrics>,
     /// Requests waiting on a change of one state (long-polls).
     watches: Watches,
+    /// Requests following the changes under a glob.
+    feed: Feed,
 }
 
 /// What a write carries besides its document.
@@ -107,16 +111,19 @@ impl States {
     pub fn new(
         store: StateStore,
         history: Option<HistoryStore>,
+        changes: ChangesStore,
         locks: Arc<LockManager>,
         metrics: Arc<Metrics>,
         guard: GuardModes,
     ) -> Self {
         let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
+        let feed = Feed::new(changes.clone(), metrics.clone());
         let target = Target {
             history: history.clone(),
             states: store.clone(),
+            changes,
         };
-        let watches = Watches::new(store.clone(), metrics.clone());
+        let watches = Watches::new(store.clone(), metrics.clone(), feed.clone());
         Self {
             commits: Arc::new(GroupCommit::new(
                 target,
@@ -126,6 +133,7 @@ impl States {
             )),
             watches,
             guard,
+            feed,
             metrics,
             store,
             history,
@@ -152,6 +160,11 @@ impl States {
     /// The requests waiting on a change of one state.
     pub fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// The change feed.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
     }
 
     /// The stored row of `id`: the known one under `claim`, else ClickHouse's,

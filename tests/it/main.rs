@@ -18,6 +18,8 @@ mod dashboard_api;
 mod dashboards;
 mod docs;
 mod docs_examples;
+mod feed;
+mod feed_stream;
 mod first_start;
 mod gateways;
 mod group_commit;

@@ -60,3 +60,4 @@ mod structure;
 mod tls;
 mod wait_cli;
 mod watch;
+mod watch_across;

@@ -7,19 +7,17 @@
 //! slow uploads use up that token's share and no one else's.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
-use http_body::{Frame, SizeHint};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::error::{ProblemType, problem};
+use super::held_body::HeldBody;
 use crate::config::Concurrency;
 use crate::metrics::Metrics;
 
@@ -220,33 +218,6 @@ impl Drop for StreamPlace {
     }
 }
 
-/// A response body that holds its request's place until it ends.
-struct Holding {
-    /// The handler's body, passed through.
-    body: Body,
-    _place: StreamPlace,
-}
-
-impl http_body::Body for Holding {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
 /// The client should come back soon: a request's place frees up as soon as
 /// one in progress is answered.
 const RETRY_AFTER_SECONDS: HeaderValue = HeaderValue::from_static("1");
@@ -277,12 +248,7 @@ pub async fn admit(
         Ok(place) if streams => {
             let place = place.outlive(admission.clone());
             let response = next.run(request).await;
-            return response.map(|body| {
-                Body::new(Holding {
-                    body,
-                    _place: place,
-                })
-            });
+            return response.map(|body| Body::new(HeldBody::new(body, place)));
         }
         Ok(_place) => return next.run(request).await,
         Err(Refusal::Share) => (

@@ -12,6 +12,7 @@ mod error;
 mod extract;
 mod forward;
 mod health;
+mod held_body;
 mod history;
 mod lock_history;
 mod lock_view;

@@ -12,9 +12,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::Request;
-use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
@@ -25,6 +24,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
+use super::held_body::HeldBody;
 use crate::config::ClientTimeouts;
 use crate::metrics::Metrics;
 
@@ -195,7 +195,7 @@ where
         let response = router.clone().oneshot(request);
         async move {
             let response = response.await?;
-            Ok::<_, Infallible>(response.map(|body| TrackedBody { body, _done: done }))
+            Ok::<_, Infallible>(response.map(|body| HeldBody::new(body, done)))
         }
     });
     let mut conn = pin!(
@@ -349,30 +349,5 @@ struct ResponseDone(Arc<Tracker>);
 impl Drop for ResponseDone {
     fn drop(&mut self) {
         self.0.response_done();
-    }
-}
-
-struct TrackedBody {
-    body: Body,
-    _done: ResponseDone,
-}
-
-impl http_body::Body for TrackedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }

@@ -13,6 +13,7 @@ use url::Url;
 use super::problem::{Answer, Busy};
 use super::target::Target;
 use crate::client::{TlsFiles, error_chain};
+use crate::traces;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Below the gateway's default `--idle-timeout` (75 s), so a renewal does
@@ -247,6 +248,10 @@ impl Gateway {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
+        // The gateway's span joins the runner's (acquire, release, ...).
+        let mut traced = reqwest::header::HeaderMap::new();
+        traces::inject(&mut traced);
+        request = request.headers(traced);
         if let Some(json) = body {
             request = request
                 .header(CONTENT_TYPE, "application/json")

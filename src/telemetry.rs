@@ -4,8 +4,6 @@ use std::fmt;
 use std::io::{self, IsTerminal};
 
 use opentelemetry_sdk::trace::SdkTracer;
-use tracing::Level;
-use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -37,11 +35,7 @@ pub fn init(format: LogFormat, traces: Option<SdkTracer>) {
             .with_current_span(true)
             .boxed(),
     };
-    let traces = traces.map(|tracer| {
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_filter(Targets::new().with_target("statehouse", Level::INFO))
-    });
+    let traces = traces.map(crate::traces::layer);
     let result = tracing_subscriber::registry()
         .with(log.with_filter(filter))
         .with(traces)

@@ -226,6 +226,7 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
         user_agent = %ClientText(&user_agent),
         forwarded_by = %ClientText(&forwarded_by),
         trace_id = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
     );
     traces::join(&span, request.headers());
     span

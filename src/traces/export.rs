@@ -192,4 +192,36 @@ mod tests {
         assert_eq!(spans.len(), 1);
         assert_eq!(spans[0].name, "one");
     }
+
+    /// An exporter that never finishes (a collector that does not answer),
+    /// until the test lets it go.
+    #[derive(Debug)]
+    struct Stuck(std::sync::Mutex<mpsc::Receiver<()>>);
+
+    impl SpanExporter for Stuck {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            let _ = self.0.lock().unwrap().recv_timeout(Duration::from_secs(30));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_spans_instead_of_waiting() {
+        let (release, stuck) = mpsc::channel();
+        let queue =
+            Queue::start(Stuck(std::sync::Mutex::new(stuck)), Duration::from_secs(60)).unwrap();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(queue)
+            .build();
+        let tracer = provider.tracer("test");
+        let before = DROPPED.get();
+        let ended = 3000;
+        for _ in 0..ended {
+            tracer.in_span("s", |_| {});
+        }
+        // At most a batch in the export that hangs and a full queue behind it.
+        let kept = QUEUE_SPANS + BATCH_SPANS;
+        assert!(DROPPED.get() - before >= (ended - kept) as u64);
+        drop(release);
+    }
 }

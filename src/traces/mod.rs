@@ -20,11 +20,12 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use prometheus_client::metrics::counter::Counter;
-use tracing::Level;
+use tracing::{Level, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use self::export::{DROPPED, Queue, Reqwest};
@@ -120,12 +121,22 @@ pub fn start_without_logs() -> Result<bool, String> {
     let Some(tracer) = start()? else {
         return Ok(false);
     };
-    let layer = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_filter(Targets::new().with_target("statehouse", Level::INFO));
     // Already initialized: only a test in this process could have done it.
-    let _ = tracing_subscriber::registry().with(layer).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(layer(tracer))
+        .try_init();
     Ok(true)
+}
+
+/// The `tracing` layer that hands statehouse's own spans, of level info and
+/// up, to `tracer`; what `RUST_LOG` lets the log show does not change it.
+pub fn layer<S>(tracer: SdkTracer) -> impl Layer<S>
+where
+    S: Subscriber + for<'span> LookupSpan<'span>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(Targets::new().with_target("statehouse", Level::INFO))
 }
 
 /// Sends the spans still queued, waiting for them at most `within`; a
@@ -138,10 +149,21 @@ pub fn flush(within: Duration) {
     }
 }
 
-/// Puts `span`, not yet entered, in the trace the `traceparent` of
-/// `headers` names (a new trace without one), and records its trace id as
-/// its `trace_id` field, so that its log lines name the trace.
+/// Makes `span`, a request's and not yet entered, a server span in the
+/// trace the `traceparent` of `headers` names (a new trace without one),
+/// and records its trace id as its `trace_id` field, so that its log lines
+/// name the trace. The span declares `otel.kind` and `trace_id` empty.
 pub fn join(span: &tracing::Span, headers: &HeaderMap) {
+    if !enabled() {
+        return;
+    }
+    // Before the span starts: its kind cannot change after.
+    span.record("otel.kind", "server");
+    join_context(span, headers);
+}
+
+/// Puts `span`, not yet entered, in the trace of `headers`' `traceparent`.
+fn join_context(span: &tracing::Span, headers: &HeaderMap) {
     if !enabled() {
         return;
     }
@@ -165,7 +187,7 @@ pub fn join_environment(span: &tracing::Span) {
     {
         headers.insert(TRACEPARENT, value);
     }
-    join(span, &headers);
+    join_context(span, &headers);
 }
 
 /// Names the current span, a request's, by its route: `PUT

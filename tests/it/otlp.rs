@@ -22,6 +22,8 @@ pub struct Received {
     /// Empty for a root span.
     pub parent_span_id: String,
     pub name: String,
+    /// The span's kind, as OTLP numbers it (2: server).
+    pub kind: i32,
     /// The span's attributes, and its resource's under `resource.`.
     pub attributes: HashMap<String, String>,
     /// The (trace id, span id) of each span it links to.
@@ -113,6 +115,7 @@ async fn receive(
                     span_id: hex(&span.span_id),
                     parent_span_id: hex(&span.parent_span_id),
                     name: span.name,
+                    kind: span.kind,
                     attributes,
                     links: span
                         .links

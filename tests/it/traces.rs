@@ -141,6 +141,7 @@ async fn a_traced_put_and_get_join_the_callers_trace_down_to_clickhouse() {
     assert_eq!(span.attributes["http.route"], "/v1/states/{state_id}");
     assert_eq!(span.attributes["http.response.status_code"], "201");
     assert_eq!(span.attributes["resource.service.name"], "it-traces");
+    assert_eq!(span.kind, 2, "a server span (SPAN_KIND_SERVER)");
     let spans = collector
         .trace(&get_trace, |spans| {
             spans.iter().any(|s| s.parent_span_id == get_parent)

@@ -21,6 +21,7 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod traces;
+pub mod waiter;
 
 pub use http::AppContext;
 
@@ -36,6 +37,7 @@ use crate::agreement::{Disagreement, Registration};
 use crate::auth::TokenSources;
 use crate::auth::live::LiveTokens;
 use crate::config::{ClientTimeouts, Config};
+use crate::domain::GuardModes;
 use crate::hangup::Hangups;
 use crate::http::{Admission, OwnHosts, Readiness};
 use crate::locks::LockManager;
@@ -143,6 +145,7 @@ impl App {
             Layout {
                 coordination: config.locks.coordination,
                 cluster: config.cluster.clone(),
+                watch_retention: config.watch_retention,
             },
         );
         prepare_clickhouse(&store, config).await?;
@@ -190,9 +193,13 @@ impl App {
                 states: Arc::new(States::new(
                     store.states,
                     store.history,
+                    store.changes,
                     locks.clone(),
                     metrics.clone(),
-                    config.bookmark_regression,
+                    GuardModes {
+                        regression: config.bookmark_regression,
+                        loss: config.bookmark_loss,
+                    },
                 )),
                 locks,
                 pools,

@@ -162,10 +162,12 @@ pub struct Metrics {
     write_batch_rows: Histogram,
     read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
+    bookmark_losses: Counter,
     auth_denied: Family<DeniedLabels, Counter>,
     pool_holders: Family<PoolLabels, Gauge>,
     pool_waiting: Family<PoolLabels, Gauge>,
     watchers: Family<WatcherLabels, Gauge>,
+    delivery_delay: Histogram,
 }
 
 fn latency_histogram() -> Histogram {
@@ -186,16 +188,25 @@ impl Default for Metrics {
         let shed = Family::<ShedLabels, Counter>::default();
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         let bookmark_regressions = Counter::default();
+        let bookmark_losses = Counter::default();
         let auth_denied = Family::<DeniedLabels, Counter>::default();
         let pool_holders = Family::<PoolLabels, Gauge>::default();
         let pool_waiting = Family::<PoolLabels, Gauge>::default();
         let watchers = Family::<WatcherLabels, Gauge>::default();
         registry.register(
             "watchers",
-            "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=)",
+            "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=; feed: GET /v1/changes)",
             watchers.clone(),
         );
         let _ = watchers.get_or_create(&WatcherLabels { kind: "long_poll" });
+        let _ = watchers.get_or_create(&WatcherLabels { kind: "feed" });
+        // 1 ms .. ~33 s: a local poke up to a follower far behind.
+        let delivery_delay = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register(
+            "watch_delivery_delay_seconds",
+            "Time from a change's insert into ClickHouse to its delivery by the change feed (this gateway's clock against ClickHouse's)",
+            delivery_delay.clone(),
+        );
         registry.register(
             "pool_holders",
             "Leases held on each pool this gateway is the authority for",
@@ -215,6 +226,11 @@ impl Default for Metrics {
             "bookmark_regressions",
             "Bookmarks that went backwards in a write (one per stream or partition), written or refused",
             bookmark_regressions.clone(),
+        );
+        registry.register(
+            "bookmark_losses",
+            "Bookmarks a write dropped (one per stream or partition), written or refused",
+            bookmark_losses.clone(),
         );
         // 1 .. 1024 rows: a lone write up to a full batch.
         let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 11));
@@ -292,12 +308,14 @@ impl Default for Metrics {
         }
         Self {
             watchers,
+            delivery_delay,
             auth_denied,
             pool_holders,
             pool_waiting,
             write_batch_rows,
             read_batch_keys,
             bookmark_regressions,
+            bookmark_losses,
             lock_events,
             shed,
             connections_closed,
@@ -333,6 +351,10 @@ impl Metrics {
 
     pub fn bookmark_regressions(&self, count: usize) {
         self.bookmark_regressions.inc_by(count as u64);
+    }
+
+    pub fn bookmark_losses(&self, count: usize) {
+        self.bookmark_losses.inc_by(count as u64);
     }
 
     pub fn observe_write_batch(&self, rows: usize) {
@@ -402,6 +424,18 @@ impl Metrics {
         self.watchers
             .get_or_create(&WatcherLabels { kind: "long_poll" })
             .inc_by(delta);
+    }
+
+    /// One more feed follower waits (`delta` 1), or one answered (-1).
+    pub fn feeds(&self, delta: i64) {
+        self.watchers
+            .get_or_create(&WatcherLabels { kind: "feed" })
+            .inc_by(delta);
+    }
+
+    /// A change delivered by the feed, `seconds` after ClickHouse took it.
+    pub fn delivery_delay(&self, seconds: f64) {
+        self.delivery_delay.observe(seconds);
     }
 
     /// The OpenMetrics text exposition.

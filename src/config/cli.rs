@@ -1,4 +1,4 @@
-//! The command line: `serve`, `lock` and `healthcheck`, each flag with its
+//! The command line: `serve`, `lock`, `wait` and `healthcheck`, each flag with its
 //! `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use uuid::Uuid;
 
-use crate::domain::{Coordination, RegressionMode};
+use crate::domain::{Coordination, GuardMode};
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -35,6 +35,13 @@ pub enum Command {
     /// when a lease was lost.
     #[command(arg_required_else_help = true)]
     Lock(Box<crate::run_lease::LockArgs>),
+    /// Wait until a stream's bookmark reaches a value (--stream, --until), or
+    /// for the state's next change (--changed), through the gateway's
+    /// long-poll: exits 0 then (at once if the value is already reached),
+    /// 124 when --timeout ends first, 1 when the gateway refuses (a token, a
+    /// scope) or the command line is bad.
+    #[command(arg_required_else_help = true)]
+    Wait(Box<crate::waiter::WaitArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
     #[command(hide = true)]
@@ -240,8 +247,16 @@ pub struct ServeArgs {
     /// warn (write it, and say so in a header, the log and /metrics), reject
     /// (409 unless the request's Statehouse-Allow-Regression names the
     /// stream) or off.
-    #[arg(long, env = "STATEHOUSE_BOOKMARK_REGRESSION", value_enum, default_value_t = RegressionMode::Warn)]
-    pub bookmark_regression: RegressionMode,
+    #[arg(long, env = "STATEHOUSE_BOOKMARK_REGRESSION", value_enum, default_value_t = GuardMode::Warn)]
+    pub bookmark_regression: GuardMode,
+
+    /// What to do with a write that drops a bookmark (a stream, its
+    /// replication_key_value or one of its partitions gone from the
+    /// effective state, or the whole state emptied): warn (write it, and
+    /// say so in a header, the log and /metrics), reject (409 unless the
+    /// request's Statehouse-Allow-Loss names the stream) or off.
+    #[arg(long, env = "STATEHOUSE_BOOKMARK_LOSS", value_enum, default_value_t = GuardMode::Warn)]
+    pub bookmark_loss: GuardMode,
 
     /// Keep a version of every change made through the gateway in
     /// `<table>_history` (see --history-retention); false records none, and
@@ -253,6 +268,12 @@ pub struct ServeArgs {
     /// table), e.g. 90d or 12h; 0 keeps every version forever.
     #[arg(long, env = "STATEHOUSE_HISTORY_RETENTION", default_value = "90d", value_parser = humantime::parse_duration)]
     pub history_retention: Duration,
+
+    /// How long a change feed cursor (GET /v1/changes) stays good, and so
+    /// how long `<table>_changes` keeps a change (a TTL, plus a minute); an
+    /// older cursor is answered 410 cursor-expired, e.g. 1h or 30m.
+    #[arg(long, env = "STATEHOUSE_WATCH_RETENTION", default_value = "1h", value_parser = parse_watch_retention)]
+    pub watch_retention: Duration,
 
     /// File of bearer tokens, one `<role> <token> [<name>] [scope=<glob>,...]
     /// [expires=<RFC 3339>]` per line (role: read, write or admin; `<role>
@@ -308,6 +329,17 @@ pub struct ServeArgs {
 pub(super) struct ServeOnly {
     #[command(flatten)]
     pub(super) args: ServeArgs,
+}
+
+/// A watch retention: a duration of at least a second (a TTL is whole seconds).
+fn parse_watch_retention(raw: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(raw) {
+        Ok(retention) if retention >= Duration::from_secs(1) => Ok(retention),
+        Ok(_) => Err(format!("{raw:?} is shorter than a second")),
+        Err(err) => Err(format!(
+            "{raw:?} is not a duration ({err}), such as 1h or 30m"
+        )),
+    }
 }
 
 /// A share of a limit: a number above 0 and at most 1.

@@ -21,7 +21,7 @@ pub use urls::parse_clickhouse_url;
 use self::cli::ServeOnly;
 use self::urls::{default_port, parse_advertise_url};
 use crate::auth::{TokenSources, Tokens};
-pub use crate::domain::{Coordination, RegressionMode};
+pub use crate::domain::{Coordination, GuardMode};
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
 pub use crate::telemetry::LogFormat;
 use crate::tls::ServerTls;
@@ -85,7 +85,10 @@ pub struct Config {
     pub log_format: LogFormat,
     pub locks: LockSettings,
     pub history: History,
-    pub bookmark_regression: RegressionMode,
+    /// How long a change feed cursor stays good (`--watch-retention`).
+    pub watch_retention: Duration,
+    pub bookmark_regression: GuardMode,
+    pub bookmark_loss: GuardMode,
     pub tokens: Tokens,
     /// What a reload (SIGHUP, a change of the file) reads the tokens from.
     pub token_sources: TokenSources,
@@ -224,7 +227,9 @@ impl TryFrom<ServeArgs> for Config {
                 (true, Duration::ZERO) => History::Kept(None),
                 (true, retention) => History::Kept(Some(retention)),
             },
+            watch_retention: args.watch_retention,
             bookmark_regression: args.bookmark_regression,
+            bookmark_loss: args.bookmark_loss,
             tokens,
             token_sources,
             protect_metrics: args.protect_metrics,

@@ -1,5 +1,6 @@
 //! The service's vocabulary, parsed at the edge so the rest never re-checks it.
 
+mod bookmark_guard;
 mod coordination;
 mod document;
 mod etag;
@@ -10,12 +11,14 @@ mod lease_info;
 mod page;
 mod pattern;
 mod provenance;
-mod regression;
 mod scope;
 mod state_id;
 mod version;
 mod wait;
 
+pub use bookmark_guard::{
+    Allowed, AllowedStreams, Findings, GuardMode, GuardModes, Loss, Regression, compare_values,
+};
 pub use coordination::Coordination;
 pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};
 pub use etag::{ETag, IfMatch, IfNoneMatch};
@@ -27,8 +30,7 @@ pub use lease_info::{
 pub use page::{InvalidCursor, InvalidLimit, PageCursor, PageLimit};
 pub use pattern::{PatternError, StatePattern};
 pub use provenance::Provenance;
-pub use regression::{AllowedRegressions, Regression, RegressionMode, regressions};
 pub use scope::Scope;
 pub use state_id::{StateId, StateIdError};
 pub use version::{InvalidVersion, InvalidVersionCursor, Version, VersionCursor};
-pub use wait::{InvalidWait, MAX_WAIT, Wait};
+pub use wait::{InvalidWait, MAX_WAIT, Wait, parse_duration};

@@ -23,13 +23,7 @@ pub enum InvalidWait {
 impl Wait {
     /// `500ms`, `30s`, `2m` or plain seconds (`30`).
     pub fn parse(raw: &str) -> Result<Self, InvalidWait> {
-        let text = raw.trim();
-        let parsed = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
-            text.parse::<u64>().ok().map(Duration::from_secs)
-        } else {
-            humantime::parse_duration(text).ok()
-        };
-        let Some(duration) = parsed else {
+        let Some(duration) = parse_duration(raw) else {
             return Err(InvalidWait::NotADuration(raw.to_owned()));
         };
         if duration > MAX_WAIT {
@@ -40,6 +34,31 @@ impl Wait {
 
     pub fn get(self) -> Duration {
         self.0
+    }
+
+    /// The wait plus a random part of up to a sixteenth of it (the
+    /// contract's jitter): many waiters that asked for the same wait at the
+    /// same time do not all come back, and ask again, in the same instant.
+    pub fn jittered(self) -> Duration {
+        use std::hash::{BuildHasher, Hasher};
+        // A fresh RandomState is randomly keyed: a random number from std.
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let most = self.0 / 16;
+        let nanos = u64::try_from(most.as_nanos()).unwrap_or(u64::MAX);
+        self.0 + Duration::from_nanos(random.checked_rem(nanos).unwrap_or(0))
+    }
+}
+
+/// A duration as `wait=` writes it, `500ms`, `30s`, `2m` or plain seconds
+/// (`30`), of any length: `statehouse wait --timeout` takes the same.
+pub fn parse_duration(raw: &str) -> Option<Duration> {
+    let text = raw.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse::<u64>().ok().map(Duration::from_secs)
+    } else {
+        humantime::parse_duration(text).ok()
     }
 }
 
@@ -57,6 +76,19 @@ mod tests {
         assert_eq!(Wait::parse("2m").unwrap().get(), Duration::from_secs(120));
         assert_eq!(Wait::parse("7").unwrap().get(), Duration::from_secs(7));
         assert_eq!(Wait::parse("0").unwrap().get(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_jittered_wait_is_at_most_a_sixteenth_longer() {
+        let wait = Wait::parse("16s").unwrap();
+        let waits: Vec<Duration> = (0..64).map(|_| wait.jittered()).collect();
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w >= wait.get() && *w < Duration::from_secs(17))
+        );
+        assert!(waits.iter().any(|w| *w != waits[0]), "spread");
+        assert_eq!(Wait::parse("0").unwrap().jittered(), Duration::ZERO);
     }
 
     #[test]

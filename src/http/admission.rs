@@ -7,12 +7,16 @@
 //! slow uploads use up that token's share and no one else's.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::Response;
+use http_body::{Frame, SizeHint};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::error::{ProblemType, problem};
@@ -119,7 +123,11 @@ impl Limit {
             }
             *count += 1;
         }
-        let share = name.map(|name| Share { limit: self, name });
+        let share = name.map(|name| Share {
+            limit: self,
+            name,
+            kept: false,
+        });
         let permit = self.permits.try_acquire().map_err(|_| Refusal::Limit)?;
         Ok(Place {
             _permit: permit,
@@ -141,22 +149,101 @@ struct Place<'a> {
     _share: Option<Share<'a>>,
 }
 
+impl Place<'_> {
+    /// The place, kept past the handler's answer until the answer's body
+    /// ends: a stream's, which waits for its whole life.
+    fn outlive(self, admission: Arc<Admission>) -> StreamPlace {
+        let Place {
+            _permit: permit,
+            _share: share,
+        } = self;
+        permit.forget();
+        StreamPlace {
+            admission,
+            name: share.map(Share::keep),
+        }
+    }
+}
+
 /// One permit counted for a token name, until dropped (answered, or its
 /// future dropped mid-request).
 struct Share<'a> {
     limit: &'a Limit,
     name: Arc<str>,
+    /// Handed on to a [`StreamPlace`], which gives it back.
+    kept: bool,
+}
+
+impl Share<'_> {
+    fn keep(mut self) -> Arc<str> {
+        self.kept = true;
+        self.name.clone()
+    }
 }
 
 impl Drop for Share<'_> {
     fn drop(&mut self) {
-        let mut held = self.limit.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = held.get_mut(&self.name) {
+        if !self.kept {
+            self.limit.leave(&self.name);
+        }
+    }
+}
+
+impl Limit {
+    /// `name` holds one permit fewer.
+    fn leave(&self, name: &Arc<str>) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = held.get_mut(name) {
             *count -= 1;
             if *count == 0 {
-                held.remove(&self.name);
+                held.remove(name);
             }
         }
+    }
+}
+
+/// A stream's place among the watchers, given back when its body ends
+/// (the client hung up, or the stream ended).
+struct StreamPlace {
+    admission: Arc<Admission>,
+    /// The token name whose share it counts against.
+    name: Option<Arc<str>>,
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        let watchers = &self.admission.watchers;
+        watchers.permits.add_permits(1);
+        if let Some(name) = &self.name {
+            watchers.leave(name);
+        }
+    }
+}
+
+/// A response body that holds its request's place until it ends.
+struct Holding {
+    /// The handler's body, passed through.
+    body: Body,
+    _place: StreamPlace,
+}
+
+impl http_body::Body for Holding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -173,11 +260,12 @@ pub async fn admit(
     request: Request,
     next: Next,
 ) -> Response {
+    let streams = matches!(counts, Counts::RequestOrWatcher) && asks_for_a_stream(&request);
     let limit = match counts {
         Counts::Nothing => return next.run(request).await,
         Counts::Request => &admission.requests,
         Counts::LockWaiter => &admission.lock_waiters,
-        Counts::RequestOrWatcher if asks_to_wait(&request) => &admission.watchers,
+        Counts::RequestOrWatcher if streams || asks_to_wait(&request) => &admission.watchers,
         Counts::RequestOrWatcher => &admission.requests,
     };
     let sharer = request
@@ -186,6 +274,16 @@ pub async fn admit(
         .cloned()
         .unwrap_or(Sharer::Everyone);
     let (kind, detail, shed) = match limit.enter(&sharer) {
+        Ok(place) if streams => {
+            let place = place.outlive(admission.clone());
+            let response = next.run(request).await;
+            return response.map(|body| {
+                Body::new(Holding {
+                    body,
+                    _place: place,
+                })
+            });
+        }
         Ok(_place) => return next.run(request).await,
         Err(Refusal::Share) => (
             ProblemType::TooManyRequests,
@@ -210,6 +308,27 @@ pub async fn admit(
         .headers_mut()
         .insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS);
     response
+}
+
+/// Whether the client asks for Server-Sent Events: a stream waits for its
+/// whole life, so it counts as a watcher until its body ends.
+fn asks_for_a_stream(request: &Request) -> bool {
+    request
+        .headers()
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(accepts_event_stream)
+}
+
+/// Whether an `Accept` value names `text/event-stream`.
+pub fn accepts_event_stream(accept: &str) -> bool {
+    accept.split(',').any(|range| {
+        range
+            .split(';')
+            .next()
+            .is_some_and(|media| media.trim().eq_ignore_ascii_case("text/event-stream"))
+    })
 }
 
 /// Whether the query string names `wait`, whatever its value: a bad one is
@@ -245,6 +364,36 @@ mod tests {
         assert!(!asks("/v1/states/a"));
         assert!(!asks("/v1/states/a?waiting=1"));
         assert!(!asks("/v1/states/wait"));
+    }
+
+    #[test]
+    fn a_stream_is_asked_for_by_accept_only() {
+        assert!(accepts_event_stream("text/event-stream"));
+        assert!(accepts_event_stream(
+            "application/json, Text/Event-Stream;q=0.9"
+        ));
+        assert!(!accepts_event_stream("application/json"));
+        assert!(!accepts_event_stream("text/event-streams"));
+    }
+
+    #[test]
+    fn a_streams_place_is_given_back_when_it_ends() {
+        let admission = Arc::new(Admission::new(crate::config::Concurrency {
+            requests: 1,
+            lock_waiters: 1,
+            watchers: 2,
+            max_share: 0.5,
+        }));
+        let place = admission.watchers.enter(&token("a")).ok().unwrap();
+        let held = place.outlive(admission.clone());
+        assert!(matches!(
+            admission.watchers.enter(&token("a")),
+            Err(Refusal::Share)
+        ));
+        assert_eq!(admission.watchers.permits.available_permits(), 1);
+        drop(held);
+        assert_eq!(admission.watchers.permits.available_permits(), 2);
+        assert!(admission.watchers.held.lock().unwrap().is_empty());
     }
 
     #[test]

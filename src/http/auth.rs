@@ -195,6 +195,15 @@ impl Denial<'_> {
     }
 }
 
+/// The bearer token a request presents, if one (and only one) is.
+pub fn presented_token(headers: &axum::http::HeaderMap) -> Option<String> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    match (values.next(), values.next()) {
+        (Some(value), None) => bearer_token(value).map(str::to_owned),
+        _ => None,
+    }
+}
+
 /// The token of `Bearer <token>`. RFC 9110 (11.1, 11.4): the scheme is
 /// case-insensitive, and one or more spaces or tabs separate it from the token.
 fn bearer_token(value: &HeaderValue) -> Option<&str> {

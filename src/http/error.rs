@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::lock_view::LockView;
 use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
-use crate::domain::{DocumentError, Regression, StateIdError};
+use crate::domain::{DocumentError, Loss, Regression, StateIdError};
 use crate::locks::{ForwardError, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
@@ -67,6 +67,8 @@ pub enum ApiError {
     AuthorityMoving,
     #[error("{0}")]
     BookmarkRegression(String, Vec<Regression>),
+    #[error("{0}")]
+    BookmarkLoss(String, Vec<Loss>),
     /// No slot of the pool within the acquire's wait: who holds it.
     #[error("pool {name:?} is full ({} of {} held) and the wait ran out", .view.holders_len(), .view.limit())]
     PoolFull {
@@ -80,6 +82,9 @@ pub enum ApiError {
     /// The state_id is outside the token's scope.
     #[error("this token's scope ({0}) does not cover this state_id")]
     OutOfScope(String),
+    /// A change feed cursor older than `--watch-retention`.
+    #[error("{0}")]
+    CursorExpired(String),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -121,6 +126,7 @@ problem_types! {
     VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
     BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
+    CursorExpired => GONE, "cursor-expired", "Cursor expired";
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
     LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
@@ -131,6 +137,7 @@ problem_types! {
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
     BookmarkRegression => CONFLICT, "bookmark-regression", "Bookmark goes backwards";
+    BookmarkLoss => CONFLICT, "bookmark-loss", "Bookmark lost";
     TooManyRequests => TOO_MANY_REQUESTS, "too-many-requests", "Over the token's share";
     PreconditionFailed => PRECONDITION_FAILED, "precondition-failed", "Precondition failed";
     PayloadTooLarge => PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large";
@@ -190,6 +197,9 @@ struct ProblemBody<'a> {
     /// A refused regression says which bookmarks went from what to what.
     #[serde(skip_serializing_if = "Option::is_none")]
     regressions: Option<&'a [Regression]>,
+    /// A refused loss says which bookmarks went, and what they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    losses: Option<&'a [Loss]>,
     /// A lock-delay says when the id is free again.
     #[serde(skip_serializing_if = "Option::is_none")]
     free_at: Option<String>,
@@ -227,6 +237,7 @@ pub fn bare_problem(status: StatusCode, detail: &str) -> Response {
 struct Extras<'a> {
     holder: Option<Option<LockView>>,
     regressions: Option<&'a [Regression]>,
+    losses: Option<&'a [Loss]>,
     free_at: Option<String>,
     pool: Option<&'a PoolView>,
     pool_limit: Option<PoolLimit<'a>>,
@@ -245,6 +256,7 @@ fn problem_with(
         detail,
         holder: extras.holder,
         regressions: extras.regressions,
+        losses: extras.losses,
         free_at: extras.free_at,
         pool: extras.pool,
         pool_limit: extras.pool_limit,
@@ -279,11 +291,13 @@ impl ApiError {
             Self::CorruptState(_) => ProblemType::CorruptState,
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::OutOfScope(_) => ProblemType::OutOfScope,
+            Self::CursorExpired(_) => ProblemType::CursorExpired,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
             Self::PoolFull { .. } => ProblemType::PoolFull,
             Self::Lock(LockError::LimitMismatch { .. }) => ProblemType::PoolLimitMismatch,
             Self::BookmarkRegression(..) => ProblemType::BookmarkRegression,
+            Self::BookmarkLoss(..) => ProblemType::BookmarkLoss,
             Self::Lock(LockError::Held { .. }) => ProblemType::LockHeld,
             Self::Lock(LockError::Delayed { .. }) => ProblemType::LockDelay,
             Self::Lock(LockError::NotCurrent(_)) => ProblemType::LeaseNotCurrent,
@@ -321,12 +335,17 @@ impl IntoResponse for ApiError {
             }
             _ => None,
         };
-        let regressions = match &self {
+        // A batch's refusal carries its entry's.
+        let refusal = match &self {
+            Self::InBatch { inner, .. } => inner.as_ref(),
+            other => other,
+        };
+        let regressions = match refusal {
             Self::BookmarkRegression(_, found) => Some(found.as_slice()),
-            Self::InBatch { inner, .. } => match inner.as_ref() {
-                Self::BookmarkRegression(_, found) => Some(found.as_slice()),
-                _ => None,
-            },
+            _ => None,
+        };
+        let losses = match refusal {
+            Self::BookmarkLoss(_, found) => Some(found.as_slice()),
             _ => None,
         };
         let free_at = match &self {
@@ -351,6 +370,7 @@ impl IntoResponse for ApiError {
         let extras = Extras {
             holder,
             regressions,
+            losses,
             free_at,
             pool,
             pool_limit,
@@ -402,6 +422,7 @@ impl From<StateError> for ApiError {
             StateError::Lock(lock) => lock.into(),
             StateError::HistoryOff => Self::HistoryOff(text),
             StateError::BookmarkRegression(found) => Self::BookmarkRegression(text, found),
+            StateError::BookmarkLoss(found) => Self::BookmarkLoss(text, found),
             StateError::VersionNotFound(_) => Self::VersionNotFound(text),
             StateError::NotFound(id) => Self::StateNotFound(id),
             StateError::NoBookmark(_) => Self::BookmarkNotFound(text),

@@ -17,15 +17,20 @@ use super::context::AppContext;
 use super::error::ApiError;
 use super::wire::REQUEST_ID;
 use crate::auth::Actor;
-use crate::domain::{AllowedRegressions, IfMatch, PageLimit, Provenance, StateDocument, StateId};
+use crate::domain::{
+    Allowed, AllowedStreams, IfMatch, PageLimit, Provenance, StateDocument, StateId,
+};
 use crate::locks::SeenLease;
 use crate::states::WriteConditions;
 
 /// The header that carries a lease on writes to a locked state.
 pub const LEASE_ID: HeaderName = HeaderName::from_static("lease-id");
 
-/// The streams a write lets go backwards (see `domain::regression`).
+/// The streams a write lets go backwards (see `domain::bookmark_guard`).
 pub const ALLOW_REGRESSION: HeaderName = HeaderName::from_static("statehouse-allow-regression");
+
+/// The streams a write lets lose their bookmarks (see `domain::bookmark_guard`).
+pub const ALLOW_LOSS: HeaderName = HeaderName::from_static("statehouse-allow-loss");
 
 /// The `{state_id}` path segment, percent-decoded and validated.
 pub struct StatePath(pub StateId);
@@ -189,26 +194,31 @@ impl<S: Send + Sync> FromRequestParts<S> for WriteConditions {
                     })?,
             ),
         };
-        let allow_regression = allowed_regressions(&parts.headers)?;
+        let allowed = allowed_streams(&parts.headers)?;
         Ok(Self {
             if_match,
             lease_id,
             seen_lease: parts.extensions.get::<SeenLease>().cloned(),
-            allow_regression,
+            allowed,
         })
     }
 }
 
-/// The request's `Statehouse-Allow-Regression`: none when it is absent.
-pub fn allowed_regressions(headers: &HeaderMap) -> Result<AllowedRegressions, ApiError> {
-    match headers.get(ALLOW_REGRESSION) {
-        None => Ok(AllowedRegressions::None),
-        Some(value) => value.to_str().map(AllowedRegressions::parse).map_err(|_| {
-            ApiError::InvalidHeader(
-                "Statehouse-Allow-Regression must be stream names, comma-separated, or *".into(),
-            )
+/// The request's `Statehouse-Allow-Regression` and `Statehouse-Allow-Loss`:
+/// none when absent.
+pub fn allowed_streams(headers: &HeaderMap) -> Result<Allowed, ApiError> {
+    let allowed = |name: &HeaderName, title: &str| match headers.get(name) {
+        None => Ok(AllowedStreams::None),
+        Some(value) => value.to_str().map(AllowedStreams::parse).map_err(|_| {
+            ApiError::InvalidHeader(format!(
+                "{title} must be stream names, comma-separated, or *"
+            ))
         }),
-    }
+    };
+    Ok(Allowed {
+        regressions: allowed(&ALLOW_REGRESSION, "Statehouse-Allow-Regression")?,
+        losses: allowed(&ALLOW_LOSS, "Statehouse-Allow-Loss")?,
+    })
 }
 
 /// Longest request id or User-Agent history keeps, in bytes.

@@ -34,6 +34,8 @@ struct VersionView<'a> {
     current: bool,
     changed_streams: &'a [String],
     regressed_streams: &'a [String],
+    /// Streams whose bookmark the version dropped (see `--bookmark-loss`).
+    lost_streams: &'a [String],
     actor: &'a str,
     lease_owner: Option<&'a str>,
     fencing_token: Option<u64>,
@@ -55,6 +57,7 @@ impl<'a> VersionView<'a> {
             current,
             changed_streams: &meta.changed_streams,
             regressed_streams: &meta.regressed_streams,
+            lost_streams: &meta.lost_streams,
             actor: &meta.actor,
             lease_owner: meta.lease_owner.as_deref(),
             fencing_token: meta.fencing_token,

@@ -36,7 +36,7 @@ pub(super) async fn answer(
     if_none_match: Option<&IfNoneMatch>,
     wait: Wait,
 ) -> Result<Response, ApiError> {
-    let deadline = Instant::now() + wait.get();
+    let deadline = Instant::now() + wait.jittered();
     let mut watching = ctx.states.watches().watch(id);
     loop {
         let state = ctx.states.get(id).await?;

@@ -4,6 +4,8 @@ mod admission;
 mod auth;
 mod bookmarks;
 mod browser;
+mod changes;
+mod changes_stream;
 mod context;
 mod dashboard;
 mod error;
@@ -112,6 +114,7 @@ fn operations() -> Vec<Operation> {
         op!(GET "/v1/states/{state_id}/history/{version}" => history::get, Needs(Read), Request, Anywhere),
         op!(POST "/v1/states/{state_id}/rollback" => history::rollback, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/states/{state_id}/bookmarks/{stream}" => states::reset_stream, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/changes" => changes::list, Needs(Read), RequestOrWatcher, Anywhere),
         op!(GET "/v1/bookmarks" => bookmarks::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/regressions" => regressions::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/whoami" => whoami::whoami, Needs(Read), Request, Anywhere),

@@ -1,5 +1,5 @@
 //! `GET /v1/regressions`: the newest versions that moved a stream's bookmark
-//! backwards, across states, for the dashboard's Regressions view.
+//! backwards or dropped it, across states, for the dashboard's Regressions view.
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -25,6 +25,8 @@ struct RegressedVersionView {
     /// The version (its `updated_at`), as in the state's history.
     version: String,
     regressed_streams: Vec<String>,
+    /// Streams whose bookmark the version dropped (see `--bookmark-loss`).
+    lost_streams: Vec<String>,
     actor: String,
     operation: String,
     lease_owner: Option<String>,
@@ -51,6 +53,7 @@ pub async fn list(
                 state_id: v.state_id,
                 version: rfc3339_millis(v.version_ms),
                 regressed_streams: v.regressed_streams,
+                lost_streams: v.lost_streams,
                 actor: v.actor,
                 operation: v.operation,
                 lease_owner: Some(v.lease_owner).filter(|o| !o.is_empty()),

@@ -12,9 +12,7 @@ use serde_json::Value;
 use super::auth::{Denial, DenialReason};
 use super::context::AppContext;
 use super::error::ApiError;
-use super::extract::{
-    ApiQuery, StateBody, StatePath, allowed_regressions, page_limit, read_request,
-};
+use super::extract::{ApiQuery, StateBody, StatePath, allowed_streams, page_limit, read_request};
 use super::long_poll;
 use super::state_answer::{not_modified, representation};
 use super::wire::rfc3339_millis;
@@ -169,7 +167,7 @@ pub async fn import(
             .transpose()?;
         batch.push((id, entry.doc, lease));
     }
-    let allowed = allowed_regressions(&parts.headers)?;
+    let allowed = allowed_streams(&parts.headers)?;
     // The entries of ids another gateway is the authority for are admitted
     // by a ticket from it, asked for with this request's credentials.
     let authorization = parts.headers.get(header::AUTHORIZATION);
@@ -319,6 +317,10 @@ pub async fn patch(
 /// Names the streams whose bookmarks a write moved backwards (in warn mode).
 const BOOKMARK_REGRESSION: HeaderName = HeaderName::from_static("statehouse-bookmark-regression");
 
+/// Names the streams whose bookmarks a write dropped (in warn mode, or
+/// allowed by the request).
+const BOOKMARK_LOSS: HeaderName = HeaderName::from_static("statehouse-bookmark-loss");
+
 /// 201 with the new state when it was created, 200 when it was replaced.
 pub(super) fn written_response(written: &Written) -> Response {
     let status = if written.created {
@@ -327,10 +329,15 @@ pub(super) fn written_response(written: &Written) -> Response {
         StatusCode::OK
     };
     let mut response = representation(&written.state, status);
-    if !written.regressed.is_empty()
-        && let Ok(streams) = HeaderValue::from_str(&written.regressed.join(", "))
-    {
-        response.headers_mut().insert(BOOKMARK_REGRESSION, streams);
+    for (name, streams) in [
+        (BOOKMARK_REGRESSION, &written.regressed),
+        (BOOKMARK_LOSS, &written.lost),
+    ] {
+        if !streams.is_empty()
+            && let Ok(value) = HeaderValue::from_str(&streams.join(", "))
+        {
+            response.headers_mut().insert(name, value);
+        }
     }
     response
 }

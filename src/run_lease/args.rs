@@ -1,56 +1,20 @@
 //! The command line of `statehouse lock`, with its environment variables.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
-use super::client::GatewayUrl;
+use crate::client::ConnectionArgs;
+
 use super::info;
 use super::target::Target;
 
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
-    /// The gateway's base URL, http:// or https:// [default: Meltano's
-    /// MELTANO_STATE_BACKEND_URI when it is statehouse://HOST:PORT (as
-    /// http://) or statehouses://HOST:PORT (as https://), else
-    /// http://127.0.0.1:8080]
-    #[arg(long, env = "STATEHOUSE_URL", value_parser = GatewayUrl::parse)]
-    pub url: Option<GatewayUrl>,
-
-    /// Bearer token for the gateway (a write token, when it has tokens)
-    /// [default: Meltano's MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN, or
-    /// MELTANO_STATE_BACKEND_STATEHOUSES_TOKEN when MELTANO_STATE_BACKEND_URI
-    /// is statehouses://]
-    #[arg(long, env = "STATEHOUSE_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-
-    /// A file holding the bearer token, which then stays out of `ps` and the
-    /// environment (surrounding whitespace is ignored).
-    #[arg(long, env = "STATEHOUSE_TOKEN_FILE", conflicts_with = "token")]
-    pub token_file: Option<PathBuf>,
-
-    /// Over https://, trust this PEM CA file for the gateway's certificate
-    /// instead of the system's CAs.
-    #[arg(long, env = "STATEHOUSE_CA_FILE")]
-    pub ca_file: Option<PathBuf>,
-
-    /// Over https://, present this PEM client certificate (mTLS), with --client-key-file.
-    #[arg(
-        long,
-        env = "STATEHOUSE_CLIENT_CERT_FILE",
-        requires = "client_key_file"
-    )]
-    pub client_cert_file: Option<PathBuf>,
-
-    /// The key of --client-cert-file, in PEM.
-    #[arg(
-        long,
-        env = "STATEHOUSE_CLIENT_KEY_FILE",
-        requires = "client_cert_file"
-    )]
-    pub client_key_file: Option<PathBuf>,
+    /// Where the gateway is and how to reach it: URL, token and TLS files.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 
     /// Who holds the lease, as lock listings show it (default: <hostname>:<pid>).
     #[arg(long, env = "STATEHOUSE_LOCK_OWNER")]
@@ -98,74 +62,11 @@ pub struct LockArgs {
     pub command: Vec<OsString>,
 }
 
-/// The gateway a runner with no URL of its own and no statehouse Meltano
-/// backend goes to.
-const DEFAULT_URL: &str = "http://127.0.0.1:8080";
-
-/// Meltano's state backend setting, which the shim reads.
-const MELTANO_URI: &str = "MELTANO_STATE_BACKEND_URI";
-
-/// Meltano's state backend when MELTANO_STATE_BACKEND_URI names a statehouse.
-struct MeltanoBackend<'a> {
-    /// `http` or `https`, for `statehouse` or `statehouses`.
-    scheme: &'static str,
-    /// The URI past `://`: host, port and the path the shim keeps.
-    rest: &'a str,
-    /// Where Meltano keeps the token: its variables are named after the scheme.
-    token_variable: &'static str,
-}
-
-impl<'a> MeltanoBackend<'a> {
-    fn of(uri: &'a str) -> Option<Self> {
-        let (scheme, rest) = uri.split_once("://")?;
-        let (scheme, token_variable) = match scheme.to_ascii_lowercase().as_str() {
-            "statehouse" => ("http", "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN"),
-            "statehouses" => ("https", "MELTANO_STATE_BACKEND_STATEHOUSES_TOKEN"),
-            _ => return None,
-        };
-        Some(Self {
-            scheme,
-            rest,
-            token_variable,
-        })
-    }
-
-    /// The gateway's URL as the shim makes it: the scheme swapped, the rest
-    /// kept (a trailing `/` dropped).
-    fn url(&self) -> Result<GatewayUrl, String> {
-        GatewayUrl::parse(&format!("{}://{}", self.scheme, self.rest))
-            .map_err(|why| format!("{MELTANO_URI} is no gateway URL: {why}"))
-    }
-}
-
 /// Beyond the grace, how long the next run's lease waits by default after
 /// this one was lost: the SIGKILL has to land and the processes to go.
 const LOCK_DELAY_MARGIN: Duration = Duration::from_secs(5);
 
 impl LockArgs {
-    /// The gateway's URL, and its token unless --token-file gives one: the
-    /// runner's own settings, else Meltano's state backend (`var` reads the
-    /// environment) when it is a statehouse, so that the variables set for
-    /// `meltano run` serve the runner too; else the default URL and no token.
-    pub fn gateway_settings(
-        &self,
-        var: impl Fn(&str) -> Option<String>,
-    ) -> Result<(GatewayUrl, Option<String>), String> {
-        let uri = var(MELTANO_URI);
-        let meltano = uri.as_deref().and_then(MeltanoBackend::of);
-        let url = match (&self.url, &meltano) {
-            (Some(url), _) => url.clone(),
-            (None, Some(backend)) => backend.url()?,
-            (None, None) => GatewayUrl::parse(DEFAULT_URL)?,
-        };
-        let token = self
-            .token
-            .clone()
-            .filter(|token| !token.is_empty())
-            .or_else(|| meltano.and_then(|backend| var(backend.token_variable)));
-        Ok((url, token))
-    }
-
     /// What to take, in order: the pools by name (byte order, the same in
     /// every run, so that two runs never each hold a pool the other waits
     /// for), then the state_id. A pool named twice is a bad command line.
@@ -255,7 +156,10 @@ mod tests {
             "true",
         ])
         .unwrap();
-        assert_eq!(args.url.as_ref().unwrap().as_str(), "http://gw:9000/base");
+        assert_eq!(
+            args.connection.url.as_ref().unwrap().as_str(),
+            "http://gw:9000/base"
+        );
         assert_eq!(args.ttl, Duration::from_secs(60));
         assert_eq!(args.wait, Duration::from_secs(90));
         assert_eq!(args.owner.as_deref(), Some("cron"));
@@ -304,75 +208,6 @@ mod tests {
         ] {
             assert!(parse(argv).is_err(), "{argv:?}");
         }
-    }
-
-    /// The URL and token `argv` resolves to in an environment of `env` alone.
-    fn settings(argv: &[&str], env: &[(&str, &str)]) -> Result<(String, Option<String>), String> {
-        let args = parse(&[argv, &["id", "--", "true"]].concat()).unwrap();
-        let var = |name: &str| {
-            env.iter()
-                .find(|(key, _)| *key == name)
-                .map(|(_, value)| (*value).to_owned())
-        };
-        let (url, token) = args.gateway_settings(var)?;
-        Ok((url.as_str().to_owned(), token))
-    }
-
-    fn resolved(url: &str, token: Option<&str>) -> Result<(String, Option<String>), String> {
-        Ok((url.to_owned(), token.map(str::to_owned)))
-    }
-
-    #[test]
-    fn without_settings_of_its_own_it_takes_meltanos_statehouse_backend() {
-        const PLAIN: &str = "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN";
-        const TLS: &str = "MELTANO_STATE_BACKEND_STATEHOUSES_TOKEN";
-        let both_tokens = [(PLAIN, "plain-token"), (TLS, "tls-token")];
-        assert_eq!(
-            settings(&[], &both_tokens),
-            resolved("http://127.0.0.1:8080", None),
-            "no statehouse URI: the default, and no Meltano token"
-        );
-        let plain = [&both_tokens[..], &[(MELTANO_URI, "statehouse://gw:8080")]].concat();
-        assert_eq!(
-            settings(&[], &plain),
-            resolved("http://gw:8080", Some("plain-token"))
-        );
-        let tls = [
-            &both_tokens[..],
-            &[(MELTANO_URI, "statehouses://gw:8443/base/")],
-        ]
-        .concat();
-        assert_eq!(
-            settings(&[], &tls),
-            resolved("https://gw:8443/base", Some("tls-token")),
-            "the path kept, as the shim keeps it"
-        );
-        for other in ["s3://bucket/state", "systemdb", "postgresql://h/db"] {
-            let env = [&both_tokens[..], &[(MELTANO_URI, other)]].concat();
-            assert_eq!(
-                settings(&[], &env),
-                resolved("http://127.0.0.1:8080", None),
-                "{other}"
-            );
-        }
-        // The runner's own settings win, each on its own.
-        assert_eq!(
-            settings(&["--url=http://mine:1"], &plain),
-            resolved("http://mine:1", Some("plain-token"))
-        );
-        assert_eq!(
-            settings(&["--token=mine"], &tls),
-            resolved("https://gw:8443/base", Some("mine"))
-        );
-        assert_eq!(
-            settings(&["--token="], &tls),
-            resolved("https://gw:8443/base", Some("tls-token")),
-            "an empty token is none"
-        );
-        let bad = [(MELTANO_URI, "statehouse://")];
-        let err = settings(&[], &bad).unwrap_err();
-        assert!(err.contains(MELTANO_URI), "{err}");
-        assert!(settings(&["--url=http://mine:1"], &bad).is_ok(), "not read");
     }
 
     #[test]

@@ -4,15 +4,14 @@
 
 use std::time::Duration;
 
-use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::CONTENT_TYPE;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use tokio::time::Instant;
-use url::Url;
 
 use super::problem::{Answer, Busy};
 use super::target::Target;
-use crate::client::{TlsFiles, error_chain};
+use crate::client::{Connection, GatewayUrl, error_chain, read_body, retry_after};
 use crate::traces;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,38 +23,6 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
 /// Lease answers are small; a larger one is not the gateway's.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
-
-/// The gateway's base URL: `http[s]://host[:port][/path]`, without a trailing slash.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GatewayUrl(String);
-
-impl GatewayUrl {
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
-        match url.scheme() {
-            "http" | "https" => {}
-            other => {
-                return Err(format!(
-                    "unsupported scheme {other:?}: use http://host:port or https://host:port"
-                ));
-            }
-        }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{raw:?} names no host"));
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err("the URL must not carry credentials: use --token".into());
-        }
-        if url.query().is_some() || url.fragment().is_some() {
-            return Err("the URL must be a base URL, without a query".into());
-        }
-        Ok(Self(url.as_str().trim_end_matches('/').to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
 
 /// A lease the gateway granted.
 #[derive(Clone, Debug)]
@@ -117,10 +84,10 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A client for the gateway at `base`, with the TLS that `tls` names;
-    /// an error says why the files cannot be used.
-    pub fn new(base: GatewayUrl, token: Option<String>, tls: &TlsFiles) -> Result<Self, String> {
-        let client = crate::client::builder(tls)?
+    /// A client for the gateway `connection` names; an error says why its
+    /// TLS files cannot be used.
+    pub fn new(connection: &Connection) -> Result<Self, String> {
+        let client = crate::client::builder(&connection.tls)?
             .http1_only()
             .tcp_nodelay(true)
             .connect_timeout(CONNECT_TIMEOUT)
@@ -130,8 +97,8 @@ impl Gateway {
             .map_err(|e| format!("cannot set up the HTTP client: {}", error_chain(&e)))?;
         Ok(Self {
             client,
-            base,
-            token: token.filter(|t| !t.is_empty()),
+            base: connection.base.clone(),
+            token: connection.token.clone(),
         })
     }
 
@@ -257,36 +224,22 @@ impl Gateway {
                 .header(CONTENT_TYPE, "application/json")
                 .body(json.to_string());
         }
-        let exchange =
-            async {
-                let mut response = request
-                    .send()
-                    .await
-                    .map_err(|e| unreachable(error_chain(&e)))?;
-                let status = response.status();
-                let retry_after = response
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                let mut body = Vec::new();
-                while let Some(chunk) = response.chunk().await.map_err(|e| {
-                    unreachable(format!("the answer broke off: {}", error_chain(&e)))
-                })? {
-                    if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-                        return Err(unreachable(format!(
-                            "the answer is over {MAX_ANSWER_BYTES} bytes"
-                        )));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(Answer {
-                    status,
-                    retry_after,
-                    body,
-                })
-            };
+        let exchange = async {
+            let response = request
+                .send()
+                .await
+                .map_err(|e| unreachable(error_chain(&e)))?;
+            let status = response.status();
+            let retry_after = retry_after(response.headers());
+            let body = read_body(response, MAX_ANSWER_BYTES)
+                .await
+                .map_err(unreachable)?;
+            Ok(Answer {
+                status,
+                retry_after,
+                body,
+            })
+        };
         let Some(deadline) = deadline else {
             return exchange.await;
         };
@@ -328,27 +281,5 @@ impl Gateway {
             status: answer.status.as_u16(),
             detail,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base_urls_keep_their_path_without_a_trailing_slash() {
-        let parse = |raw| GatewayUrl::parse(raw).map(|u| u.as_str().to_owned());
-        assert_eq!(parse("http://gw:8080").unwrap(), "http://gw:8080");
-        assert_eq!(parse("http://gw:8080/").unwrap(), "http://gw:8080");
-        assert_eq!(
-            parse("http://gw/statehouse/").unwrap(),
-            "http://gw/statehouse"
-        );
-        assert_eq!(parse("https://gw:8443/").unwrap(), "https://gw:8443");
-        assert!(
-            parse("ftp://gw")
-                .unwrap_err()
-                .contains("unsupported scheme")
-        );
     }
 }

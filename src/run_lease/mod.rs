@@ -27,7 +27,7 @@ mod ending;
 mod group;
 mod info;
 mod leases;
-mod problem;
+pub(crate) mod problem;
 mod say;
 mod target;
 mod watchdog;
@@ -42,7 +42,6 @@ pub use self::args::LockArgs;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
 pub use self::watchdog::{WatchdogArgs, run as run_watchdog};
-use crate::client::TlsFiles;
 use crate::traces;
 
 use self::client::Gateway;
@@ -102,7 +101,7 @@ async fn supervise(args: LockArgs) -> Ending {
         }
     };
     let owner = args.owner.clone().unwrap_or_else(child::default_owner);
-    let gateway = match gateway(&args) {
+    let gateway = match args.connection.resolve().and_then(|c| Gateway::new(&c)) {
         Ok(gateway) => gateway,
         Err(err) => {
             say(format_args!("{err}; nothing was run"));
@@ -182,30 +181,6 @@ async fn supervise(args: LockArgs) -> Ending {
         .finish(status, lost)
         .instrument(tracing::info_span!("release"))
         .await
-}
-
-/// The gateway client the flags and the environment describe: its URL, its
-/// token (read from --token-file, or as [`LockArgs::gateway_settings`] finds
-/// it) and its TLS files.
-fn gateway(args: &LockArgs) -> Result<Gateway, String> {
-    // An empty variable is no setting: a template that left it blank.
-    let (url, token) =
-        args.gateway_settings(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))?;
-    let token = match &args.token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => token,
-    };
-    let tls = TlsFiles {
-        ca_file: args.ca_file.clone(),
-        client_cert_file: args.client_cert_file.clone(),
-        client_key_file: args.client_key_file.clone(),
-    };
-    Gateway::new(url, token, &tls)
 }
 
 /// Waits for the command, passing signals on to its group; when a lease is

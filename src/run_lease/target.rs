@@ -4,14 +4,7 @@
 
 use std::fmt;
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-
-/// A path segment keeps only RFC 3986's unreserved characters as they are.
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+use crate::client::path_segment as segment;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -53,10 +46,6 @@ impl fmt::Display for Target {
             Self::Pool { name, .. } => write!(f, "pool {name}"),
         }
     }
-}
-
-fn segment(raw: &str) -> String {
-    utf8_percent_encode(raw, SEGMENT).to_string()
 }
 
 #[cfg(test)]

@@ -11,9 +11,7 @@ use axum::http::HeaderValue;
 use super::group_commit::Submission;
 use super::prepare::{Change, Policy, prepare};
 use super::{States, batch_error, outgoing};
-use crate::domain::{
-    AllowedRegressions, PageCursor, PageLimit, Provenance, Scope, StateId, StatePattern,
-};
+use crate::domain::{Allowed, PageCursor, PageLimit, Provenance, Scope, StateId, StatePattern};
 use crate::locks::LockError;
 use crate::store::{StoredRow, now_ms};
 
@@ -124,10 +122,10 @@ impl States {
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
-        let allowed = AllowedRegressions::default();
+        let allowed = Allowed::default();
         let policy = Policy {
             if_match: None,
-            regression: self.regression,
+            guard: self.guard,
             allowed: &allowed,
             history: self.history.is_some(),
         };

@@ -1,7 +1,7 @@
 //! Why a change of state was refused or failed: one enum for the whole
 //! commit path, mapped to problem+json by `http::error`.
 
-use crate::domain::{Regression, Version};
+use crate::domain::{Loss, Regression, Version};
 use crate::locks::LockError;
 use crate::store::StoreError;
 
@@ -29,8 +29,10 @@ pub enum StateError {
         first: usize,
         state_id: String,
     },
-    #[error("{} went backwards (--bookmark-regression reject); send Statehouse-Allow-Regression naming the streams to write it anyway", .0.iter().map(|r| r.stream.as_str()).collect::<Vec<_>>().join(", "))]
+    #[error("{} went backwards (--bookmark-regression reject); send Statehouse-Allow-Regression naming the streams to write it anyway", names(.0.iter().map(|r| r.stream.as_str())))]
     BookmarkRegression(Vec<Regression>),
+    #[error("{} would lose its bookmark (--bookmark-loss reject); send Statehouse-Allow-Loss naming the streams to write it anyway", names(.0.iter().map(|l| l.stream.as_str())))]
+    BookmarkLoss(Vec<Loss>),
     #[error("history is off on this gateway (--history=false), so no versions are kept")]
     HistoryOff,
     #[error("this state has no version {}", .0.to_rfc3339())]
@@ -54,4 +56,11 @@ impl StateError {
             "If-Match was given but the state does not exist"
         })
     }
+}
+
+/// Stream names for a message: each once, comma-separated.
+fn names<'a>(streams: impl Iterator<Item = &'a str>) -> String {
+    let mut names: Vec<&str> = streams.collect();
+    names.dedup();
+    names.join(", ")
 }

@@ -34,10 +34,12 @@ use uuid::Uuid;
 use super::memory::Memory;
 use super::prepare::Prepared;
 use super::watch::Watches;
-use crate::domain::{Lease, Provenance, StateId};
+use crate::domain::{Lease, Provenance, StateId, Version};
 use crate::locks::{Admitted, LockError, Sending};
 use crate::metrics::Metrics;
-use crate::store::{HistoryStore, NewVersion, StateStore, StoreError, StoredRow, StoredState};
+use crate::store::{
+    ChangesStore, HistoryStore, NewVersion, StateStore, StoreError, StoredRow, StoredState,
+};
 use crate::traces::{self, Caller};
 
 /// The most rows one INSERT carries.
@@ -67,6 +69,8 @@ impl Outgoing {
 pub(super) struct Target {
     pub history: Option<HistoryStore>,
     pub states: StateStore,
+    /// Where deletes go with history off, for the change feed.
+    pub changes: ChangesStore,
 }
 
 /// One request's changes (one, or an import's) and what keeps them in order.
@@ -304,7 +308,11 @@ impl GroupCommit {
             .filter(|change| change.row().is_none())
             .map(|change| change.id.clone())
             .collect();
-        let Target { history, states } = &self.target;
+        let Target {
+            history,
+            states,
+            changes: feed,
+        } = &self.target;
         match history {
             Some(history) => {
                 let versions: Vec<NewVersion<'_>> = parts
@@ -317,6 +325,7 @@ impl GroupCommit {
                             doc: change.prepared.written.as_ref().map(|(_, s)| &s.doc),
                             changed_streams: change.prepared.changed_streams.clone(),
                             regressed_streams: change.prepared.regressed_streams.clone(),
+                            lost_streams: change.prepared.lost_streams.clone(),
                             lease: change.lease.as_ref(),
                             provenance: &part.provenance,
                         })
@@ -335,6 +344,12 @@ impl GroupCommit {
                 }
                 if !deleted.is_empty() {
                     states.delete_many(&deleted).await?;
+                    // No history tombstone tells the feed: the gateway does.
+                    let tombstones: Vec<(StateId, Version)> = changes()
+                        .filter(|change| change.row().is_none())
+                        .map(|change| (change.id.clone(), change.prepared.version))
+                        .collect();
+                    feed.record_tombstones(&tombstones).await?;
                 }
                 Ok(())
             }

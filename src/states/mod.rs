@@ -13,6 +13,7 @@
 
 mod clear;
 mod error;
+mod feed;
 mod group_commit;
 mod memory;
 mod prepare;
@@ -26,6 +27,7 @@ use uuid::Uuid;
 
 pub use self::clear::Cleared;
 pub use self::error::StateError;
+pub use self::feed::{CursorError, Delivered, Delivery, Feed, FeedCursor, Follow, Follower};
 use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target};
 use self::memory::Memory;
 pub use self::prepare::Change;
@@ -33,15 +35,15 @@ use self::prepare::{Policy, Prepared, prepare};
 pub use self::watch::{Known, WaitEnd, Watches, Watching};
 
 use crate::domain::{
-    AllowedRegressions, IfMatch, PageCursor, PageLimit, Provenance, RegressionMode, Scope,
-    StateDocument, StateId, StatePattern, Version, VersionCursor,
+    Allowed, GuardModes, IfMatch, PageCursor, PageLimit, Provenance, Scope, StateDocument, StateId,
+    StatePattern, Version, VersionCursor,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary, StoreError,
-    StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    ChangesStore, HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary,
+    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
 };
 use crate::telemetry::ClientText;
 
@@ -56,6 +58,8 @@ pub struct Written {
     pub created: bool,
     /// Streams whose bookmarks went backwards in it (`--bookmark-regression warn`).
     pub regressed: Vec<String>,
+    /// Streams whose bookmarks it dropped (`--bookmark-loss warn`, or allowed).
+    pub lost: Vec<String>,
 }
 
 pub struct States {
@@ -68,10 +72,12 @@ pub struct States {
     writers: KeyedMutex<StateId>,
     memory: Arc<Memory>,
     commits: Arc<GroupCommit>,
-    regression: RegressionMode,
+    guard: GuardModes,
     metrics: Arc<Metrics>,
     /// Requests waiting on a change of one state (long-polls).
     watches: Watches,
+    /// Requests following the changes under a glob.
+    feed: Feed,
 }
 
 /// What a write carries besides its document.
@@ -82,8 +88,8 @@ pub struct WriteConditions {
     pub lease_id: Option<Uuid>,
     /// The lease ClickHouse records, as routing the request read it.
     pub seen_lease: Option<SeenLease>,
-    /// `Statehouse-Allow-Regression`: streams whose bookmarks may go back.
-    pub allow_regression: AllowedRegressions,
+    /// The streams the bookmark guard lets go back or away.
+    pub allowed: Allowed,
 }
 
 /// A state's history, as the API shows it.
@@ -105,16 +111,19 @@ impl States {
     pub fn new(
         store: StateStore,
         history: Option<HistoryStore>,
+        changes: ChangesStore,
         locks: Arc<LockManager>,
         metrics: Arc<Metrics>,
-        regression: RegressionMode,
+        guard: GuardModes,
     ) -> Self {
         let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
+        let feed = Feed::new(changes.clone(), metrics.clone());
         let target = Target {
             history: history.clone(),
             states: store.clone(),
+            changes,
         };
-        let watches = Watches::new(store.clone(), metrics.clone());
+        let watches = Watches::new(store.clone(), metrics.clone(), feed.clone());
         Self {
             commits: Arc::new(GroupCommit::new(
                 target,
@@ -123,7 +132,8 @@ impl States {
                 watches.clone(),
             )),
             watches,
-            regression,
+            guard,
+            feed,
             metrics,
             store,
             history,
@@ -150,6 +160,11 @@ impl States {
     /// The requests waiting on a change of one state.
     pub fn watches(&self) -> &Watches {
         &self.watches
+    }
+
+    /// The change feed.
+    pub fn feed(&self) -> &Feed {
+        &self.feed
     }
 
     /// The stored row of `id`: the known one under `claim`, else ClickHouse's,
@@ -255,8 +270,8 @@ impl States {
         let current = self.current(id, admitted.claim()).await?;
         let policy = Policy {
             if_match: conditions.if_match.as_ref(),
-            regression: self.regression,
-            allowed: &conditions.allow_regression,
+            guard: self.guard,
+            allowed: &conditions.allowed,
             history: self.history.is_some(),
         };
         let decided = prepare(
@@ -270,7 +285,11 @@ impl States {
         let Some(prepared) = self.guarded(id, decided)? else {
             return Ok(None);
         };
-        let (created, regressed) = (prepared.created, prepared.regressed_streams.clone());
+        let created = prepared.created;
+        let (regressed, lost) = (
+            prepared.regressed_streams.clone(),
+            prepared.lost_streams.clone(),
+        );
         let submission = Submission {
             changes: vec![outgoing(id.clone(), prepared, &admitted)],
             admitted: vec![admitted],
@@ -288,6 +307,7 @@ impl States {
             state,
             created,
             regressed,
+            lost,
         }))
     }
 
@@ -298,17 +318,30 @@ impl States {
         decided: Result<Option<Prepared>, StateError>,
     ) -> Result<Option<Prepared>, StateError> {
         match &decided {
-            Ok(Some(prepared)) if prepared.regressions_found > 0 => {
-                self.metrics
-                    .bookmark_regressions(prepared.regressions_found);
-                tracing::warn!(
-                    state_id = %id,
-                    streams = %ClientText(&prepared.regressed_streams.join(", ")),
-                    "bookmark went backwards"
-                );
+            Ok(Some(prepared)) => {
+                if prepared.regressions_found > 0 {
+                    self.metrics
+                        .bookmark_regressions(prepared.regressions_found);
+                    tracing::warn!(
+                        state_id = %id,
+                        streams = %ClientText(&prepared.regressed_streams.join(", ")),
+                        "bookmark went backwards"
+                    );
+                }
+                if prepared.losses_found > 0 {
+                    self.metrics.bookmark_losses(prepared.losses_found);
+                    tracing::warn!(
+                        state_id = %id,
+                        streams = %ClientText(&prepared.lost_streams.join(", ")),
+                        "bookmark lost"
+                    );
+                }
             }
             Err(StateError::BookmarkRegression(found)) => {
                 self.metrics.bookmark_regressions(found.len());
+            }
+            Err(StateError::BookmarkLoss(found)) => {
+                self.metrics.bookmark_losses(found.len());
             }
             _ => {}
         }
@@ -322,7 +355,7 @@ impl States {
     pub async fn import(
         &self,
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
-        allowed: &AllowedRegressions,
+        allowed: &Allowed,
         provenance: &Provenance,
         authorization: Option<&HeaderValue>,
     ) -> Result<Imported, StateError> {
@@ -368,7 +401,7 @@ impl States {
             .collect();
         let policy = Policy {
             if_match: None,
-            regression: self.regression,
+            guard: self.guard,
             allowed,
             history: self.history.is_some(),
         };

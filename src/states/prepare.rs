@@ -5,8 +5,8 @@
 //! rule of a write is written once.
 
 use crate::domain::{
-    AllowedRegressions, IfMatch, Regression, RegressionMode, StateDocument, StateId, Version,
-    regressions,
+    Allowed, AllowedStreams, Findings, GuardMode, GuardModes, IfMatch, StateDocument, StateId,
+    Version,
 };
 use crate::store::{Operation, StoredRow, StoredState, next_version};
 
@@ -45,8 +45,9 @@ impl Change {
         }
     }
 
-    /// Rollbacks and stream resets are deliberate: a bookmark they move
-    /// backwards is recorded, never refused.
+    /// Rollbacks, stream resets and deletes are deliberate: a bookmark they
+    /// move backwards is recorded, never refused, and one they drop is
+    /// neither (dropping bookmarks is what they are for).
     fn refusable(&self) -> bool {
         matches!(self, Self::Replace(_) | Self::Update(_) | Self::Import(_))
     }
@@ -55,9 +56,9 @@ impl Change {
 /// The rules a change is held to besides the lock's.
 pub struct Policy<'a> {
     pub if_match: Option<&'a IfMatch>,
-    pub regression: RegressionMode,
-    /// `Statehouse-Allow-Regression`: streams whose bookmarks may go back.
-    pub allowed: &'a AllowedRegressions,
+    pub guard: GuardModes,
+    /// The streams the request lets go back or away.
+    pub allowed: &'a Allowed,
     /// Whether history is kept (it records each version's changed streams).
     pub history: bool,
 }
@@ -77,6 +78,12 @@ pub struct Prepared {
     /// How many regressions the bookmark guard found (partitions counted one
     /// by one), for the metric.
     pub regressions_found: usize,
+    /// Streams whose bookmarks the change drops (recorded, and answered in
+    /// `Statehouse-Bookmark-Loss`).
+    pub lost_streams: Vec<String>,
+    /// How many bookmarks it drops (partitions counted one by one), for
+    /// the metric.
+    pub losses_found: usize,
     /// Whether the state did not exist before.
     pub created: bool,
 }
@@ -120,18 +127,7 @@ pub fn prepare(
         }
         Change::Delete | Change::DeleteByPattern | Change::Restore(None) => None,
     };
-    let found = match (&after, &before) {
-        (Some(after), Some(before)) if policy.regression != RegressionMode::Off => {
-            regressions(before, after)
-        }
-        _ => Vec::new(),
-    };
-    if refusable
-        && policy.regression == RegressionMode::Reject
-        && found.iter().any(|r| !policy.allowed.allows(&r.stream))
-    {
-        return Err(StateError::BookmarkRegression(found));
-    }
+    let found = guarded(before.as_ref(), after.as_ref(), refusable, policy)?;
     let changed_streams = if policy.history {
         StateDocument::changed_streams(before.as_ref(), after.as_ref())
     } else {
@@ -143,8 +139,10 @@ pub fn prepare(
         operation,
         written: after.map(|doc| StoredRow::written(id, doc, version)),
         changed_streams,
-        regressed_streams: streams_of(&found),
-        regressions_found: found.len(),
+        regressed_streams: found.regressed_streams(),
+        regressions_found: found.regressions.len(),
+        lost_streams: found.lost_streams(),
+        losses_found: found.losses.len(),
         created: current.is_none(),
     }))
 }
@@ -166,7 +164,7 @@ fn before(
     Ok(match change {
         Change::Update(_) | Change::ResetStream(_) => Some(current.clone().parse()?.doc),
         Change::Replace(_) | Change::Import(_) | Change::Restore(Some(_))
-            if !policy.history && policy.regression == RegressionMode::Off =>
+            if !policy.history && policy.guard == GuardModes::off() =>
         {
             None
         }
@@ -175,11 +173,48 @@ fn before(
     })
 }
 
-/// The names of the streams that regressed, each once.
-fn streams_of(found: &[Regression]) -> Vec<String> {
-    let mut streams: Vec<String> = found.iter().map(|r| r.stream.clone()).collect();
-    streams.dedup();
-    streams
+/// What the bookmark guard finds in a change, as far as its modes look:
+/// refused when a kind in reject mode finds a stream the request does not
+/// allow. Losses are looked for only in the changes that may be refused.
+fn guarded(
+    before: Option<&StateDocument>,
+    after: Option<&StateDocument>,
+    refusable: bool,
+    policy: &Policy<'_>,
+) -> Result<Findings, StateError> {
+    let (Some(before), Some(after)) = (before, after) else {
+        return Ok(Findings::default());
+    };
+    let GuardModes { regression, loss } = policy.guard;
+    let loss = if refusable { loss } else { GuardMode::Off };
+    if regression == GuardMode::Off && loss == GuardMode::Off {
+        return Ok(Findings::default());
+    }
+    let mut found = Findings::of(before, after);
+    if regression == GuardMode::Off {
+        found.regressions.clear();
+    }
+    if loss == GuardMode::Off {
+        found.losses.clear();
+    }
+    let refused = |mode: GuardMode, allowed: &AllowedStreams, stream: &str| {
+        refusable && mode == GuardMode::Reject && !allowed.allows(stream)
+    };
+    if found
+        .regressions
+        .iter()
+        .any(|r| refused(regression, &policy.allowed.regressions, &r.stream))
+    {
+        return Err(StateError::BookmarkRegression(found.regressions));
+    }
+    if found
+        .losses
+        .iter()
+        .any(|l| refused(loss, &policy.allowed.losses, &l.stream))
+    {
+        return Err(StateError::BookmarkLoss(found.losses));
+    }
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -209,11 +244,19 @@ mod tests {
         StoredRow::written(&id(), doc, Version::from_millis(at_ms)).0
     }
 
-    fn policy(mode: RegressionMode) -> Policy<'static> {
+    static NONE_ALLOWED: Allowed = Allowed {
+        regressions: AllowedStreams::None,
+        losses: AllowedStreams::None,
+    };
+
+    fn policy(mode: GuardMode) -> Policy<'static> {
         Policy {
             if_match: None,
-            regression: mode,
-            allowed: &AllowedRegressions::None,
+            guard: GuardModes {
+                regression: mode,
+                loss: mode,
+            },
+            allowed: &NONE_ALLOWED,
             history: true,
         }
     }
@@ -235,7 +278,7 @@ mod tests {
         let prepared = decide(
             None,
             Change::Replace(bookmarked("2026-01-02")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
         );
         assert!(prepared.created);
         assert_eq!(prepared.version, Version::from_millis(NOW));
@@ -249,14 +292,14 @@ mod tests {
         let prepared = decide(
             Some(&ahead),
             Change::Replace(bookmarked("2026-01-02")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
         );
         assert_eq!(prepared.version, Version::from_millis(NOW + 501));
         let after_failed = prepare(
             &id(),
             None,
             Change::Replace(bookmarked("2026-01-02")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             Some(Version::from_millis(NOW + 900)),
             NOW,
         );
@@ -272,7 +315,7 @@ mod tests {
         let stale = IfMatch::OneOf(vec!["\"not-it\"".to_owned()]);
         let policy = Policy {
             if_match: Some(&stale),
-            ..policy(RegressionMode::Warn)
+            ..policy(GuardMode::Warn)
         };
         for current in [Some(&current), None] {
             let refused = prepare(&id(), current, Change::Delete, &policy, None, NOW);
@@ -289,7 +332,7 @@ mod tests {
         let matching = IfMatch::OneOf(vec![current.etag().as_str().to_owned()]);
         let policy = Policy {
             if_match: Some(&matching),
-            ..policy(RegressionMode::Warn)
+            ..policy(GuardMode::Warn)
         };
         let prepared = decide(
             Some(&current),
@@ -308,7 +351,7 @@ mod tests {
         let prepared = decide(
             Some(&current),
             Change::Update(doc(json!({"partial": {"b": {"d": 3}}}))),
-            &policy(RegressionMode::Off),
+            &policy(GuardMode::Off),
         );
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&written(&prepared).partial_json()).unwrap(),
@@ -323,7 +366,7 @@ mod tests {
             &id(),
             None,
             Change::Delete,
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             None,
             NOW,
         );
@@ -332,7 +375,7 @@ mod tests {
             &id(),
             None,
             Change::Restore(None),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             None,
             NOW,
         );
@@ -342,11 +385,7 @@ mod tests {
     #[test]
     fn a_delete_is_a_tombstone_naming_every_stream_it_ends() {
         let current = row(bookmarked("2026-01-01"), NOW - 10);
-        let prepared = decide(
-            Some(&current),
-            Change::Delete,
-            &policy(RegressionMode::Warn),
-        );
+        let prepared = decide(Some(&current), Change::Delete, &policy(GuardMode::Warn));
         assert!(prepared.written.is_none());
         assert_eq!(prepared.changed_streams, ["orders", "users"]);
         assert_eq!(prepared.operation, Operation::Delete);
@@ -359,7 +398,7 @@ mod tests {
         let prepared = decide(
             Some(&current),
             Change::Restore(None),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
         );
         assert!(prepared.written.is_none());
         assert_eq!(prepared.operation, Operation::Rollback);
@@ -371,7 +410,7 @@ mod tests {
             &id(),
             None,
             Change::ResetStream("orders".to_owned()),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             None,
             NOW,
         );
@@ -381,7 +420,7 @@ mod tests {
             &id(),
             Some(&current),
             Change::ResetStream("invoices".to_owned()),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             None,
             NOW,
         );
@@ -394,7 +433,7 @@ mod tests {
         let prepared = decide(
             Some(&current),
             Change::ResetStream("orders".to_owned()),
-            &policy(RegressionMode::Reject),
+            &policy(GuardMode::Reject),
         );
         let bookmarks = written(&prepared).bookmarks().unwrap();
         assert!(bookmarks.get("orders").is_none());
@@ -414,7 +453,7 @@ mod tests {
                 &id(),
                 Some(&current),
                 change,
-                &policy(RegressionMode::Reject),
+                &policy(GuardMode::Reject),
                 None,
                 NOW,
             );
@@ -428,10 +467,13 @@ mod tests {
     #[test]
     fn reject_lets_through_the_streams_a_request_allows() {
         let current = row(bookmarked("2026-03-01"), NOW - 10);
-        let allowed = AllowedRegressions::parse("orders");
+        let allowed = Allowed {
+            regressions: AllowedStreams::parse("orders"),
+            ..Allowed::default()
+        };
         let policy = Policy {
             allowed: &allowed,
-            ..policy(RegressionMode::Reject)
+            ..policy(GuardMode::Reject)
         };
         let prepared = decide(
             Some(&current),
@@ -443,12 +485,51 @@ mod tests {
     }
 
     #[test]
+    fn reject_refuses_a_loss_unless_allowed_and_a_reset_is_never_one() {
+        let current = row(bookmarked("2026-03-01"), NOW - 10);
+        let dropped = || doc(json!({"completed": {}}));
+        for change in [Change::Replace(dropped()), Change::Import(dropped())] {
+            let refused = prepare(
+                &id(),
+                Some(&current),
+                change,
+                &policy(GuardMode::Reject),
+                None,
+                NOW,
+            );
+            let Err(StateError::BookmarkLoss(found)) = refused else {
+                panic!("a loss must be refused under reject");
+            };
+            assert_eq!(found.len(), 2);
+        }
+        let allowed = Allowed {
+            losses: AllowedStreams::All,
+            ..Allowed::default()
+        };
+        let policy_all = Policy {
+            allowed: &allowed,
+            ..policy(GuardMode::Reject)
+        };
+        let through = decide(Some(&current), Change::Replace(dropped()), &policy_all);
+        assert_eq!(
+            (through.lost_streams.as_slice(), through.losses_found),
+            (&["orders".to_owned(), "users".to_owned()][..], 2)
+        );
+        let reset = decide(
+            Some(&current),
+            Change::ResetStream("orders".to_owned()),
+            &policy(GuardMode::Reject),
+        );
+        assert!(reset.lost_streams.is_empty(), "a reset is never checked");
+    }
+
+    #[test]
     fn a_rollback_that_goes_back_is_recorded_never_refused() {
         let current = row(bookmarked("2026-03-01"), NOW - 10);
         let prepared = decide(
             Some(&current),
             Change::Restore(Some(bookmarked("2026-02-01"))),
-            &policy(RegressionMode::Reject),
+            &policy(GuardMode::Reject),
         );
         assert_eq!(prepared.regressed_streams, ["orders"]);
         assert_eq!(prepared.operation, Operation::Rollback);
@@ -460,13 +541,13 @@ mod tests {
         let warned = decide(
             Some(&current),
             Change::Replace(bookmarked("2026-02-01")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
         );
         assert_eq!(warned.regressed_streams, ["orders"]);
         let off = decide(
             Some(&current),
             Change::Replace(bookmarked("2026-02-01")),
-            &policy(RegressionMode::Off),
+            &policy(GuardMode::Off),
         );
         assert!(off.regressed_streams.is_empty());
         assert_eq!(off.regressions_found, 0);
@@ -480,7 +561,7 @@ mod tests {
             &id(),
             Some(&unreadable),
             Change::Update(bookmarked("2026-01-01")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
             None,
             NOW,
         );
@@ -488,7 +569,7 @@ mod tests {
         let replaced = decide(
             Some(&unreadable),
             Change::Replace(bookmarked("2026-01-01")),
-            &policy(RegressionMode::Warn),
+            &policy(GuardMode::Warn),
         );
         assert!(!replaced.created);
         assert_eq!(replaced.changed_streams, ["orders", "users"]);
@@ -499,7 +580,7 @@ mod tests {
         let current = row(bookmarked("2026-01-01"), NOW - 10);
         let policy = Policy {
             history: false,
-            ..policy(RegressionMode::Off)
+            ..policy(GuardMode::Off)
         };
         let prepared = decide(Some(&current), Change::Delete, &policy);
         assert!(prepared.changed_streams.is_empty());

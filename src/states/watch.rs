@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
+use super::feed::Feed;
 use crate::domain::StateId;
 use crate::metrics::Metrics;
 use crate::store::StateStore;
@@ -55,6 +56,8 @@ struct Shared {
     closed: watch::Sender<bool>,
     /// Counts the waiters (`statehouse_watchers`).
     metrics: Arc<Metrics>,
+    /// Told of every local change too, so its followers hear at once.
+    feed: Feed,
 }
 
 /// Who waits on which id. Pure bookkeeping, no I/O, so its rules are unit
@@ -159,12 +162,13 @@ impl Registry {
 }
 
 impl Watches {
-    pub fn new(store: StateStore, metrics: Arc<Metrics>) -> Self {
+    pub fn new(store: StateStore, metrics: Arc<Metrics>, feed: Feed) -> Self {
         Self {
             shared: Arc::new(Shared {
                 registry: Mutex::default(),
                 store,
                 metrics,
+                feed,
                 closed: watch::channel(false).0,
             }),
         }
@@ -188,8 +192,10 @@ impl Watches {
     }
 
     /// `ids` changed through this gateway (or may have: a write whose
-    /// outcome is unknown): their waiters look again at once.
+    /// outcome is unknown): their waiters look again at once, and the feed
+    /// reads at once.
     pub fn changed<'a>(&self, ids: impl IntoIterator<Item = &'a StateId>) {
+        self.shared.feed.poke();
         let registry = self.shared.registry();
         if registry.ids.is_empty() {
             return;
@@ -203,6 +209,7 @@ impl Watches {
     /// that comes after.
     pub fn close(&self) {
         self.shared.closed.send_replace(true);
+        self.shared.feed.close();
     }
 }
 

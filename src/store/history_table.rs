@@ -62,6 +62,8 @@ pub struct NewVersion<'a> {
     pub changed_streams: Vec<String>,
     /// Streams whose bookmarks this version moved backwards.
     pub regressed_streams: Vec<String>,
+    /// Streams whose bookmarks this version dropped.
+    pub lost_streams: Vec<String>,
     /// The lease this change carried, when the id was locked.
     pub lease: Option<&'a Lease>,
     /// Who made the change, and through which request.
@@ -77,8 +79,10 @@ pub struct VersionMeta {
     pub deleted: bool,
     /// Streams whose bookmark this version changed against the one before.
     pub changed_streams: Vec<String>,
-    /// Streams whose bookmark it moved backwards (see `domain::regression`).
+    /// Streams whose bookmark it moved backwards (see `domain::bookmark_guard`).
     pub regressed_streams: Vec<String>,
+    /// Streams whose bookmark it dropped (see `domain::bookmark_guard`).
+    pub lost_streams: Vec<String>,
     pub actor: String,
     pub lease_owner: Option<String>,
     pub fencing_token: Option<u64>,
@@ -94,12 +98,15 @@ pub struct LastChange {
     pub regressed: bool,
 }
 
-/// A version that moved bookmarks backwards, as the regressions view lists it.
+/// A version that moved bookmarks backwards or dropped them, as the
+/// regressions view lists it.
 #[derive(clickhouse::Row, Deserialize, Debug)]
 pub struct RegressedVersion {
     pub state_id: String,
     pub version_ms: i64,
     pub regressed_streams: Vec<String>,
+    /// Streams whose bookmark the version dropped.
+    pub lost_streams: Vec<String>,
     pub actor: String,
     pub operation: String,
     /// Empty for a change made without a lease.
@@ -123,6 +130,7 @@ struct HistoryRowOut<'a> {
     partial_state: Option<String>,
     changed_streams: Vec<String>,
     regressed_streams: Vec<String>,
+    lost_streams: Vec<String>,
     actor: &'a str,
     lease_owner: &'a str,
     fencing_token: u64,
@@ -138,6 +146,7 @@ struct VersionRowIn {
     deleted: u8,
     changed_streams: Vec<String>,
     regressed_streams: Vec<String>,
+    lost_streams: Vec<String>,
     actor: String,
     lease_owner: String,
     fencing_token: u64,
@@ -148,7 +157,7 @@ struct VersionRowIn {
 }
 
 const META_COLUMNS: &str = "toUnixTimestamp64Milli(version) AS version_ms, operation, deleted, \
-    changed_streams, regressed_streams, actor, lease_owner, fencing_token, request_id, user_agent";
+    changed_streams, regressed_streams, lost_streams, actor, lease_owner, fencing_token, request_id, user_agent";
 
 impl VersionRowIn {
     /// The version of `id`, with its document unless it is a tombstone.
@@ -171,6 +180,7 @@ impl VersionRowIn {
             deleted: self.deleted != 0,
             changed_streams: self.changed_streams,
             regressed_streams: self.regressed_streams,
+            lost_streams: self.lost_streams,
             actor: self.actor,
             lease_owner: Some(self.lease_owner).filter(|o| !o.is_empty()),
             // Tokens start at 1: 0 is a write without a lease.
@@ -202,6 +212,7 @@ pub(super) fn create_table_sql(
             partial_state Nullable(String),
             changed_streams Array(String),
             regressed_streams Array(String) DEFAULT [],
+            lost_streams Array(String) DEFAULT [],
             actor String,
             lease_owner String,
             fencing_token UInt64,
@@ -302,23 +313,30 @@ impl HistoryStore {
     }
 
     /// Adds what a table made by an earlier version lacks: the regressed
-    /// streams of each version (empty for the versions before).
+    /// and the lost streams of each version (empty for the versions before).
     pub async fn upgrade_table(
         &self,
         columns: &[(String, String)],
         placement: &Placement,
     ) -> Result<(), StoreError> {
-        if columns.iter().any(|(name, _)| name == "regressed_streams") {
-            return Ok(());
+        let added = [
+            ("regressed_streams", "changed_streams"),
+            ("lost_streams", "regressed_streams"),
+        ];
+        for (column, after) in added {
+            if columns.iter().any(|(name, _)| name == column) {
+                continue;
+            }
+            let alter = format!(
+                "ALTER TABLE {}{} ADD COLUMN IF NOT EXISTS {column} Array(String) DEFAULT [] AFTER {after}",
+                self.table,
+                placement.on_cluster()
+            );
+            self.ch
+                .timed("ensure_schema", self.ch.client().query(&alter).execute())
+                .await?;
         }
-        let alter = format!(
-            "ALTER TABLE {}{} ADD COLUMN IF NOT EXISTS regressed_streams Array(String) DEFAULT [] AFTER changed_streams",
-            self.table,
-            placement.on_cluster()
-        );
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&alter).execute())
-            .await
+        Ok(())
     }
 
     /// Writes a batch of changes' versions, and with them their state rows, in one INSERT.
@@ -342,6 +360,7 @@ impl HistoryStore {
                             partial_state: new.doc.map(StateDocument::partial_json),
                             changed_streams: new.changed_streams.clone(),
                             regressed_streams: new.regressed_streams.clone(),
+                            lost_streams: new.lost_streams.clone(),
                             actor: &provenance.actor,
                             lease_owner: lease.map_or("", |l| l.owner.as_str()),
                             fencing_token: lease.map_or(0, |l| l.fencing_token),
@@ -403,7 +422,8 @@ impl HistoryStore {
         Ok((versions, has_more))
     }
 
-    /// Up to `limit` versions that moved a stream's bookmark backwards, of
+    /// Up to `limit` versions that moved a stream's bookmark backwards or
+    /// dropped it, of
     /// the ids `selection` holds, newest first.
     pub async fn regressed(
         &self,
@@ -412,8 +432,8 @@ impl HistoryStore {
     ) -> Result<Vec<RegressedVersion>, StoreError> {
         let sql = format!(
             "SELECT state_id, toUnixTimestamp64Milli(version) AS version_ms, regressed_streams,
-                actor, operation, lease_owner
-             FROM {} WHERE notEmpty(regressed_streams) AND {}
+                lost_streams, actor, operation, lease_owner
+             FROM {} WHERE (notEmpty(regressed_streams) OR notEmpty(lost_streams)) AND {}
              ORDER BY version DESC, state_id LIMIT {{limit:UInt32}}",
             self.table,
             selection.sql()

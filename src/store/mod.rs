@@ -2,6 +2,7 @@
 //! measured, every value a bound parameter. One module per table; this file
 //! holds the set of tables ([`Store`]) and how they are created.
 
+mod changes_table;
 mod client;
 mod clock;
 mod ddl;
@@ -19,6 +20,7 @@ mod read_batch;
 mod state_table;
 mod target;
 
+pub use changes_table::{ChangeRead, ChangeRecord, ChangesStore};
 pub use client::ClickHouse;
 pub(crate) use clock::now_ms;
 pub use ddl::{ClusterName, InvalidClusterName, Placement};
@@ -36,7 +38,11 @@ pub use lease_table::LeaseStore;
 pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
+use self::changes_table::ChangesTables;
 use crate::domain::Coordination;
+
+/// How long the change feed's cursors stay good unless configured.
+pub const DEFAULT_WATCH_RETENTION: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// How the gateway's tables are laid out beyond their names: the claim
 /// protocol (keeper mode adds the claims table) and the `--cluster`.
@@ -44,6 +50,8 @@ use crate::domain::Coordination;
 pub struct Layout {
     pub coordination: Coordination,
     pub cluster: Option<ClusterName>,
+    /// How long the changes table keeps a change (`--watch-retention`).
+    pub watch_retention: std::time::Duration,
 }
 
 impl Default for Layout {
@@ -51,6 +59,7 @@ impl Default for Layout {
         Self {
             coordination: Coordination::Table,
             cluster: None,
+            watch_retention: DEFAULT_WATCH_RETENTION,
         }
     }
 }
@@ -74,6 +83,8 @@ pub struct Store {
     pub lease_history: Option<LeaseHistoryStore>,
     pub gateways: GatewayStore,
     pub claims: KeeperClaimStore,
+    /// Every change, in insert order, for the change feed.
+    pub changes: ChangesStore,
     schema: Identifier,
     table: Identifier,
     layout: Layout,
@@ -139,6 +150,20 @@ impl Store {
                 )),
             },
             lease_history,
+            changes: ChangesStore::new(
+                ch.clone(),
+                ChangesTables {
+                    table: qualified(&companion(table, "changes")),
+                    writes_view: qualified(&companion(table, "changes_writes")),
+                    deletes_view: qualified(&companion(table, "changes_deletes")),
+                    state_table: qualified(table.as_str()),
+                    history_table: match history {
+                        History::Off => None,
+                        History::Kept(_) => Some(qualified(&companion(table, "history"))),
+                    },
+                },
+                layout.watch_retention,
+            ),
             clickhouse: ch,
             schema,
             table: table.clone(),
@@ -171,6 +196,9 @@ impl Store {
         let lease_history_table = companion(&self.table, "lease_history");
         let lease_history_view = companion(&self.table, "lease_history_writes");
         let pool_lease_table = companion(&self.table, "pool_lease");
+        let changes_table = companion(&self.table, "changes");
+        let changes_writes = companion(&self.table, "changes_writes");
+        let changes_deletes = companion(&self.table, "changes_deletes");
         let present = ch
             .present_tables(
                 self.schema.as_str(),
@@ -183,6 +211,9 @@ impl Store {
                     &lease_history_table,
                     &lease_history_view,
                     &pool_lease_table,
+                    &changes_table,
+                    &changes_writes,
+                    &changes_deletes,
                 ],
             )
             .await?;
@@ -220,6 +251,14 @@ impl Store {
         if engine_of(&gateways_table).is_none() {
             self.gateways.ensure_table(&placement).await?;
         }
+        self.changes
+            .ensure(
+                engine_of(&changes_table),
+                engine_of(&changes_writes).is_some(),
+                engine_of(&changes_deletes).is_some(),
+                &placement,
+            )
+            .await?;
         if let Some(lease_history) = &self.lease_history {
             lease_history
                 .ensure(

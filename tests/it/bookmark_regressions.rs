@@ -9,7 +9,7 @@ use crate::helpers::{
     Api, TestApp, encode_id, metric, raw_sql, spawn_app, spawn_app_with, spawn_configured,
     test_config, unique_schema,
 };
-use statehouse::domain::RegressionMode;
+use statehouse::domain::GuardMode;
 
 fn state(orders: &str, users: u64) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -45,7 +45,7 @@ async fn orders(api: &Api, id: &str) -> String {
 }
 
 async fn reject_app() -> TestApp {
-    spawn_app_with(|config| config.bookmark_regression = RegressionMode::Reject).await
+    spawn_app_with(|config| config.bookmark_regression = GuardMode::Reject).await
 }
 
 #[tokio::test]
@@ -110,7 +110,7 @@ async fn the_allow_header_lets_named_streams_or_all_of_them_through() {
 
 #[tokio::test]
 async fn off_compares_nothing() {
-    let app = spawn_app_with(|config| config.bookmark_regression = RegressionMode::Off).await;
+    let app = spawn_app_with(|config| config.bookmark_regression = GuardMode::Off).await;
     put(&app, "job", &state("2024-05-02", 10), None).await;
     let back = put(&app, "job", &state("2024-05-01", 9), None).await;
     back.expect(StatusCode::OK);
@@ -232,6 +232,7 @@ async fn a_history_table_from_before_gains_the_regressed_streams() {
     let app = spawn_configured(test_config(&schema)).await;
     let old = app.get("/v1/states/old/history").await.json();
     assert_eq!(old["versions"][0]["regressed_streams"], json!([]));
+    assert_eq!(old["versions"][0]["lost_streams"], json!([]));
     put(&app, "job", &state("2024-05-02", 10), None).await;
     put(&app, "job", &state("2024-05-01", 10), None).await;
     let versions = app.get("/v1/states/job/history").await.json()["versions"].clone();

@@ -29,6 +29,7 @@ pub async fn claims_at(url: &str, schema: &str, timeout: Duration) -> KeeperClai
         Layout {
             coordination: Coordination::Keeper,
             cluster: None,
+            ..Layout::default()
         },
     );
     store.ensure_schema().await.expect("tables made");

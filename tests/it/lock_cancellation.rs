@@ -44,6 +44,7 @@ async fn lock_core(proxy: &Proxy, settle: Duration, kind: Kind) -> Arc<LockManag
     let layout = Layout {
         coordination: config.locks.coordination,
         cluster: None,
+        ..Layout::default()
     };
     let store = Store::with_layout(
         ch,

@@ -121,6 +121,7 @@ class StatehouseStateStoreManager(StateStoreManager):
         lease_ttl: int | None = 30,
         owner: str | None = None,
         allow_regression: str | None = None,
+        allow_loss: str | None = None,
         ca_file: str | None = None,
         client_cert_file: str | None = None,
         client_key_file: str | None = None,
@@ -143,6 +144,7 @@ class StatehouseStateStoreManager(StateStoreManager):
                 client_key_file=setting_or_env(client_key_file, CLIENT_KEY_FILE_ENV, env),
             ),
             allow_regression=allow_regression,
+            allow_loss=allow_loss,
         )
         # Leases this process holds, by state_id: writes inside a lock block carry them.
         self._leases: dict[str, str] = {}

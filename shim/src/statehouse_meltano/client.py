@@ -102,6 +102,11 @@ REGRESSION_HINT = (
     "(MELTANO_STATE_BACKEND_STATEHOUSE_ALLOW_REGRESSION) to the streams, or *"
 )
 
+LOSS_HINT = (
+    "if this is meant, set state_backend.statehouse.allow_loss "
+    "(MELTANO_STATE_BACKEND_STATEHOUSE_ALLOW_LOSS) to the streams, or *"
+)
+
 
 def gateway_url(uri: str) -> str:
     """The gateway's HTTP(S) base URL for a statehouse:// or statehouses:// URI."""
@@ -145,6 +150,7 @@ class GatewayClient:
         timeout: float = 10.0,
         tls: TlsSettings | None = None,
         allow_regression: str | None = None,
+        allow_loss: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.timeout = timeout
@@ -160,6 +166,9 @@ class GatewayClient:
         if allow_regression:
             # Streams whose bookmarks this project's writes may move backwards.
             self.session.headers["Statehouse-Allow-Regression"] = allow_regression
+        if allow_loss:
+            # Streams whose bookmarks this project's writes may drop.
+            self.session.headers["Statehouse-Allow-Loss"] = allow_loss
 
     def close(self) -> None:
         self.session.close()
@@ -224,6 +233,8 @@ class GatewayClient:
             message += f"; {CLIENT_CERT_HINT}"
         if kind.endswith(":bookmark-regression"):
             message += f"; {REGRESSION_HINT}"
+        if kind.endswith(":bookmark-loss"):
+            message += f"; {LOSS_HINT}"
         # A lock-delay is busy as a held lock is: the id is not free yet.
         if response.status_code == 409 and kind.endswith((":lock-held", ":lock-delay")):
             return LockHeldError(message)

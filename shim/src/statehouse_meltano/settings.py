@@ -38,6 +38,12 @@ SPECS: dict[str, dict[str, t.Any]] = {
         "with --bookmark-regression reject; sent as Statehouse-Allow-Regression",
         "kind": SettingKind.STRING,
     },
+    "allow_loss": {
+        "label": "Allow bookmark losses",
+        "description": "Streams whose bookmarks a write may drop (comma-separated, or *) on a gateway "
+        "with --bookmark-loss reject; sent as Statehouse-Allow-Loss",
+        "kind": SettingKind.STRING,
+    },
     "ca_file": {
         "label": "CA file",
         "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
@@ -67,11 +73,13 @@ STATEHOUSE_REQUEST_TIMEOUT = setting("statehouse", "request_timeout")
 STATEHOUSE_LEASE_TTL = setting("statehouse", "lease_ttl")
 STATEHOUSE_OWNER = setting("statehouse", "owner")
 STATEHOUSE_ALLOW_REGRESSION = setting("statehouse", "allow_regression")
+STATEHOUSE_ALLOW_LOSS = setting("statehouse", "allow_loss")
 STATEHOUSES_TOKEN = setting("statehouses", "token")
 STATEHOUSES_REQUEST_TIMEOUT = setting("statehouses", "request_timeout")
 STATEHOUSES_LEASE_TTL = setting("statehouses", "lease_ttl")
 STATEHOUSES_OWNER = setting("statehouses", "owner")
 STATEHOUSES_ALLOW_REGRESSION = setting("statehouses", "allow_regression")
+STATEHOUSES_ALLOW_LOSS = setting("statehouses", "allow_loss")
 STATEHOUSES_CA_FILE = setting("statehouses", "ca_file")
 STATEHOUSES_CLIENT_CERT_FILE = setting("statehouses", "client_cert_file")
 STATEHOUSES_CLIENT_KEY_FILE = setting("statehouses", "client_key_file")

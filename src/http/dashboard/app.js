@@ -3,6 +3,7 @@
 // modules of their own.
 
 import { TOKEN_KEY, api, el, problemText, say, show, table, token } from "./common.js";
+import { onChange, startFollowing } from "./live.js";
 import { renderPools } from "./pools.js";
 import { renderRegressions } from "./regressions.js";
 import { renderState } from "./state.js";
@@ -96,6 +97,26 @@ function route() {
   }
 }
 
+// The open view follows the feed: the States list on any change (a new
+// state may belong on its page), a state's page on its own. A burst of
+// changes renders once, and never under the user's typing.
+let rerender = null;
+function rerenderSoon() {
+  if (rerender) return;
+  rerender = setTimeout(() => {
+    rerender = null;
+    const typing = document.activeElement && document.activeElement.closest("#view form");
+    if (typing) rerenderSoon(); else route();
+  }, 300);
+}
+onChange((change) => {
+  const hash = location.hash || "#/";
+  if (hash === "#/") rerenderSoon();
+  else if (hash.startsWith("#/state/")) {
+    if (!change || change.state_id === decodeURIComponent(hash.slice(8))) rerenderSoon();
+  }
+});
+
 tokenForm.addEventListener("submit", (e) => {
   e.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, document.getElementById("token-input").value.trim());
@@ -103,9 +124,11 @@ tokenForm.addEventListener("submit", (e) => {
   tokenForm.hidden = true;
   showAuth();
   route();
+  startFollowing();
 });
 document.getElementById("token-button").addEventListener("click", () => { tokenForm.hidden = !tokenForm.hidden; });
-document.getElementById("forget-token").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); showAuth(); route(); });
+document.getElementById("forget-token").addEventListener("click", () => { sessionStorage.removeItem(TOKEN_KEY); showAuth(); route(); startFollowing(); });
 window.addEventListener("hashchange", route);
 showAuth();
 route();
+startFollowing();

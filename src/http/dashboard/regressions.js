@@ -1,6 +1,6 @@
 // The Regressions view: the newest versions, across states, that moved a
-// stream's bookmark backwards, each with the values before and after (from
-// the state's history) and who made the change.
+// stream's bookmark backwards or dropped it, each with the values before and
+// after (from the state's history) and who made the change.
 
 import { api, el, problemText, say, show, statePath, stored, table } from "./common.js";
 
@@ -24,18 +24,27 @@ export async function renderRegressions() {
     const at = versions.findIndex((v) => v.version === r.version);
     const now = at >= 0 ? versions[at].bookmarks : undefined;
     const before = at >= 0 && at + 1 < versions.length ? versions[at + 1].bookmarks : undefined;
-    for (const stream of r.regressed_streams) {
-      rows.push(el("tr", { "data-testid": "regression-row", "data-state-id": r.state_id },
+    const row = (testid, stream, mark, after) =>
+      el("tr", { "data-testid": testid, "data-state-id": r.state_id },
         el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(r.state_id), text: r.state_id })),
-        el("td", { text: stream }),
+        el("td", {}, stream, mark),
         el("td", {}, el("code", { class: "old", text: before ? stored(before[stream]) : "(older than the history read)" })),
-        el("td", {}, el("code", { class: "new", text: now ? stored(now[stream]) : "" })),
+        el("td", {}, after),
         el("td", { "data-testid": "actor", text: r.actor }),
-        el("td", { class: "wide", text: r.version })));
+        el("td", { class: "wide", text: r.version }));
+    for (const stream of r.regressed_streams) {
+      rows.push(row("regression-row", stream, el("span", { class: "regressed", text: " regressed" }),
+        el("code", { class: "new", text: now ? stored(now[stream]) : "" })));
+    }
+    for (const stream of r.lost_streams || []) {
+      // A stream gone whole has no value after; a lost partition leaves the stream's other ones.
+      const after = now && now[stream] !== undefined ? stored(now[stream]) : "(none)";
+      rows.push(row("loss-row", stream, el("span", { class: "lost", "data-testid": "lost", text: " lost" }),
+        el("code", { class: "new", text: after })));
     }
   }
-  const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards." }) : null;
+  const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards or dropped one." }) : null;
   show(route, el("section", {}, el("h2", { text: "Regressions" }),
-    el("p", { text: "Versions that moved a stream's bookmark backwards, newest first." }),
+    el("p", { text: "Versions that moved a stream's bookmark backwards (regressed) or dropped it (lost), newest first." }),
     empty ?? table([["State"], ["Stream"], ["Before"], ["After"], ["Actor"], ["Version", "wide"]], rows, "regressions")));
 }

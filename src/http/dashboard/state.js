@@ -41,17 +41,33 @@ function lockSection(id, lock, readOnly) {
   return section;
 }
 
-function bookmarksSection(id, marks, regressed, readOnly) {
-  const rows = marks.body.bookmarks.filter((b) => b.state_id === id && b.stream !== null).map((b) =>
+/** The word "lost" next to a stream's name, for a stream whose newest version dropped a bookmark. */
+function lostMark() { return el("span", { class: "lost", "data-testid": "lost", text: " lost" }); }
+
+/** The streams the newest version dropped: `lost` names them, `before` has the values they had. */
+function bookmarksSection(id, marks, regressed, lost, before, readOnly) {
+  const current = marks.body.bookmarks.filter((b) => b.state_id === id && b.stream !== null);
+  const rows = current.map((b) =>
     el("tr", { "data-testid": "bookmark-row", "data-stream": b.stream },
       el("td", {}, b.stream, regressed.has(b.stream) || b.last_change_regressed
-        ? el("span", { class: "regressed", "data-testid": "regressed", text: " regressed" }) : null),
+        ? el("span", { class: "regressed", "data-testid": "regressed", text: " regressed" }) : null,
+        lost.has(b.stream) ? lostMark() : null),
       el("td", { class: "wide", text: b.replication_key === null ? "" : stored(b.replication_key) }),
       el("td", { text: b.replication_key_value === null ? "" : stored(b.replication_key_value) }),
       el("td", { class: "wide" }, el("pre", { text: JSON.stringify(b.bookmark) })),
       el("td", {}, writeButton(readOnly, { "data-testid": "reset-stream", onclick: () =>
         change("Reset stream " + b.stream + " of state " + id + "? Its next run starts that stream from the beginning.",
           statePath(id) + "/bookmarks/" + encodeURIComponent(b.stream), { method: "DELETE" }, id) }, "Reset"))));
+  // A stream gone whole has no row of its own any more: it gets one saying so, with the value it had.
+  const present = new Set(current.map((b) => b.stream));
+  for (const stream of [...lost].filter((s) => !present.has(s))) {
+    rows.push(el("tr", { "data-testid": "bookmark-row", "data-stream": stream },
+      el("td", {}, stream, lostMark()),
+      el("td", { class: "wide" }),
+      el("td", {}, el("code", { class: "old", text: stored((before || {})[stream]) })),
+      el("td", { class: "wide" }),
+      el("td")));
+  }
   return el("section", {}, el("h2", { text: "Bookmarks" }),
     table([["Stream"], ["Replication key", "wide"], ["Value"], ["Bookmark", "wide"], [""]], rows, "bookmarks"));
 }
@@ -66,7 +82,8 @@ function diffOf(version, before) {
       el("code", { class: "old", "data-testid": "old", text: stored(old) }),
       el("span", { "aria-hidden": "true", text: " → " }),
       el("code", { class: "new", "data-testid": "new", text: stored(now) }),
-      version.regressed_streams.includes(stream) ? el("span", { class: "regressed", text: " regressed" }) : null);
+      version.regressed_streams.includes(stream) ? el("span", { class: "regressed", text: " regressed" }) : null,
+      (version.lost_streams || []).includes(stream) ? lostMark() : null);
   });
   return el("ul", { class: "diff", "data-testid": "diff" }, ...items);
 }
@@ -127,7 +144,9 @@ export async function renderState(id) {
   const width = Math.max(280, Math.min(view.clientWidth - 40, 1200));
   const charts = bookmarkCharts(versions, width);
   const regressed = new Set(charts.regressions.filter((r) => versions[0] && r.version === versions[0].version).map((r) => r.stream));
-  if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, readOnly));
+  const lost = new Set(versions[0] ? versions[0].lost_streams || [] : []);
+  const before = versions[1] ? versions[1].bookmarks : undefined;
+  if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, lost, before, readOnly));
   if (versions.length > 0) out.push(charts.section);
   if (state.status === 200) {
     out.push(el("section", {}, el("h2", { text: "Document" }),

@@ -1,10 +1,20 @@
 //! The HTTP client of the command-line tools that speak to a gateway
-//! (`statehouse lock`, `statehouse healthcheck`): reqwest on the project's
-//! one TLS stack, rustls with ring, set up from the same PEM files as the
-//! shim (a CA file, a client certificate and its key).
+//! (`statehouse lock`, `statehouse wait`, `statehouse healthcheck`): reqwest
+//! on the project's one TLS stack, rustls with ring, set up from the same PEM
+//! files as the shim (a CA file, a client certificate and its key), and what
+//! every one of them reads from an answer. Where the gateway is and with
+//! which token is `connection`.
+
+mod connection;
+
+pub use self::connection::{Connection, ConnectionArgs, GatewayUrl};
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 
 use crate::tls::{Identity, peer_client_config, read_certificates};
 
@@ -15,6 +25,7 @@ pub struct TlsFiles {
     pub ca_file: Option<PathBuf>,
     /// A client certificate to present (mTLS), with its key.
     pub client_cert_file: Option<PathBuf>,
+    /// The key of `client_cert_file`.
     pub client_key_file: Option<PathBuf>,
 }
 
@@ -52,4 +63,42 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// An answer's `Retry-After` in whole seconds, as the gateway sends it.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// An answer's body, refused past `max` bytes: a larger one is not the
+/// gateway's. An error says why it could not be read whole.
+pub async fn read_body(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("the answer broke off: {}", error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(format!("the answer is over {max} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A path segment keeps only RFC 3986's unreserved characters as they are.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A state_id or a pool name as one segment of a path.
+pub fn path_segment(raw: &str) -> String {
+    utf8_percent_encode(raw, SEGMENT).to_string()
 }

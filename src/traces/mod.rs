@@ -7,6 +7,7 @@
 
 mod export;
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use self::export::{DROPPED, Queue, Reqwest};
+use crate::client::TlsFiles;
 
 /// The W3C header that carries a trace from one process to the next.
 pub const TRACEPARENT: &str = "traceparent";
@@ -88,7 +90,19 @@ pub fn start() -> Result<Option<SdkTracer>, String> {
     let every = variable("OTEL_BSP_SCHEDULE_DELAY")
         .and_then(milliseconds)
         .unwrap_or(SEND_EVERY);
-    let http = crate::client::builder(&crate::client::TlsFiles::default())?
+    // An https collector is trusted as any TLS peer: the system's roots, or
+    // the CA file and client certificate the standard variables name.
+    let file = |name: &str| {
+        variable(&format!("OTEL_EXPORTER_OTLP_TRACES_{name}"))
+            .or_else(|| variable(&format!("OTEL_EXPORTER_OTLP_{name}")))
+            .map(PathBuf::from)
+    };
+    let tls = TlsFiles {
+        ca_file: file("CERTIFICATE"),
+        client_cert_file: file("CLIENT_CERTIFICATE"),
+        client_key_file: file("CLIENT_KEY"),
+    };
+    let http = crate::client::builder(&tls)?
         .timeout(timeout)
         .build()
         .map_err(|e| format!("cannot set up the trace exporter's HTTP client: {e}"))?;

@@ -448,3 +448,27 @@ async fn statehouse_lock_joins_its_callers_trace_and_hands_the_command_its_own()
     assert_eq!(seen, format!("00-{trace}-{}-01", hold.span_id));
     gateway.terminate().await;
 }
+
+#[tokio::test]
+async fn a_collector_ca_file_that_cannot_be_read_stops_the_start_naming_it() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("STATEHOUSE_CLICKHOUSE_URL", clickhouse_url())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318")
+        .env(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "/nonexistent/collector-ca.pem",
+        )
+        .env("RUST_LOG", "off")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("statehouse: error: ")
+            && stderr.contains("/nonexistent/collector-ca.pem"),
+        "{stderr}"
+    );
+}

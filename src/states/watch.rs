@@ -4,12 +4,15 @@
 //! A change through this gateway wakes the waiters of its id at once (the
 //! one commit path calls [`Watches::changed`]). A change through another
 //! gateway, or a row another writer INSERTed, is found by one poller task
-//! per gateway: it runs only while someone waits and, once a second, reads
+//! per gateway: it runs only while someone waits and, twice a second, reads
 //! the current version of every id waited on in one statement (a few only
 //! when the ids are very long, see [`POLL_BYTES`]), so watching costs
-//! ClickHouse about a statement a second whatever the number of waiters. A waiter whose known version differs from what the poller read
-//! is woken. A wake is only a hint: the waiter reads the state again and
-//! decides for itself whether it changed.
+//! ClickHouse two statements a second whatever the number of waiters. While
+//! the change feed's poller runs (someone follows the feed), its reads wake
+//! the waiters instead and the two share its statement. A waiter whose
+//! known version differs from what the poller read is woken. A wake is only
+//! a hint: the waiter reads the state again and decides for itself whether
+//! it changed.
 //!
 //! As in mini-redis's `db.rs`, the handle ([`Watches`]), the state it
 //! shares ([`Shared`], its registry under a std mutex never held across an
@@ -17,18 +20,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use super::feed::Feed;
+use super::feed::{Feed, POLL_EVERY};
 use crate::domain::StateId;
 use crate::metrics::Metrics;
 use crate::store::StateStore;
-
-/// How often the poller reads the versions of the ids waited on: the delay
-/// the contract allows for a change made elsewhere (1 s).
-const POLL_EVERY: Duration = Duration::from_secs(1);
 
 /// The most bytes of ids one poll statement names: the ids travel in the
 /// URL, and ClickHouse refuses one longer than `http_max_uri_size` (1 MiB by
@@ -147,14 +145,29 @@ impl Registry {
     /// exist): wakes each waiter whose known version is not the current one.
     /// Answers how many it woke.
     fn observed(&self, polled: &[StateId], found: &HashMap<StateId, i64>) -> usize {
+        polled
+            .iter()
+            .map(|id| self.moved(id, found.get(id).copied()))
+            .sum()
+    }
+
+    /// What the feed's poller read (`seen`: the ids changed lately, each
+    /// with its version, None when gone): wakes each waiter of one of them
+    /// whose known version is not that one; an id not seen has not moved.
+    fn observed_changes(&self, polled: &[StateId], seen: &HashMap<StateId, Option<i64>>) -> usize {
+        polled
+            .iter()
+            .filter_map(|id| Some(self.moved(id, *seen.get(id)?)))
+            .sum()
+    }
+
+    /// Wakes the waiters of `id` that read another version than `current`.
+    fn moved(&self, id: &StateId, current: Known) -> usize {
         let mut woken = 0;
-        for id in polled {
-            let current = found.get(id).copied();
-            for waiter in self.ids.get(id).into_iter().flatten() {
-                if waiter.known.is_some_and(|known| known != current) {
-                    waiter.wake.notify_one();
-                    woken += 1;
-                }
+        for waiter in self.ids.get(id).into_iter().flatten() {
+            if waiter.known.is_some_and(|known| known != current) {
+                waiter.wake.notify_one();
+                woken += 1;
             }
         }
         woken
@@ -270,20 +283,30 @@ impl Drop for Watching {
     }
 }
 
-/// The poller: once a second, one read of the versions of every id waited
-/// on, while anyone waits. A failed read is logged and tried again at the
-/// next tick: the waiters keep waiting until their deadlines.
+/// The poller, while anyone waits: twice a second, one read of the versions
+/// of every id waited on. While the feed's poller runs, its reads, which see
+/// every change, wake the waiters instead, so the two cost one statement. A
+/// failed read is logged and tried again at the next tick: the waiters keep
+/// waiting until their deadlines.
 async fn poll(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut feed = shared.feed.reads();
     // The first tick is at once; the waiter that started this has not read yet.
     tick.tick().await;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = feed.changed() => {}
+        }
         let Some(ids) = shared.registry().ids_to_poll() else {
             return;
         };
         if ids.is_empty() {
+            continue;
+        }
+        if let Some(seen) = feed.versions() {
+            shared.registry().observed_changes(&ids, &seen);
             continue;
         }
         for ids in statements(&ids) {
@@ -293,7 +316,7 @@ async fn poll(shared: Arc<Shared>) {
                     shared.registry().observed(ids, &found);
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again in a second");
+                    tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again");
                 }
             }
         }
@@ -382,6 +405,27 @@ mod tests {
         let deleted = HashMap::new();
         registry.observed(&polled, &deleted);
         assert!(woken(&wake_a2), "a was deleted");
+    }
+
+    #[test]
+    fn the_feeds_reads_wake_only_the_waiters_of_ids_it_saw_move() {
+        let mut registry = Registry::default();
+        let (a, wake_a, _) = registry.add(&id("a"));
+        let (b, wake_b, _) = registry.add(&id("b"));
+        let (c, wake_c, _) = registry.add(&id("c"));
+        registry.set_known(&id("a"), a, Some(10));
+        registry.set_known(&id("b"), b, Some(10));
+        registry.set_known(&id("c"), c, None);
+        let polled = [id("a"), id("b"), id("c")];
+        let seen = HashMap::from([(id("a"), Some(10)), (id("b"), None), (id("c"), Some(3))]);
+        assert_eq!(registry.observed_changes(&polled, &seen), 2);
+        assert!(!woken(&wake_a), "a is where its waiter read it");
+        assert!(woken(&wake_b), "b was deleted");
+        assert!(woken(&wake_c), "c was created");
+        let (d, wake_d, _) = registry.add(&id("d"));
+        registry.set_known(&id("d"), d, Some(1));
+        assert_eq!(registry.observed_changes(&[id("d")], &seen), 0);
+        assert!(!woken(&wake_d), "an id the feed did not see has not moved");
     }
 
     #[test]

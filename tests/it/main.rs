@@ -62,3 +62,4 @@ mod tls;
 mod traces;
 mod wait_cli;
 mod watch;
+mod watch_across;

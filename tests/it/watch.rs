@@ -238,7 +238,8 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
     assert_eq!(reply.json()["completed"], json!({"x": 1}));
     assert!(at - inserted < ACROSS, "{:?}", at - inserted);
 
-    // 40 waiters on 20 ids, idle for 3 s: a handful of statements, not 40 a second.
+    // 40 waiters on 20 ids, idle for 3 s: the poller's two statements a
+    // second (seven at most in 3 s, by its phase), not 40 a second.
     let statements = |text: String| {
         metric(
             &text,
@@ -257,7 +258,7 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = statements(b.get("/metrics").await.text);
     assert!(
-        after - before <= 5.0,
+        after - before <= 7.0,
         "{} watch statements in 3 s for 40 waiters",
         after - before
     );

@@ -13,6 +13,11 @@ impl GatewayProcess {
     /// Starts `statehouse serve` on a free loopback port and a database of
     /// its own, with `extra` flags, and waits until it is ready.
     pub async fn start(url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(url, extra, &[]).await
+    }
+
+    /// As [`Self::start`], with the variables of `env` set.
+    pub async fn start_with_env(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let binary =
             std::env::var("STATEHOUSE_BIN").unwrap_or_else(|_| "target/release/statehouse".into());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -32,6 +37,7 @@ impl GatewayProcess {
             .args(extra)
             .env("STATEHOUSE_CLICKHOUSE_URL", url)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stderr(Stdio::null())
             .spawn()
             .expect("the release binary exists (bench/run builds it)");

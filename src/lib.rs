@@ -20,6 +20,7 @@ pub mod states;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod traces;
 pub mod waiter;
 
 pub use http::AppContext;
@@ -44,6 +45,9 @@ use crate::metrics::Metrics;
 use crate::states::States;
 use crate::store::{Blocker, ClickHouse, Layout, Store, StoreError};
 use crate::tls::ServerTls;
+
+/// How long the spans still queued at shutdown may take to reach the collector.
+const TRACES_FLUSH: Duration = Duration::from_secs(5);
 
 /// Why the gateway did not start; each says what to change.
 #[derive(Debug, thiserror::Error)]
@@ -325,6 +329,12 @@ impl App {
         if let Some(registration) = &self.registration {
             registration.leave().await;
         }
+        // The spans of the last requests are still queued: they go now, on
+        // the export thread, waited for no longer than a collector that
+        // answers needs.
+        tokio::task::spawn_blocking(|| traces::flush(TRACES_FLUSH))
+            .await
+            .ok();
         result
     }
 }

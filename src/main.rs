@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use statehouse::config::{Cli, Command, Config};
-use statehouse::{App, healthcheck, run_lease, shutdown_signal, telemetry, waiter};
+use statehouse::{App, healthcheck, run_lease, shutdown_signal, telemetry, traces, waiter};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -31,7 +31,11 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(err) => return fail_with(&err, err.exit_status()),
     };
-    telemetry::init(config.log_format);
+    let traces = match traces::start() {
+        Ok(traces) => traces,
+        Err(err) => return fail(&err),
+    };
+    telemetry::init(config.log_format, traces);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => return fail(&err),

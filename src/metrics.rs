@@ -278,6 +278,11 @@ impl Default for Metrics {
             shed.clone(),
         );
         registry.register(
+            "trace_spans_dropped",
+            "Spans that never reached the OpenTelemetry collector: the export queue was full (a collector down or slow), or their export failed",
+            crate::traces::spans_dropped(),
+        );
+        registry.register(
             "connections_closed",
             "Connections the gateway closed on a client, by reason (header_timeout, idle_timeout, tls_handshake: a failed TLS handshake, plain HTTP to the HTTPS port among them)",
             connections_closed.clone(),

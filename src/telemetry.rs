@@ -3,7 +3,10 @@
 use std::fmt;
 use std::io::{self, IsTerminal};
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry_sdk::trace::SdkTracer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// How log lines are written: text for people, JSON for log pipelines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -12,25 +15,31 @@ pub enum LogFormat {
     Json,
 }
 
-/// `RUST_LOG` refines the level (default `info`).
-pub fn init(format: LogFormat) {
+/// `RUST_LOG` refines the level (default `info`). With `traces` (export is
+/// on, see [`crate::traces`]), statehouse's own spans of level info and up
+/// are also handed to OpenTelemetry, whatever `RUST_LOG` lets the log show.
+pub fn init(format: LogFormat, traces: Option<SdkTracer>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a person at a terminal: in a file or a log collector
     // their escape codes are noise, and hide whatever else a line holds.
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(|| OneLinePerEvent(std::io::stderr()));
-    let result = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
+    let log = match format {
+        LogFormat::Text => log.boxed(),
+        LogFormat::Json => log
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init(),
+            .boxed(),
     };
+    let traces = traces.map(crate::traces::layer);
+    let result = tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(traces)
+        .try_init();
     // Already initialized (tests build several apps in one process): keep the first.
     drop(result);
 }

@@ -58,7 +58,9 @@ pub use self::server::{bind, serve};
 use self::wire::REQUEST_ID;
 use crate::auth::Role;
 use crate::locks::FORWARDED_BY;
+use crate::metrics::method_label;
 use crate::telemetry::ClientText;
+use crate::traces;
 
 /// One operation per entry: `op!(METHOD path => handler, access, counts, served)`.
 macro_rules! op {
@@ -203,7 +205,9 @@ pub fn router(ctx: AppContext) -> Router {
 }
 
 /// Every field a client sent is logged through [`ClientText`], so no header
-/// can put a line break or a terminal escape into the log.
+/// can put a line break or a terminal escape into the log. With traces on,
+/// the span joins the caller's `traceparent` here, before it is entered,
+/// and its `trace_id` names the trace in every log line of the request.
 fn request_span(request: &Request<Body>) -> tracing::Span {
     let header_text = |name| {
         request.headers().get(name).map_or(Cow::Borrowed("-"), |v| {
@@ -217,7 +221,7 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
         Some(_) => "https",
         None => "http",
     };
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
         method = %ClientText(request.method().as_str()),
         path = %ClientText(request.uri().path()),
@@ -225,7 +229,11 @@ fn request_span(request: &Request<Body>) -> tracing::Span {
         request_id = %ClientText(&request_id),
         user_agent = %ClientText(&user_agent),
         forwarded_by = %ClientText(&forwarded_by),
-    )
+        trace_id = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+    );
+    traces::join(&span, request.headers());
+    span
 }
 
 async fn not_found(request: Request) -> Response {
@@ -236,15 +244,16 @@ async fn not_found(request: Request) -> Response {
 }
 
 /// Requests by route and status, with latency, labelled by the route
-/// template (never the raw path, which would explode label cardinality).
+/// template (never the raw path, which would explode label cardinality);
+/// the request's span is named by the same template.
 async fn record_metrics(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let matched = request.extensions().get::<MatchedPath>();
+    traces::name_by_route(method_label(&method), matched.map(MatchedPath::as_str));
+    let route = matched.map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(request).await;
+    traces::record_status(response.status().as_u16());
     ctx.metrics.observe_request(
         &method,
         &route,

@@ -24,6 +24,7 @@ use super::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::StateId;
+use crate::traces;
 
 /// Authorities looked up lately, so that a non-authority forwards without a
 /// ClickHouse read per request. An entry is kept for a third of the claim
@@ -244,6 +245,8 @@ impl PeerClient {
         }
         let me = HeaderValue::from_str(&me.to_string()).expect("a UUID is a valid header value");
         parts.headers.insert(FORWARDED_BY, me);
+        // The peer's span is a child of this gateway's, not of its caller's.
+        traces::inject(&mut parts.headers);
         let sent = self.client.request(Request::from_parts(parts, body));
         let response = match tokio::time::timeout(deadline, sent).await {
             Ok(Ok(response)) => response,

@@ -7,6 +7,7 @@ use std::io;
 use std::process::{ExitStatus, Stdio};
 use std::task::Poll;
 
+use axum::http::HeaderValue;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::client::Lease;
@@ -43,9 +44,12 @@ impl Child {
     /// for the command to write with), as the leader of a new process group,
     /// its standard input /dev/null when the runner's is a terminal. On Linux
     /// the kernel sends it SIGTERM if the runner dies first.
+    /// With `traceparent` (traces are on), the command finds it as
+    /// `TRACEPARENT`, and its own spans join the run's trace.
     pub fn spawn(
         command: &[OsString],
         state: Option<(&str, &Lease)>,
+        traceparent: Option<HeaderValue>,
     ) -> Result<Self, StartFailure> {
         let (program, args) = command
             .split_first()
@@ -56,6 +60,9 @@ impl Child {
             cmd.env(LEASE_STATE_ID, id)
                 .env(LEASE_ID, &lease.lease_id)
                 .env(FENCING_TOKEN, lease.fencing_token.to_string());
+        }
+        if let Some(traceparent) = traceparent.as_ref().and_then(|v| v.to_str().ok()) {
+            cmd.env("TRACEPARENT", traceparent);
         }
         cmd.process_group(0)
             // Should the runner unwind past it, the command goes too.

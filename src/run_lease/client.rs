@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::problem::{Answer, Busy};
 use super::target::Target;
 use crate::client::{Connection, GatewayUrl, error_chain, read_body, retry_after};
+use crate::traces;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Below the gateway's default `--idle-timeout` (75 s), so a renewal does
@@ -214,6 +215,10 @@ impl Gateway {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
+        // The gateway's span joins the runner's (acquire, release, ...).
+        let mut traced = reqwest::header::HeaderMap::new();
+        traces::inject(&mut traced);
+        request = request.headers(traced);
         if let Some(json) = body {
             request = request
                 .header(CONTENT_TYPE, "application/json")

@@ -36,11 +36,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use self::args::LockArgs;
 pub use self::child::SpawnError;
 use self::child::{Child, Signals};
 pub use self::watchdog::{WatchdogArgs, run as run_watchdog};
+use crate::traces;
 
 use self::client::Gateway;
 pub use self::ending::{
@@ -54,8 +56,20 @@ use self::watchdog::Watchdog;
 /// take to answer with a grant that is then released.
 const SETTLE: Duration = Duration::from_secs(1);
 
+/// How long the run's last spans may take to reach the collector at its end.
+const TRACES_FLUSH: Duration = Duration::from_secs(5);
+
 /// Runs `statehouse lock` and answers its exit status.
 pub fn run(args: LockArgs) -> ExitCode {
+    // With the `OTEL_*` variables set, the run is traced: it joins the
+    // orchestrator's `TRACEPARENT` and hands the command one of its own.
+    let traced = match traces::start_without_logs() {
+        Ok(traced) => traced,
+        Err(err) => {
+            say(format_args!("{err}; nothing was run"));
+            return ExitCode::from(EXIT_UNUSABLE);
+        }
+    };
     // One thread: the command is started from the thread that lives as long
     // as the process, since Linux's parent-death signal follows the thread
     // that forked it (see `child`).
@@ -69,7 +83,13 @@ pub fn run(args: LockArgs) -> ExitCode {
             return ExitCode::from(EXIT_UNUSABLE);
         }
     };
-    ExitCode::from(exit_code(runtime.block_on(supervise(args))))
+    let run = tracing::info_span!("statehouse lock");
+    traces::join_environment(&run);
+    let ending = runtime.block_on(supervise(args).instrument(run));
+    if traced {
+        traces::flush(TRACES_FLUSH);
+    }
+    ExitCode::from(exit_code(ending))
 }
 
 async fn supervise(args: LockArgs) -> Ending {
@@ -108,7 +128,9 @@ async fn supervise(args: LockArgs) -> Ending {
     };
     let mut leases = Leases::new(gateway);
     let taken = {
-        let taking = leases.take(&targets, &owner, &args);
+        let taking = leases
+            .take(&targets, &owner, &args)
+            .instrument(tracing::info_span!("acquire"));
         tokio::pin!(taking);
         tokio::select! {
             taken = &mut taking => taken,
@@ -124,10 +146,19 @@ async fn supervise(args: LockArgs) -> Ending {
         }
     };
     if let Err(ending) = taken {
-        leases.release_all().await;
+        leases
+            .release_all()
+            .instrument(tracing::info_span!("release"))
+            .await;
         return ending;
     }
-    let child = match Child::spawn(&args.command, leases.state()) {
+    // The command's `TRACEPARENT` is the hold's: its spans are the hold's children.
+    let hold = tracing::info_span!("hold");
+    let child = match Child::spawn(
+        &args.command,
+        leases.state(),
+        hold.in_scope(traces::traceparent),
+    ) {
         Ok(child) => child,
         Err(err) => {
             say(format_args!(
@@ -143,8 +174,13 @@ async fn supervise(args: LockArgs) -> Ending {
             "the watchdog is gone ({err}): should the runner die, what the command started may outlive it"
         ));
     }
-    let (status, lost) = watch(child, &mut signals, &mut leases, args.grace).await;
-    leases.finish(status, lost).await
+    let (status, lost) = watch(child, &mut signals, &mut leases, args.grace)
+        .instrument(hold)
+        .await;
+    leases
+        .finish(status, lost)
+        .instrument(tracing::info_span!("release"))
+        .await
 }
 
 /// Waits for the command, passing signals on to its group; when a lease is

@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::memory::Memory;
@@ -39,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::store::{
     ChangesStore, HistoryStore, NewVersion, StateStore, StoreError, StoredRow, StoredState,
 };
+use crate::traces::{self, Caller};
 
 /// The most rows one INSERT carries.
 const MAX_ROWS: usize = 1000;
@@ -98,6 +100,8 @@ type Answer = Result<Vec<Option<StoredState>>, CommitError>;
 struct Entry {
     submission: Submission,
     answer: oneshot::Sender<Answer>,
+    /// The span of the request that submitted it: the batch's links to it.
+    caller: Caller,
 }
 
 /// A submission in a batch being sent: its permit is the batch's now.
@@ -166,7 +170,11 @@ impl GroupCommit {
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut queue = self.queue();
-            queue.waiting.push_back(Entry { submission, answer });
+            queue.waiting.push_back(Entry {
+                submission,
+                answer,
+                caller: Caller::current(),
+            });
             !std::mem::replace(&mut queue.sending, true)
         };
         if start {
@@ -201,6 +209,12 @@ impl GroupCommit {
     }
 
     async fn send(&self, batch: Vec<Entry>) {
+        // One INSERT for every request of the batch: its span is in no
+        // request's trace, and links to each.
+        let span = traces::batch_span(
+            || tracing::info_span!(parent: None, "group_commit", requests = batch.len()),
+            batch.iter().map(|entry| &entry.caller),
+        );
         let mut permits = Vec::with_capacity(batch.len());
         let mut parts = Vec::with_capacity(batch.len());
         for entry in batch {
@@ -230,7 +244,7 @@ impl GroupCommit {
         }
         let rows: usize = parts.iter().map(|part| part.changes.len()).sum();
         let mut permit = Sending::join(permits);
-        let sent = permit.run(self.write(&parts)).await;
+        let sent = permit.run(self.write(&parts)).instrument(span).await;
         self.metrics.observe_write_batch(rows);
         // What this gateway remembers of the batch's ids is stale now (the
         // writes landed, or may have), and goes before the permit: dropped,

@@ -217,7 +217,7 @@ impl ChangesStore {
         }
         for sql in statements {
             self.ch
-                .timed("ensure_schema", self.ch.client.query(&sql).execute())
+                .timed("ensure_schema", self.ch.client().query(&sql).execute())
                 .await?;
         }
         Ok(())
@@ -233,7 +233,7 @@ impl ChangesStore {
             .timed("changes_record", async {
                 let mut insert = self
                     .ch
-                    .client
+                    .client()
                     .insert_unescaped::<TombstoneOut<'_>>(&self.table)
                     .await?;
                 for (id, version) in deleted {

@@ -1,6 +1,8 @@
 //! The one ClickHouse client: every round trip under the query timeout and
-//! measured, every read that must see the latest write asking for it.
+//! measured, every read that must see the latest write asking for it, and
+//! every statement sent in a traced span carrying its `traceparent`.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,10 +16,12 @@ use super::http_client;
 use super::ping::Pinger;
 use super::target::ClickHouseTarget;
 use crate::metrics::Metrics;
+use crate::traces;
 
 #[derive(Clone)]
 pub struct ClickHouse {
-    pub(super) client: Client,
+    /// Statements are built on [`Self::client`], which adds the trace.
+    client: Client,
     /// The same connection settings without the URI's database, which may not
     /// exist yet: it creates it.
     bootstrap: Client,
@@ -54,10 +58,24 @@ impl ClickHouse {
         }
     }
 
+    /// The client to build a statement on: with traces on, a clone that
+    /// sends the current span's `traceparent`, so ClickHouse records the
+    /// statement in the request's trace (or its batch's).
+    pub(super) fn client(&self) -> Cow<'_, Client> {
+        match traces::traceparent().and_then(|value| value.to_str().ok().map(str::to_owned)) {
+            Some(traceparent) => Cow::Owned(
+                self.client
+                    .clone()
+                    .with_header(traces::TRACEPARENT, traceparent),
+            ),
+            None => Cow::Borrowed(&self.client),
+        }
+    }
+
     /// A query for a read that must see every write acknowledged before it
     /// (what a state or lease row holds now), on any replica.
     pub(super) fn latest_read(&self, sql: &str) -> clickhouse::query::Query {
-        let query = self.client.query(sql);
+        let query = self.client().query(sql);
         if self.sequential_reads {
             query.with_setting("select_sequential_consistency", "1")
         } else {

@@ -44,7 +44,7 @@ impl GatewayStore {
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, placement);
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .timed("ensure_schema", self.ch.client().query(&create).execute())
             .await
     }
 
@@ -63,7 +63,7 @@ impl GatewayStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("gateway", gateway_id.to_string())
             .param("mode", mode.as_str())
@@ -80,7 +80,7 @@ impl GatewayStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("gateway", gateway_id.to_string())
             .param("mode", mode.as_str())

@@ -286,14 +286,14 @@ impl HistoryStore {
     pub async fn ensure_view(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_view_sql(&self.view, &self.state_table, &self.table, placement);
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .timed("ensure_schema", self.ch.client().query(&create).execute())
             .await
     }
 
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, self.retention, placement);
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .timed("ensure_schema", self.ch.client().query(&create).execute())
             .await
     }
 
@@ -308,7 +308,7 @@ impl HistoryStore {
             return Ok(());
         };
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&sql).execute())
+            .timed("ensure_schema", self.ch.client().query(&sql).execute())
             .await
     }
 
@@ -333,7 +333,7 @@ impl HistoryStore {
                 placement.on_cluster()
             );
             self.ch
-                .timed("ensure_schema", self.ch.client.query(&alter).execute())
+                .timed("ensure_schema", self.ch.client().query(&alter).execute())
                 .await?;
         }
         Ok(())
@@ -345,7 +345,7 @@ impl HistoryStore {
             .timed("history_record", async {
                 let mut insert = self
                     .ch
-                    .client
+                    .client()
                     .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
                     .await?;
                 for new in versions {
@@ -398,7 +398,7 @@ impl HistoryStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("before", before.map_or(i64::MAX / 4, Version::millis))
@@ -439,7 +439,7 @@ impl HistoryStore {
             selection.sql()
         );
         let query = selection
-            .bind(self.ch.client.query(&sql))
+            .bind(self.ch.client().query(&sql))
             .param("limit", limit);
         self.ch
             .timed("history_list", query.fetch_all::<RegressedVersion>())
@@ -462,7 +462,7 @@ impl HistoryStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("version", version.millis());
@@ -500,7 +500,7 @@ impl HistoryStore {
         let bounds: Vec<i64> = states.iter().map(|(_, v)| v.millis()).collect();
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("ids", ids)
             .param("bounds", bounds);
@@ -517,7 +517,7 @@ impl HistoryStore {
              WHERE state_id = {{id:String}} AND deleted = 1 HAVING count() > 0",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.client().query(&sql).param("id", id.as_str());
         let newest = self
             .ch
             .timed("history_list", query.fetch_optional::<i64>())

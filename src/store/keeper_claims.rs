@@ -221,7 +221,7 @@ impl KeeperClaimStore {
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, &self.keeper_path, placement);
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .timed("ensure_schema", self.ch.client().query(&create).execute())
             .await
     }
 
@@ -231,7 +231,7 @@ impl KeeperClaimStore {
         self.ch
             .timed(
                 "ensure_schema",
-                self.ch.client.query(&sql).fetch_one::<u64>(),
+                self.ch.client().query(&sql).fetch_one::<u64>(),
             )
             .await
             .map(drop)
@@ -249,7 +249,7 @@ impl KeeperClaimStore {
              FROM {} WHERE state_id = {{id:String}}",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("id", id.as_str());
+        let query = self.ch.client().query(&sql).param("id", id.as_str());
         let row = self
             .ch
             .timed("keeper_claim_read", query.fetch_one::<ClaimRowIn>())
@@ -285,7 +285,7 @@ impl KeeperClaimStore {
         }
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("ids", ids.iter().map(StateId::as_str).collect::<Vec<_>>());
         let rows = self
@@ -321,7 +321,7 @@ impl KeeperClaimStore {
                AND advertise_url != '' AND expires_ms > toUnixTimestamp64Milli(now64(3))",
             self.table
         );
-        let query = self.ch.client.query(&sql).param("me", except.to_string());
+        let query = self.ch.client().query(&sql).param("me", except.to_string());
         let rows = self
             .ch
             .timed("keeper_claim_read", query.fetch_all::<(String, String)>())
@@ -494,7 +494,7 @@ impl KeeperClaimStore {
 
     fn strict(&self, sql: &str) -> clickhouse::query::Query {
         self.ch
-            .client
+            .client()
             .query(sql)
             .with_setting("keeper_map_strict_mode", "1")
     }

@@ -144,7 +144,7 @@ impl LeaseHistoryStore {
         }
         for sql in statements {
             self.ch
-                .timed("ensure_schema", self.ch.client.query(&sql).execute())
+                .timed("ensure_schema", self.ch.client().query(&sql).execute())
                 .await?;
         }
         Ok(())

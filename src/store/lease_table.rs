@@ -77,7 +77,7 @@ impl LeaseStore {
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, placement, self.rows);
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&create).execute())
+            .timed("ensure_schema", self.ch.client().query(&create).execute())
             .await
     }
 
@@ -126,7 +126,7 @@ impl LeaseStore {
             changes.join(", ")
         );
         self.ch
-            .timed("ensure_schema", self.ch.client.query(&alter).execute())
+            .timed("ensure_schema", self.ch.client().query(&alter).execute())
             .await
     }
 
@@ -148,7 +148,7 @@ impl LeaseStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("claim", claim_id.to_string())
@@ -181,7 +181,7 @@ impl LeaseStore {
             );
             let query = self
                 .ch
-                .client
+                .client()
                 .query(&sql)
                 .param("ttl", u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
                 .param("gateway", gateway_id.to_string())
@@ -195,7 +195,7 @@ impl LeaseStore {
             );
             let query = self
                 .ch
-                .client
+                .client()
                 .query(&sql)
                 .param("gateway", gateway_id.to_string())
                 .param("claims", uuid_texts(chunk));
@@ -235,7 +235,7 @@ impl LeaseStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("me", me.to_string())
@@ -267,7 +267,7 @@ impl LeaseStore {
             );
             let query = self
                 .ch
-                .client
+                .client()
                 .query(&sql)
                 .param("gateway", gateway_id.to_string())
                 .param("ids", chunk.iter().map(StateId::as_str).collect::<Vec<_>>());
@@ -327,7 +327,7 @@ impl LeaseStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("claim", claim.claim_id.to_string())
@@ -355,7 +355,7 @@ impl LeaseStore {
             );
             let query = self
                 .ch
-                .client
+                .client()
                 .query(&sql)
                 .param("version", u64::MAX)
                 .param("gateway", gateway_id.to_string())
@@ -375,7 +375,7 @@ impl LeaseStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("gateway", gateway_id.to_string());
         let rows = self
@@ -412,7 +412,7 @@ impl LeaseStore {
             .ch
             .timed(
                 "lease_list",
-                self.ch.client.query(&sql).fetch_all::<LockRowIn>(),
+                self.ch.client().query(&sql).fetch_all::<LockRowIn>(),
             )
             .await?;
         let mut ids = Vec::new();
@@ -437,7 +437,7 @@ impl LeaseStore {
             .timed("lease_write", async {
                 let mut insert = self
                     .ch
-                    .client
+                    .client()
                     .insert_unescaped::<LeaseRowOut>(&self.table)
                     .await?;
                 for record in records {
@@ -502,7 +502,7 @@ impl LeaseStore {
         );
         let query = self
             .ch
-            .client
+            .client()
             .query(&sql)
             .param("id", id.as_str())
             .param("last", last);

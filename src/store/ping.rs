@@ -12,6 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use super::error::{StoreError, one_line};
 use super::http_client;
 use super::target::ClickHouseTarget;
+use crate::traces;
 
 /// Enough of an answer to recognize it; a stranger's page can be large.
 const ANSWER_LIMIT: usize = 64 * 1024;
@@ -42,9 +43,14 @@ impl Pinger {
     pub async fn ping(&self) -> Result<(), StoreError> {
         use clickhouse::error::Error;
 
-        let request = Request::get(self.url.as_str())
+        let mut request = Request::get(self.url.as_str())
             .header("X-ClickHouse-User", self.user.as_str())
-            .header("X-ClickHouse-Key", self.password.as_str())
+            .header("X-ClickHouse-Key", self.password.as_str());
+        // A readiness check's ping is in its request's trace too.
+        if let Some(traceparent) = traces::traceparent() {
+            request = request.header(traces::TRACEPARENT, traceparent);
+        }
+        let request = request
             .body(Empty::new())
             .map_err(|err| Error::InvalidParams(Box::new(err)))?;
         let response = self.client.request(request).await.map_err(Error::from)?;

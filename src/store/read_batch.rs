@@ -17,9 +17,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 use super::error::StoreError;
 use crate::metrics::Metrics;
+use crate::traces::{self, Caller};
 
 /// The most keys one query asks for; more wait for the next.
 const MAX_KEYS: usize = 500;
@@ -39,8 +41,12 @@ pub struct ReadBatch<K, V> {
     queue: Mutex<Queue<K, V>>,
 }
 
+/// A read waiting for its query: its key, where its answer goes, and the
+/// span of the request that asked (the query's span links to it).
+type Waiting<K, V> = (K, oneshot::Sender<Answer<V>>, Caller);
+
 struct Queue<K, V> {
-    waiting: Vec<(K, oneshot::Sender<Answer<V>>)>,
+    waiting: Vec<Waiting<K, V>>,
     reading: bool,
 }
 
@@ -74,7 +80,7 @@ where
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut queue = self.queue();
-            queue.waiting.push((key, answer));
+            queue.waiting.push((key, answer, Caller::current()));
             !std::mem::replace(&mut queue.reading, true)
         };
         if start {
@@ -112,14 +118,21 @@ where
         }
     }
 
-    async fn answer(&self, taken: Vec<(K, oneshot::Sender<Answer<V>>)>) {
+    async fn answer(&self, taken: Vec<Waiting<K, V>>) {
+        // The query is sent for every reader: its span is in no reader's
+        // trace, and links to each.
+        let span = traces::batch_span(
+            || tracing::info_span!(parent: None, "read_batch", read = self.name),
+            taken.iter().map(|(_, _, caller)| caller),
+        );
         let mut readers: HashMap<K, Vec<oneshot::Sender<Answer<V>>>> = HashMap::new();
-        for (key, answer) in taken {
+        for (key, answer, _) in taken {
             readers.entry(key).or_default().push(answer);
         }
         let keys: Vec<K> = readers.keys().cloned().collect();
         self.metrics.observe_read_batch(self.name, keys.len());
-        match (self.read_many)(keys).await {
+        let read = span.in_scope(|| (self.read_many)(keys));
+        match read.instrument(span).await {
             Ok(mut found) => {
                 for (key, answers) in readers {
                     let value = found.remove(&key);

@@ -218,7 +218,7 @@ impl StateStore {
         self.ch
             .timed(
                 "ensure_schema",
-                self.ch.client.query(&create_table).execute(),
+                self.ch.client().query(&create_table).execute(),
             )
             .await
     }
@@ -240,7 +240,7 @@ impl StateStore {
             .timed("put", async {
                 let mut insert = self
                     .ch
-                    .client
+                    .client()
                     .insert_unescaped::<StateRowOut>(&self.table)
                     .await?;
                 for row in rows {
@@ -294,7 +294,7 @@ impl StateStore {
         let selection = Selection::Ids(ids.to_vec());
         let sql = format!("DELETE FROM {} WHERE {}", self.table, selection.sql());
         let query = selection
-            .bind(self.ch.client.query(&sql))
+            .bind(self.ch.client().query(&sql))
             .with_setting("lightweight_deletes_sync", "2");
         self.ch.timed("delete", query.execute()).await
     }
@@ -372,7 +372,7 @@ impl StateStore {
         );
         let after = cursor.map_or("", |c| c.last_seen().as_str());
         let query = filter
-            .bind(self.ch.client.query(&sql))
+            .bind(self.ch.client().query(&sql))
             .param("after", after)
             // One more than asked tells whether another page exists.
             .param("limit", limit.get() + 1);

@@ -308,7 +308,8 @@ pub async fn spawn_gateway_process_logging(
     spawn_gateway_process_on(free_port(), clickhouse_url, extra, log_format, env).await
 }
 
-async fn spawn_gateway_process_on(
+/// As [`spawn_gateway_process_logging`], on `port`.
+pub async fn spawn_gateway_process_on(
     port: u16,
     clickhouse_url: &str,
     extra: &[&str],

@@ -49,6 +49,9 @@ struct Shared {
     held_answers: std::sync::Mutex<Vec<std::time::Instant>>,
     /// Bumped to drop every open connection.
     cut: watch::Sender<u64>,
+    /// While a test asks (Some), the head and start of each request sent
+    /// on to ClickHouse, decoded: what headers its statements carried.
+    heads: std::sync::Mutex<Option<Vec<String>>>,
 }
 
 impl Proxy {
@@ -81,6 +84,7 @@ impl Proxy {
             hold: std::sync::Mutex::new(None),
             held_answers: std::sync::Mutex::new(Vec::new()),
             cut: watch::channel(0).0,
+            heads: std::sync::Mutex::new(None),
         });
         let accepting = shared.clone();
         tokio::spawn(async move {
@@ -141,6 +145,22 @@ impl Proxy {
         self.shared.held_answers.lock().unwrap().clone()
     }
 
+    /// Records the head (and what follows it in its chunk) of every request
+    /// from now on, decoded.
+    pub fn record_heads(&self) {
+        *self.shared.heads.lock().unwrap() = Some(Vec::new());
+    }
+
+    /// The requests recorded since [`Self::record_heads`].
+    pub fn heads(&self) -> Vec<String> {
+        self.shared
+            .heads
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_default()
+    }
+
     /// Every chunk sent towards ClickHouse waits this long first.
     pub fn set_delay(&self, delay: Duration) {
         self.shared
@@ -180,6 +200,13 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                 shared.hold.lock().unwrap().clone(),
             );
             let mut held = None;
+            if let Some(heads) = shared.heads.lock().unwrap().as_mut()
+                && buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
+            {
+                let plain = String::from_utf8_lossy(&buf[..n]).replace('+', " ");
+                let decoded = percent_encoding::percent_decode_str(&plain).decode_utf8_lossy();
+                heads.push(decoded.into_owned());
+            }
             // Decoded only while a test looks for something: the other tests
             // (and their slow-ClickHouse timings) pay nothing for it.
             if refuse.is_some() || lose.is_some() || hold.is_some() {

@@ -56,5 +56,6 @@ mod soak_mixed;
 mod states_api;
 mod structure;
 mod tls;
+mod unlocked;
 mod wait_cli;
 mod watch;

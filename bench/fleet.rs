@@ -33,6 +33,8 @@ struct Cell {
     latencies: Vec<Duration>,
     took: Duration,
     inserts: f64,
+    /// Every statement the gateway sent meanwhile.
+    statements: f64,
 }
 
 impl Cell {
@@ -48,6 +50,10 @@ impl Cell {
 
     fn inserts_per_write(&self) -> f64 {
         self.inserts / self.latencies.len() as f64
+    }
+
+    fn statements_per_write(&self) -> f64 {
+        self.statements / self.latencies.len() as f64
     }
 }
 
@@ -81,6 +87,23 @@ async fn inserts(http: &reqwest::Client, base: &str) -> f64 {
         .sum()
 }
 
+/// Every ClickHouse statement the gateway has sent so far, of any kind:
+/// reads (routing, the current row) as well as INSERTs.
+async fn statements(http: &reqwest::Client, base: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|line| line.starts_with("statehouse_clickhouse_query_duration_seconds_count{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `writers` loops of `write(writer, n)` for `FOR`, all at once.
 async fn run<F, Fut>(writers: usize, write: Arc<F>) -> Cell
 where
@@ -111,6 +134,7 @@ where
         latencies,
         took: started.elapsed(),
         inserts: 0.0,
+        statements: 0.0,
     }
 }
 
@@ -129,10 +153,13 @@ async fn main() {
 
     println!("statehouse fleet bench: each writer on its own state_id, {FOR:?} per cell");
     println!(
-        "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>10}",
-        "writers", "path", "writes/s", "p50 ms", "p99 ms", "INSERT/wr", "x direct"
+        "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>9} {:>10}",
+        "writers", "path", "writes/s", "p50 ms", "p99 ms", "INSERT/wr", "stmt/wr", "x direct"
     );
-    for writers in [1, 8, 64] {
+    let fleet: Vec<usize> = std::env::var("STATEHOUSE_BENCH_WRITERS")
+        .map(|w| w.split(',').map(|n| n.trim().parse().unwrap()).collect())
+        .unwrap_or_else(|_| vec![1, 8, 64]);
+    for writers in fleet {
         let unlocked = {
             let (http, base) = (http.clone(), base.clone());
             Arc::new(move |w: usize, n: usize| {
@@ -203,15 +230,16 @@ async fn main() {
                 }
             })
         };
-        let before = inserts(&http, &base).await;
+        let before = (inserts(&http, &base).await, statements(&http, &base).await);
         let mut open = run(writers, unlocked).await;
-        let middle = inserts(&http, &base).await;
+        let middle = (inserts(&http, &base).await, statements(&http, &base).await);
         let mut leased = run(writers, held).await;
-        let after = inserts(&http, &base).await;
-        open.inserts = middle - before;
-        leased.inserts = after - middle;
+        let after = (inserts(&http, &base).await, statements(&http, &base).await);
+        (open.inserts, open.statements) = (middle.0 - before.0, middle.1 - before.1);
+        (leased.inserts, leased.statements) = (after.0 - middle.0, after.1 - middle.1);
         let mut direct_cell = run(writers, straight).await;
         direct_cell.inserts = direct_cell.latencies.len() as f64;
+        direct_cell.statements = direct_cell.inserts;
         let direct_rate = direct_cell.per_second();
         for (name, cell) in [
             ("gateway, unlocked", &mut open),
@@ -224,8 +252,9 @@ async fn main() {
                 cell.per_second(),
             );
             println!(
-                "{writers:<8} {name:<22} {rate:>9.0} {p50:>9.1} {p99:>9.1} {:>11.3} {:>10.2}",
+                "{writers:<8} {name:<22} {rate:>9.0} {p50:>9.1} {p99:>9.1} {:>11.3} {:>9.3} {:>10.2}",
                 cell.inserts_per_write(),
+                cell.statements_per_write(),
                 rate / direct_rate
             );
         }
@@ -233,5 +262,6 @@ async fn main() {
     println!(
         "INSERT/wr: ClickHouse INSERT statements per acknowledged write (lease rows included)"
     );
+    println!("stmt/wr: every ClickHouse statement the gateway sent per acknowledged write");
     println!("x direct: writes/s against the straight single-row INSERTs of as many writers");
 }

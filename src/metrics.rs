@@ -297,7 +297,7 @@ impl Default for Metrics {
         for limit in ["requests", "lock_waiters", "watchers", "share"] {
             let _ = shed.get_or_create(&ShedLabels { limit });
         }
-        for read in ["state", "locks"] {
+        for read in ["state", "locks", "route"] {
             let _ = read_batch_keys.get_or_create(&ReadLabels { read });
         }
         for reason in ["header_timeout", "idle_timeout", "tls_handshake"] {

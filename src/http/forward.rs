@@ -55,7 +55,10 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     };
     // The loop guard's side trusts no remembered authority: it answers 421
     // only when ClickHouse names another gateway.
-    let mut route = locks.route(&id, !forwarded).await;
+    // A write's routing read brings the current row along: one statement
+    // where it is served here, instead of a second read under its lock.
+    let with_row = parts.uri.path().starts_with("/v1/states/");
+    let mut route = locks.route(&id, !forwarded, with_row).await;
     for attempt in 1..=ATTEMPTS {
         let peer = match route {
             Err(err) => return ApiError::from(err).into_response(),
@@ -84,7 +87,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 // A gateway whose claim had lapsed, asked first, is passed
                 // over once it leaves a request unanswered: looked up afresh,
                 // the id is served here. A live authority stays the one.
-                route = locks.route(&id, false).await;
+                route = locks.route(&id, false, with_row).await;
                 if attempt < ATTEMPTS && matches!(route, Ok(Route::Here(_))) {
                     continue;
                 }
@@ -102,7 +105,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
         if attempt == ATTEMPTS {
             return moving(response, false);
         }
-        route = locks.route(&id, false).await;
+        route = locks.route(&id, false, with_row).await;
     }
     unreachable!("every attempt returns or continues")
 }

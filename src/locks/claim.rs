@@ -125,9 +125,14 @@ impl Coordinator {
         self.protocol.contested(ids).await
     }
 
-    /// Who holds `id`'s claim, with the lease row recorded for it.
-    pub(super) async fn authority(&self, id: &StateId) -> Result<Authority, StoreError> {
-        self.protocol.authority(id).await
+    /// Who holds `id`'s claim, with the lease row recorded for it; with its
+    /// current state row too when `with_row` (one statement all the same).
+    pub(super) async fn authority(
+        &self,
+        id: &StateId,
+        with_row: bool,
+    ) -> Result<Authority, StoreError> {
+        self.protocol.authority(id, with_row).await
     }
 
     /// The lease in force on `id` by ClickHouse's record: `seen`'s while it
@@ -143,7 +148,7 @@ impl Coordinator {
         if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.timing.seen_lease_fresh()) {
             return Ok(seen.lease.clone());
         }
-        Ok(self.authority(id).await?.lease_in_force().cloned())
+        Ok(self.authority(id, false).await?.lease_in_force().cloned())
     }
 
     /// Every lease ClickHouse records as in force, through any gateway.
@@ -272,6 +277,7 @@ mod tests {
             claims: vec![candidate(OTHER), candidate(HOLDER)],
             leases: vec![stored(LeaseState::Held, true)],
             lapsed: None,
+            row: None,
         };
         assert_eq!(read.holder().map(|c| c.gateway_id), Some(OTHER));
         assert!(read.lease_in_force().is_some(), "its gateway is in line");

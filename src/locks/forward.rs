@@ -134,11 +134,13 @@ impl Router {
     /// re-win the claim and keep them, unless it left a forwarded request
     /// unanswered within the claim TTL (it is gone, and the id is claimed
     /// here). `remembered` allows an authority looked up lately instead of
-    /// asking ClickHouse.
+    /// asking ClickHouse; `with_row` reads the id's current row with the
+    /// authority, for a write served here.
     pub async fn route(
         &self,
         id: &StateId,
         remembered: bool,
+        with_row: bool,
         slots: &Slots,
         coordinator: &Coordinator,
     ) -> Result<Route, LockError> {
@@ -149,7 +151,7 @@ impl Router {
             return Ok(Route::Peer(peer));
         }
         let at = Instant::now();
-        let authority = coordinator.authority(id).await?;
+        let authority = coordinator.authority(id, with_row).await?;
         let Some(first) = authority.holder() else {
             if let Some(lapsed) = authority.lapsed_holder(self.gateway_id)
                 && !self.unanswered_within(lapsed.gateway_id, coordinator.timing().ttl())
@@ -157,7 +159,8 @@ impl Router {
                 return Ok(Route::Peer(Peer::of(lapsed)));
             }
             let lease = authority.lease_in_force().cloned();
-            return Ok(Route::Here(Some(SeenLease { lease, at })));
+            let row = authority.row;
+            return Ok(Route::Here(Some(SeenLease { lease, at, row })));
         };
         if first.gateway_id == self.gateway_id {
             return Ok(Route::Here(None));

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, Response};
@@ -28,7 +28,7 @@ use super::write::{Admitted, admit_here, lease_rule};
 use crate::config::LockSettings;
 use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
+use crate::store::{KeeperClaimStore, LeaseStore, StoredRow, now_ms};
 
 /// Who holds an id and how many wait for it.
 #[derive(Debug)]
@@ -211,7 +211,7 @@ impl LockManager {
 
     /// Why `lease_id` is not a lease this gateway can act on.
     async fn not_here(&self, id: &StateId, lease_id: Uuid) -> LockError {
-        match self.coordinator.authority(id).await {
+        match self.coordinator.authority(id, false).await {
             Ok(authority) => match authority
                 .in_force()
                 .map(|stored| &stored.record.lease)
@@ -253,7 +253,7 @@ impl LockManager {
         let at_ms = now_ms();
         let ended: Vec<_> = self
             .coordinator
-            .authority(id)
+            .authority(id, false)
             .await?
             .in_force()
             .map(|stored| {
@@ -452,7 +452,8 @@ impl LockManager {
                 continue;
             }
             if peers_hold_claims
-                && let Route::Peer(peer) = self.route(id, true).await.map_err(|e| (index, e))?
+                && let Route::Peer(peer) =
+                    self.route(id, true, false).await.map_err(|e| (index, e))?
             {
                 by_authority
                     .entry(peer.gateway_id)
@@ -530,11 +531,32 @@ impl LockManager {
     }
 
     /// Where requests about `id` go (see `forward`). `remembered` allows an
-    /// authority looked up lately instead of asking ClickHouse.
-    pub async fn route(&self, id: &StateId, remembered: bool) -> Result<Route, LockError> {
+    /// authority looked up lately instead of asking ClickHouse; `with_row`
+    /// reads the id's current row in the same statement, for a write that
+    /// may be served here (see [`LockManager::seen_row`]).
+    pub async fn route(
+        &self,
+        id: &StateId,
+        remembered: bool,
+        with_row: bool,
+    ) -> Result<Route, LockError> {
         self.router
-            .route(id, remembered, &self.slots, &self.coordinator)
+            .route(id, remembered, with_row, &self.slots, &self.coordinator)
             .await
+    }
+
+    /// The current row a write's routing read found, and when that read was
+    /// asked for, while it is as fresh as the lease it saw (see
+    /// [`LockManager::check_write`]); None when it read no row.
+    pub fn seen_row(&self, seen: Option<&SeenLease>) -> Option<(Instant, Option<StoredRow>)> {
+        let seen =
+            seen.filter(|s| s.at.elapsed() < self.coordinator.timing().seen_lease_fresh())?;
+        Some((seen.at, seen.row.clone()?))
+    }
+
+    /// How long a routing read's findings stand in for a fresh read.
+    pub fn seen_fresh(&self) -> Duration {
+        self.coordinator.timing().seen_lease_fresh()
     }
 
     /// The peer looked up for `id` turned out not to be its authority.

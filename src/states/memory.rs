@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use uuid::Uuid;
 
@@ -18,6 +19,9 @@ pub(super) struct Memory {
     /// [`Memory::failed_version`]); an entry goes with the next write that
     /// lands. Only kept with history on.
     failed: Mutex<HashMap<StateId, Version>>,
+    /// When each id was last forgotten (a write of it landed, or may have):
+    /// a row read before that may be stale (see [`Memory::untouched_since`]).
+    touched: Mutex<Touched>,
     history: bool,
     locks: Arc<LockManager>,
 }
@@ -39,6 +43,15 @@ struct KnownRows {
     swept_at: usize,
 }
 
+/// The ids forgotten lately, and when.
+#[derive(Default)]
+struct Touched {
+    at: HashMap<StateId, Instant>,
+    /// Size after the last sweep of entries too old to matter; the next
+    /// sweep runs when the map doubles.
+    swept_at: usize,
+}
+
 /// Larger states are read from ClickHouse each time: a gateway holding many
 /// claims must not hold many large documents.
 const MAX_KNOWN_BYTES: usize = 1 << 20;
@@ -48,6 +61,7 @@ impl Memory {
         Self {
             known: Known::default(),
             failed: Mutex::default(),
+            touched: Mutex::default(),
             history,
             locks,
         }
@@ -84,12 +98,31 @@ impl Memory {
         }
     }
 
-    /// Forgets each of `ids`: a write of theirs has landed, or may have.
+    /// Forgets each of `ids`: a write of theirs has landed, or may have. A
+    /// row of theirs read before now may be stale from now on.
     pub fn forget_each<'a>(&self, ids: impl IntoIterator<Item = &'a StateId>) {
         let mut rows = self.known.rows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
         for id in ids {
             rows.by_id.remove(id);
+            touched.at.insert(id.clone(), now);
         }
+        if touched.at.len() >= 2 * touched.swept_at.max(64) {
+            // A row read longer ago than this is never used (`seen_fresh`):
+            // older entries decide nothing.
+            let fresh = self.locks.seen_fresh();
+            touched.at.retain(|_, at| at.elapsed() < fresh);
+            touched.swept_at = touched.at.len();
+        }
+    }
+
+    /// Whether no write of `id` landed, or may have, since `at` (as far as
+    /// `seen_fresh` looks back): a row read that was asked for at `at` is
+    /// still the id's state as this gateway left it.
+    pub fn untouched_since(&self, id: &StateId, at: Instant) -> bool {
+        let touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+        touched.at.get(id).is_none_or(|last| *last < at)
     }
 
     /// A version whose history row landed but whose state write failed: the

@@ -267,7 +267,16 @@ impl States {
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
             .await?;
-        let current = self.current(id, admitted.claim()).await?;
+        let current = match self.locks.seen_row(conditions.seen_lease.as_ref()) {
+            // Read with the routing read, after every write of this gateway
+            // to the id had settled, and none since: as a read now would be.
+            Some((at, row))
+                if admitted.claim().is_none() && self.memory.untouched_since(id, at) =>
+            {
+                row
+            }
+            _ => self.current(id, admitted.claim()).await?,
+        };
         let policy = Policy {
             if_match: conditions.if_match.as_ref(),
             guard: self.guard,

@@ -291,6 +291,25 @@ const LAPSED_CLAIMS_READ_SECONDS: u64 = LAPSED_CLAIMS_READ.as_secs();
 /// first. Of a pool's lease rows, those that may still keep a place: their
 /// lease or its lock-delay has not run out.
 pub(super) fn lock_rows_sql(table: &str, filter: &str, rows: LeaseRows) -> String {
+    format!(
+        "SELECT {LOCK_COLUMNS} FROM {table} FINAL WHERE {}
+         ORDER BY state_id, created_at, claim_id",
+        lock_rows_filter(filter, rows)
+    )
+}
+
+/// The columns of [`LockRowIn`], in its order.
+pub(super) const LOCK_COLUMNS: &str =
+    "CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
+    toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
+    fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
+    toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
+    advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
+    info, ended_by, actor, reason, pool_limit,
+    expires_at > now64(3) AS unexpired";
+
+/// The rows of [`lock_rows_sql`]: those `filter` selects that may matter.
+pub(super) fn lock_rows_filter(filter: &str, rows: LeaseRows) -> String {
     let leases = match rows {
         LeaseRows::PerId => "kind = 'lease'",
         LeaseRows::PerLease => {
@@ -298,18 +317,9 @@ pub(super) fn lock_rows_sql(table: &str, filter: &str, rows: LeaseRows) -> Strin
         }
     };
     format!(
-        "SELECT CAST(kind AS Int8) AS kind_code, state_id, toString(claim_id) AS claim_id,
-                toString(lease_id) AS lease_id, toString(gateway_id) AS gateway_id, owner,
-                fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
-                toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
-                advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
-                info, ended_by, actor, reason, pool_limit,
-                expires_at > now64(3) AS unexpired
-         FROM {table} FINAL
-         WHERE {filter}
+        "{filter}
            AND (({leases}) OR (kind = 'claim' AND released = 0
-                AND expires_at > now64(3) - toIntervalSecond({LAPSED_CLAIMS_READ_SECONDS})))
-         ORDER BY state_id, created_at, claim_id"
+                AND expires_at > now64(3) - toIntervalSecond({LAPSED_CLAIMS_READ_SECONDS})))"
     )
 }
 

@@ -16,6 +16,8 @@ use super::lease_rows::{
     LockRowIn, NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
 };
 use super::read_batch::ReadBatch;
+use super::route_read::{RouteRows, route_reads};
+use super::state_table::StoredRow;
 use crate::domain::{Lease, StateId};
 
 #[derive(Clone)]
@@ -30,6 +32,10 @@ pub struct LeaseStore {
     /// Point reads of one id's lock rows, coalesced: every routing read and
     /// lock check is one.
     lock_reads: Arc<ReadBatch<String, Vec<LockRowIn>>>,
+    /// Routing reads of writes to the states of this table's ids: the lock
+    /// rows with the current row (see `route_read`); None on a table whose
+    /// ids name no state (a pool's).
+    route_reads: Option<Arc<ReadBatch<String, RouteRows>>>,
 }
 
 impl LeaseStore {
@@ -58,6 +64,17 @@ impl LeaseStore {
             rows,
             advertise_url: String::new(),
             lock_reads: Arc::new(lock_reads),
+            route_reads: None,
+        }
+    }
+
+    /// The store whose routing reads of a write also read the id's current
+    /// row in `state_table`, in the same statement.
+    pub fn routing_writes_to(self, state_table: String) -> Self {
+        let route_reads = route_reads(self.ch.clone(), self.table.clone(), state_table, self.rows);
+        Self {
+            route_reads: Some(route_reads),
+            ..self
         }
     }
 
@@ -394,6 +411,35 @@ impl LeaseStore {
     pub async fn id_locks(&self, id: &StateId) -> Result<IdLocks, StoreError> {
         let rows = self.lock_reads.read(id.as_str().to_owned()).await?;
         IdLocks::assemble(rows.unwrap_or_default())
+    }
+
+    /// [`LeaseStore::id_locks`] with the id's current row read in the same
+    /// statement: `Some(None)` when it has none, None when this table's
+    /// ids name no state (the row is not read then).
+    pub async fn id_locks_and_row(
+        &self,
+        id: &StateId,
+    ) -> Result<(IdLocks, Option<Option<StoredRow>>), StoreError> {
+        let Some(route_reads) = &self.route_reads else {
+            return Ok((self.id_locks(id).await?, None));
+        };
+        let found = route_reads.read(id.as_str().to_owned()).await?;
+        let RouteRows { locks, row } = found.unwrap_or_default();
+        Ok((IdLocks::assemble(locks)?, Some(row)))
+    }
+
+    /// [`LeaseStore::id_locks_and_row`] when `with_row`, else
+    /// [`LeaseStore::id_locks`] (the row not read).
+    pub async fn id_locks_or_with_row(
+        &self,
+        id: &StateId,
+        with_row: bool,
+    ) -> Result<(IdLocks, Option<Option<StoredRow>>), StoreError> {
+        if with_row {
+            self.id_locks_and_row(id).await
+        } else {
+            Ok((self.id_locks(id).await?, None))
+        }
     }
 
     /// Every id with an unexpired lease row, in state_id order, with its

@@ -17,6 +17,7 @@ mod lease_rows;
 mod lease_table;
 mod ping;
 mod read_batch;
+mod route_read;
 mod state_table;
 mod target;
 
@@ -122,7 +123,8 @@ impl Store {
                 ch.clone(),
                 qualified(&companion(table, "lease")),
                 LeaseRows::PerId,
-            ),
+            )
+            .routing_writes_to(qualified(table.as_str())),
             pool_leases: LeaseStore::new(
                 ch.clone(),
                 qualified(&companion(table, "pool_lease")),

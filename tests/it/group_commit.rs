@@ -281,7 +281,7 @@ async fn a_client_hanging_up_in_a_batch_leaves_the_others_intact() {
 /// gateway's heartbeat, left out).
 async fn statements(api: &Api) -> f64 {
     let text = exposition(api).await;
-    ["lock_read", "get", "history_record", "put"]
+    ["route_read", "lock_read", "get", "history_record", "put"]
         .iter()
         .filter_map(|op| {
             metric(
@@ -294,7 +294,7 @@ async fn statements(api: &Api) -> f64 {
         .sum()
 }
 
-/// An unlocked PUT (routing read, current row, INSERT) costs no more
+/// An unlocked PUT (routing read with the current row, INSERT) costs no more
 /// statements under load than alone: 32 writers at once through a slowed
 /// ClickHouse share their reads as they share their INSERTs, so they spend
 /// at most half of what one writer spends per write.

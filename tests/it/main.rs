@@ -60,6 +60,7 @@ mod states_api;
 mod structure;
 mod tls;
 mod traces;
+mod unlocked;
 mod wait_cli;
 mod watch;
 mod watch_across;

@@ -315,10 +315,12 @@ impl ClaimProtocol for KeeperClaims {
         })
     }
 
-    fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority> {
+    fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority> {
         Box::pin(async move {
-            let (read, locks) =
-                tokio::join!(self.store.read(id), self.claimant.leases.id_locks(id));
+            let (read, locks) = tokio::join!(
+                self.store.read(id),
+                self.claimant.leases.id_locks_or_with_row(id, with_row)
+            );
             let read = read?;
             let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
                 claim_id: h.claim_id,
@@ -333,10 +335,12 @@ impl ClaimProtocol for KeeperClaims {
                 Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
                 lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
             };
+            let (locks, row) = locks?;
             Ok(Authority {
                 claims: live.into_iter().collect(),
-                leases: locks?.leases,
+                leases: locks.leases,
                 lapsed,
+                row,
             })
         })
     }

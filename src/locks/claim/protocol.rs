@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
 use crate::locks::slot::{Lapsed, TokenBlock, WonClaim};
-use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
+use crate::store::{Candidate, IdLocks, StoreError, StoredLease, StoredRow};
 
 /// A protocol operation under way: boxed, as the futures of a trait
 /// object's methods must be.
@@ -57,8 +57,10 @@ pub(super) trait ClaimProtocol: Send + Sync {
     /// Which of the held ids another gateway waits for.
     fn contested<'a>(&'a self, ids: &'a [StateId]) -> Step<'a, HashSet<StateId>>;
 
-    /// Who holds `id`'s claim, with the lease row recorded for it.
-    fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority>;
+    /// Who holds `id`'s claim, with the lease row recorded for it; `with_row`
+    /// reads its current state row in the same statement (see
+    /// [`Authority::row`]).
+    fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority>;
 
     /// Every lease ClickHouse records as in force, through any gateway.
     fn recorded_leases(&self) -> Step<'_, Vec<Lease>>;
@@ -87,6 +89,9 @@ pub(in crate::locks) struct Authority {
     /// re-win the claim and keep them (see `locks::slot::Lapsed`), so it is
     /// asked first.
     pub lapsed: Option<Candidate>,
+    /// The id's current state row, when it was read with the lock rows:
+    /// `Some(None)` when it has none.
+    pub row: Option<Option<StoredRow>>,
 }
 
 impl Authority {

@@ -264,9 +264,13 @@ impl ClaimProtocol for TableClaims {
         })
     }
 
-    fn authority<'a>(&'a self, id: &'a StateId) -> Step<'a, Authority> {
+    fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority> {
         Box::pin(async move {
-            let locks = self.claimant.leases.id_locks(id).await?;
+            let (locks, row) = self
+                .claimant
+                .leases
+                .id_locks_or_with_row(id, with_row)
+                .await?;
             // With no live claim at all: the latest candidate that lapsed
             // unwithdrawn (its grants' rows may not have landed), or the
             // gateway of a lease row that still runs. No other claim was made
@@ -292,6 +296,7 @@ impl ClaimProtocol for TableClaims {
                 claims: locks.candidates,
                 leases: locks.leases,
                 lapsed,
+                row,
             })
         })
     }

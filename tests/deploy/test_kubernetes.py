@@ -43,9 +43,13 @@ def seconds(duration: str) -> float:
 
 
 def source_env_names() -> set[str]:
-    """Every variable the gateway and the runner read (`env = "..."`)."""
+    """Every variable the gateway and the commands read (`env = "..."`): the
+    runner's connection flags are in `src/client/`, shared with `statehouse wait`."""
     names = set()
-    for path in [ROOT / "src" / "config" / "cli.rs", *sorted((ROOT / "src" / "run_lease").glob("*.rs"))]:
+    sources = [ROOT / "src" / "config" / "cli.rs"]
+    for folder in ("run_lease", "client", "waiter"):
+        sources += sorted((ROOT / "src" / folder).glob("*.rs"))
+    for path in sources:
         names.update(re.findall(r'env = "(STATEHOUSE_[A-Z0-9_]+)"', path.read_text()))
     return names
 

@@ -9,11 +9,12 @@ refused.
 
 Positive cases (which must be accepted) are kept to what the schema can say:
 
-- A listing's `cursor` is valid only as a `next_cursor` this service handed
-  out (it carries a check over the pattern or state it pages); no schema can
-  say which well-formed hex strings those are, so a generated one is refused
-  with 400 however well formed. Positive cases go without one; negative cases
-  keep theirs, which must still be refused.
+- A listing's `cursor`, and the change feed's `since` and `Last-Event-ID`,
+  are valid only as cursors this service handed out (each carries a check
+  over the pattern it follows); no schema can say which well-formed hex
+  strings those are, so a generated one is refused with 400 however well
+  formed. Positive cases go without one; negative cases keep theirs, which
+  must still be refused.
 - An `If-Match` holds only for the state as stored: `*` only if it exists, a
   tag only if it is the current ETag, which generated data cannot know, so it
   gets 412 (still a documented answer, which Schemathesis counts as refusing
@@ -87,8 +88,9 @@ def map_case(context, case):
         return case
     if case.query:
         case.query.pop("cursor", None)
+        case.query.pop("since", None)
     if case.headers:
-        for name in [name for name in case.headers if name.lower() == "if-match"]:
+        for name in [name for name in case.headers if name.lower() in ("if-match", "last-event-id")]:
             del case.headers[name]
     if case.operation.method.upper() == "POST" and case.operation.path == "/v1/states" and isinstance(case.body, list):
         case.body = first_of_each_id(case.body)

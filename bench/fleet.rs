@@ -15,6 +15,7 @@ use clickhouse::Client;
 use serde::Serialize;
 use serde_json::Value;
 
+mod statements;
 mod support;
 
 /// How long each cell runs.
@@ -66,42 +67,17 @@ fn document(n: usize) -> String {
 /// INSERT statements the gateway has sent so far: versions (which carry
 /// the states), states alone, and lease rows.
 async fn inserts(http: &reqwest::Client, base: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let counts = statements::by_operation(http, base).await;
     ["history_record", "put", "lease_write"]
         .iter()
-        .map(|op| {
-            let prefix = format!(
-                "statehouse_clickhouse_query_duration_seconds_count{{operation=\"{op}\"}} "
-            );
-            text.lines()
-                .find_map(|line| line.strip_prefix(&prefix))
-                .map_or(0.0, |n| n.trim().parse().unwrap())
-        })
+        .filter_map(|op| counts.get(*op))
         .sum()
 }
 
 /// Every ClickHouse statement the gateway has sent so far, of any kind:
 /// reads (routing, the current row) as well as INSERTs.
 async fn statements(http: &reqwest::Client, base: &str) -> f64 {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|line| line.starts_with("statehouse_clickhouse_query_duration_seconds_count{"))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    statements::by_operation(http, base).await.values().sum()
 }
 
 /// `writers` loops of `write(writer, n)` for `FOR`, all at once.

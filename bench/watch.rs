@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
+mod statements;
 mod support;
 
 /// Clients following states, spread over the gateways.
@@ -80,21 +81,11 @@ fn etag_of(reply: &reqwest::Response) -> String {
 
 /// Every statement the gateways have sent ClickHouse so far.
 async fn statements(http: &reqwest::Client, bases: &[String]) -> f64 {
-    let prefix = "statehouse_clickhouse_query_duration_seconds_count{";
     let mut total = 0.0;
     for base in bases {
-        let text = http
-            .get(format!("{base}/metrics"))
-            .send()
+        total += statements::by_operation(http, base)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        total += text
-            .lines()
-            .filter(|line| line.starts_with(prefix))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .values()
             .sum::<f64>();
     }
     total

@@ -320,20 +320,29 @@ async fn a_leased_ids_write_wakes_waiters_on_its_authority_and_elsewhere() {
     );
 }
 
-/// Waiters hold no request permit: with one permit and room for two
-/// waiters, two waiters leave reads and writes served, and a third waiter
-/// is refused with 503 and Retry-After.
+/// Waiters hold no request permit (acceptance 7): with four permits and
+/// room for 40 waiters, 40 waiters leave reads and writes served within
+/// 3 s, and the 41st waiter is refused with 503 and Retry-After.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn past_max_watchers_a_long_poll_is_503_and_waiters_hold_no_request_permit() {
     let app = spawn_app_with(|config| {
-        config.concurrency.requests = 1;
-        config.concurrency.watchers = 2;
+        config.concurrency.requests = 4;
+        config.concurrency.watchers = 40;
     })
     .await;
-    let waiting: Vec<_> = (0..2)
-        .map(|n| long_poll(&app, &fresh_id(&format!("capped{n}")), "10s", None))
+    let waiting: Vec<_> = (0..40)
+        .map(|n| long_poll(&app, &fresh_id(&format!("capped{n}")), "30s", None))
         .collect();
-    settle().await;
+    // Every waiter has its place before the one too many comes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(
+        &app.get("/metrics").await.text,
+        r#"statehouse_watchers{kind="long_poll"}"#,
+    ) != Some(40.0)
+    {
+        assert!(Instant::now() < deadline, "40 waiters never all waited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let refused = long_poll(&app, &fresh_id("one-too-many"), "10s", None)
         .await
         .unwrap()

@@ -330,10 +330,10 @@ async fn a_collector_that_is_down_costs_requests_nothing() {
     .await;
     let untraced = eighty_puts(&plain).await;
     let down = eighty_puts(&traced).await;
-    // Acceptance 6 allows 2x a gateway without tracing, plus 1 s; the 1 s
-    // is doubled for a loaded 2-core machine, as the watch tests do.
+    // Acceptance 6's own bound: 2x a gateway without tracing, plus 1 s
+    // (measured here beside a build: 1.2x to 1.5x, 80 PUTs taking 3 s).
     assert!(
-        down <= untraced * 2 + Duration::from_secs(2),
+        down <= untraced * 2 + Duration::from_secs(1),
         "80 PUTs took {down:?} with the collector down, {untraced:?} without tracing"
     );
     // The spans that could not be sent are counted.

@@ -216,9 +216,7 @@ impl ChangesStore {
             ));
         }
         for sql in statements {
-            self.ch
-                .timed("ensure_schema", self.ch.client().query(&sql).execute())
-                .await?;
+            self.ch.ddl(&sql).await?;
         }
         Ok(())
     }

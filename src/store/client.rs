@@ -93,6 +93,12 @@ impl ClickHouse {
             .await
     }
 
+    /// Runs one DDL statement of the schema's set-up (a CREATE or ALTER).
+    pub(super) async fn ddl(&self, sql: &str) -> Result<(), StoreError> {
+        self.timed("ensure_schema", self.client().query(sql).execute())
+            .await
+    }
+
     /// Runs one ClickHouse round trip under the query timeout and records it.
     pub(super) async fn timed<T, E: Into<StoreError>>(
         &self,

@@ -43,9 +43,7 @@ impl GatewayStore {
 
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, placement);
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&create).execute())
-            .await
+        self.ch.ddl(&create).await
     }
 
     /// Records `gateway_id` as serving in `mode` for `ttl` from now (server time).

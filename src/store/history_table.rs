@@ -285,16 +285,12 @@ impl HistoryStore {
     /// state table, as the gateway's own INSERT did before history.
     pub async fn ensure_view(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_view_sql(&self.view, &self.state_table, &self.table, placement);
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&create).execute())
-            .await
+        self.ch.ddl(&create).await
     }
 
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, self.retention, placement);
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&create).execute())
-            .await
+        self.ch.ddl(&create).await
     }
 
     /// Brings an existing table's TTL to the configured retention; a table
@@ -307,9 +303,7 @@ impl HistoryStore {
         let Some(sql) = retention_sql(&self.table, self.retention, engine_full, placement) else {
             return Ok(());
         };
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&sql).execute())
-            .await
+        self.ch.ddl(&sql).await
     }
 
     /// Adds what a table made by an earlier version lacks: the regressed
@@ -332,9 +326,7 @@ impl HistoryStore {
                 self.table,
                 placement.on_cluster()
             );
-            self.ch
-                .timed("ensure_schema", self.ch.client().query(&alter).execute())
-                .await?;
+            self.ch.ddl(&alter).await?;
         }
         Ok(())
     }

@@ -220,9 +220,7 @@ impl KeeperClaimStore {
     /// KeeperMap (no `keeper_map_path_prefix`, no Keeper, Keeper out of reach).
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, &self.keeper_path, placement);
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&create).execute())
-            .await
+        self.ch.ddl(&create).await
     }
 
     /// Reads a key no state_id has: fails unless the server reaches Keeper.

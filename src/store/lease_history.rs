@@ -143,9 +143,7 @@ impl LeaseHistoryStore {
             ));
         }
         for sql in statements {
-            self.ch
-                .timed("ensure_schema", self.ch.client().query(&sql).execute())
-                .await?;
+            self.ch.ddl(&sql).await?;
         }
         Ok(())
     }

@@ -93,9 +93,7 @@ impl LeaseStore {
 
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create = create_table_sql(&self.table, placement, self.rows);
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&create).execute())
-            .await
+        self.ch.ddl(&create).await
     }
 
     /// A table an earlier version made gains the token kind, the URL
@@ -142,9 +140,7 @@ impl LeaseStore {
             placement.on_cluster(),
             changes.join(", ")
         );
-        self.ch
-            .timed("ensure_schema", self.ch.client().query(&alter).execute())
-            .await
+        self.ch.ddl(&alter).await
     }
 
     /// Inserts a claim candidate stamped with the server's clock, with the

@@ -215,12 +215,7 @@ impl StateStore {
     /// so either can serve a database the other wrote.
     pub async fn ensure_table(&self, placement: &Placement) -> Result<(), StoreError> {
         let create_table = create_table_sql(&self.table, placement);
-        self.ch
-            .timed(
-                "ensure_schema",
-                self.ch.client().query(&create_table).execute(),
-            )
-            .await
+        self.ch.ddl(&create_table).await
     }
 
     /// The stored row of `id`, read together with the others asked for

@@ -3,9 +3,9 @@ gateway, on three gateways behind a per-request round-robin balancer, and on
 Meltano's own default backend (systemdb: SQLite in the project) for reference.
 
 One gateway runs with history on and once more with `--history=false`, and
-once more with the run under `statehouse lock` (a run lease: one request per
-STATE message, no lock per message).
-Meltano persists state at every STATE message, under a lock. A run of LONG
+once more with the run under `statehouse lock` (a run lease carried by each
+STATE message's one PATCH).
+Meltano persists state at every STATE message. A run of LONG
 messages and one of SHORT cost the same start-up, so the cost of one STATE
 message is their difference over LONG - SHORT. The gateways, the balancer,
 the tiny tap and target and the Meltano project are the shim tests' own

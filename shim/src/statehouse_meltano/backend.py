@@ -17,6 +17,7 @@ from statehouse_meltano.client import (
     GatewayError,
     LockHeldError,
     PatternDeletion,
+    StateLockedError,
     TlsSettings,
     gateway_url,
 )
@@ -167,18 +168,25 @@ class StatehouseStateStoreManager(StateStoreManager):
             return self._leases.get(state_id)
 
     def update(self, state: MeltanoState) -> None:  # type: ignore[misc]  # final in Meltano's base, for typing only
-        """Meltano's update, in one request under a run lease.
+        """Meltano's update in one request.
 
-        Meltano's own (lock, read, merge the partial state, write) is what the
-        gateway's PATCH does in one step, so under the run's lease, which
-        covers the whole run, one PATCH carrying it is all a bookmark costs.
-        Other state_ids take Meltano's way, with a lease of their own.
+        Meltano's own (lock, read an incomplete state's stored one, merge its
+        partial state, write, unlock: three or four requests) is what the
+        gateway's PATCH does in one step, serialized per state_id on its
+        authority. Under the run's lease, which covers the
+        whole run, the PATCH carries it; without one it goes with no lease,
+        and only when another client holds the state_id's lease (409
+        state-locked) does it wait for the lease as Meltano would
+        (lock_timeout_seconds) and PATCH under it.
         """
-        lease_id = self._run_lease_for(state.state_id)
-        if lease_id is None:
-            super().update(state)
+        if lease_id := self._run_lease_for(state.state_id):
+            self.client.patch_state(state.state_id, document(state), lease_id)
             return
-        self.client.patch_state(state.state_id, document(state), lease_id)
+        try:
+            self.client.patch_state(state.state_id, document(state), None)
+        except StateLockedError:
+            with self.acquire_lock(state.state_id, retry_seconds=1):
+                self.client.patch_state(state.state_id, document(state), self._lease_for(state.state_id))
 
     def set(self, state: MeltanoState) -> None:
         self.client.put_state(state.state_id, document(state), self._lease_for(state.state_id))

@@ -34,6 +34,10 @@ class LockHeldError(GatewayError):
     """The lock stayed held by someone else for the whole wait."""
 
 
+class StateLockedError(GatewayError):
+    """A write without the holder's lease, to a state_id another client holds the lease of."""
+
+
 @dataclass(frozen=True)
 class TlsSettings:
     """state_backend.statehouses.{ca_file,client_cert_file,client_key_file}."""
@@ -238,6 +242,8 @@ class GatewayClient:
         # A lock-delay is busy as a held lock is: the id is not free yet.
         if response.status_code == 409 and kind.endswith((":lock-held", ":lock-delay")):
             return LockHeldError(message)
+        if response.status_code == 409 and kind.endswith(":state-locked"):
+            return StateLockedError(message)
         if response.status_code in (502, 503, 504):
             return GatewayUnavailableError(message)
         return GatewayError(message)
@@ -250,7 +256,9 @@ class GatewayClient:
         self._call("PUT", f"/v1/states/{_segment(state_id)}", expect=(200, 201), body=document, lease_id=lease_id)
 
     def patch_state(self, state_id: str, document: dict[str, t.Any], lease_id: str | None) -> None:
-        """Meltano's update: an incomplete state's partial merges into the stored one."""
+        """Meltano's update in one request: an incomplete state's partial merges
+        into the stored one, a complete state replaces it. Without a lease, a
+        state_id another client holds the lease of is StateLockedError."""
         self._call("PATCH", f"/v1/states/{_segment(state_id)}", expect=(200, 201), body=document, lease_id=lease_id)
 
     def delete_state(self, state_id: str, lease_id: str | None) -> None:

@@ -229,6 +229,13 @@ impl Api {
             .await
     }
 
+    pub async fn patch_state_with_lease(&self, id: &str, body: &Value, lease_id: &str) -> Reply {
+        let body = body.to_string();
+        let lease = [("lease-id", lease_id)];
+        self.request(Method::PATCH, &state_path(id), Some(&body), &lease)
+            .await
+    }
+
     /// POST /v1/pools/{name} with `body` (see [`ask`]).
     pub async fn pool_acquire(&self, name: &str, body: &Value) -> Reply {
         self.request(Method::POST, &pool_path(name), Some(&body.to_string()), &[])

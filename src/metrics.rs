@@ -163,6 +163,7 @@ pub struct Metrics {
     read_batch_keys: HistogramFamily<ReadLabels>,
     bookmark_regressions: Counter,
     bookmark_losses: Counter,
+    stale_writes: Counter,
     auth_denied: Family<DeniedLabels, Counter>,
     pool_holders: Family<PoolLabels, Gauge>,
     pool_waiting: Family<PoolLabels, Gauge>,
@@ -189,6 +190,7 @@ impl Default for Metrics {
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         let bookmark_regressions = Counter::default();
         let bookmark_losses = Counter::default();
+        let stale_writes = Counter::default();
         let auth_denied = Family::<DeniedLabels, Counter>::default();
         let pool_holders = Family::<PoolLabels, Gauge>::default();
         let pool_waiting = Family::<PoolLabels, Gauge>::default();
@@ -231,6 +233,11 @@ impl Default for Metrics {
             "bookmark_losses",
             "Bookmarks a write dropped (one per stream or partition), written or refused",
             bookmark_losses.clone(),
+        );
+        registry.register(
+            "stale_writes",
+            "INSERTs of state changes ClickHouse refused, nothing written: a state one was decided against had changed (another writer); its changes are decided again",
+            stale_writes.clone(),
         );
         // 1 .. 1024 rows: a lone write up to a full batch.
         let write_batch_rows = Histogram::new(exponential_buckets(1.0, 2.0, 11));
@@ -316,6 +323,7 @@ impl Default for Metrics {
             read_batch_keys,
             bookmark_regressions,
             bookmark_losses,
+            stale_writes,
             lock_events,
             shed,
             connections_closed,
@@ -355,6 +363,10 @@ impl Metrics {
 
     pub fn bookmark_losses(&self, count: usize) {
         self.bookmark_losses.inc_by(count as u64);
+    }
+
+    pub fn stale_write(&self) {
+        self.stale_writes.inc();
     }
 
     pub fn observe_write_batch(&self, rows: usize) {

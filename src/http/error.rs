@@ -85,6 +85,10 @@ pub enum ApiError {
     /// A change feed cursor older than `--watch-retention`.
     #[error("{0}")]
     CursorExpired(String),
+    /// A write ClickHouse refused, each time it was decided, because
+    /// another writer had changed the state meanwhile.
+    #[error("{0}")]
+    StateContended(String),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -149,6 +153,7 @@ problem_types! {
     ClickHouseUnavailable => SERVICE_UNAVAILABLE, "clickhouse-unavailable", "ClickHouse unavailable";
     Overloaded => SERVICE_UNAVAILABLE, "overloaded", "Gateway overloaded";
     AuthorityUnreachable => SERVICE_UNAVAILABLE, "authority-unreachable", "Authority unreachable";
+    StateContended => SERVICE_UNAVAILABLE, "state-contended", "State changed by another writer";
     // A status some layer answered bare, with no type of ours: it keeps its own status.
     Other => BAD_REQUEST, "http-error", "HTTP error";
 }
@@ -292,6 +297,7 @@ impl ApiError {
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::OutOfScope(_) => ProblemType::OutOfScope,
             Self::CursorExpired(_) => ProblemType::CursorExpired,
+            Self::StateContended(_) => ProblemType::StateContended,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
             Self::PoolFull { .. } => ProblemType::PoolFull,
@@ -427,6 +433,7 @@ impl From<StateError> for ApiError {
             StateError::NotFound(id) => Self::StateNotFound(id),
             StateError::NoBookmark(_) => Self::BookmarkNotFound(text),
             StateError::Duplicate { .. } => Self::InvalidBody(text),
+            StateError::Stale { .. } => Self::StateContended(text),
             StateError::InBatch {
                 index,
                 state_id,

@@ -136,7 +136,7 @@ impl States {
             // A delete is never refused; None: gone meanwhile, nothing to do.
             if let Some(prepared) = prepare(&id, row, Change::DeleteByPattern, &policy, None, now)?
             {
-                changes.push(outgoing(id.clone(), prepared, &admission));
+                changes.push(outgoing(id.clone(), prepared, &admission, None));
                 admitted.push(admission);
                 deleting.push(id);
             }

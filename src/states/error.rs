@@ -37,6 +37,12 @@ pub enum StateError {
     HistoryOff,
     #[error("this state has no version {}", .0.to_rfc3339())]
     VersionNotFound(Version),
+    /// ClickHouse refused the write's INSERT each time: another writer
+    /// changed the state after the write was decided against it.
+    #[error(
+        "another writer changed the state in ClickHouse after this write was decided against it ({attempts} attempt(s)); nothing was written, retry"
+    )]
+    Stale { attempts: u32 },
 }
 
 impl StateError {

@@ -19,6 +19,12 @@
 //! A batch's deletes go out after its INSERT, as one `DELETE ... IN`, under
 //! the same permit: their tombstones are in the INSERT.
 //!
+//! The INSERT checks, in the same statement, that each id a change was
+//! decided against still has the stored version it was read at (see
+//! `store::checked_insert`): when another writer wrote one meanwhile,
+//! ClickHouse refuses the whole batch, and each of its submissions is
+//! answered `Stale`, to be decided again against the stored row.
+//!
 //! A batch is one INSERT of at most `MAX_ROWS` rows and `MAX_BYTES` of
 //! documents, far below the rows ClickHouse puts in one block
 //! (`max_insert_block_size`, about a million), so it is written as one
@@ -38,7 +44,8 @@ use crate::domain::{Lease, Provenance, StateId, Version};
 use crate::locks::{Admitted, LockError, Sending};
 use crate::metrics::Metrics;
 use crate::store::{
-    ChangesStore, HistoryStore, NewVersion, StateStore, StoreError, StoredRow, StoredState,
+    ChangesStore, Expected, HistoryStore, NewVersion, StateStore, StoreError, StoredRow,
+    StoredState,
 };
 use crate::traces::{self, Caller};
 
@@ -56,6 +63,10 @@ pub(super) struct Outgoing {
     pub lease: Option<Lease>,
     /// The claim under which this gateway is the id's authority, if it is.
     pub claim: Option<Uuid>,
+    /// The id's stored version the change was decided against (None: it
+    /// had no row), which its INSERT checks; None when nothing is checked
+    /// (an import's entries, deletes).
+    pub checked: Option<Option<i64>>,
 }
 
 impl Outgoing {
@@ -92,6 +103,9 @@ pub(super) enum CommitError {
     Refused(usize, LockError),
     /// Its batch failed, or its outcome is unknown (a timeout).
     Store(Arc<StoreError>),
+    /// ClickHouse refused its batch, which landed in no part: a state the
+    /// batch checked was not the one its change was decided against.
+    Stale,
 }
 
 /// Each change's state as written, None for a delete.
@@ -270,6 +284,13 @@ impl GroupCommit {
                     drop(part.writing);
                 }
             }
+            Err(StoreError::Stale) => {
+                self.metrics.stale_write();
+                for part in parts {
+                    let _ = part.answer.send(Err(CommitError::Stale));
+                    drop(part.writing);
+                }
+            }
             Err(err) => {
                 let err = Arc::new(err);
                 for part in parts {
@@ -308,6 +329,15 @@ impl GroupCommit {
             .filter(|change| change.row().is_none())
             .map(|change| change.id.clone())
             .collect();
+        let expected: Vec<Expected<'_>> = changes()
+            .filter(|change| change.row().is_some())
+            .filter_map(|change| {
+                change.checked.map(|version_ms| Expected {
+                    id: &change.id,
+                    version_ms,
+                })
+            })
+            .collect();
         let Target {
             history,
             states,
@@ -331,7 +361,7 @@ impl GroupCommit {
                         })
                     })
                     .collect();
-                history.record_many(&versions).await?;
+                history.record_many(&versions, &expected).await?;
                 if !deleted.is_empty() {
                     states.delete_many(&deleted).await?;
                 }
@@ -340,7 +370,7 @@ impl GroupCommit {
             None => {
                 let rows: Vec<StoredRow> = changes().filter_map(Outgoing::row).cloned().collect();
                 if !rows.is_empty() {
-                    states.put(&rows).await?;
+                    states.put(&rows, &expected).await?;
                 }
                 if !deleted.is_empty() {
                     states.delete_many(&deleted).await?;

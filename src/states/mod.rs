@@ -253,9 +253,41 @@ impl States {
     }
 
     /// One change of one id through the door: admitted, decided against the
-    /// current row, then submitted. None when it deleted the state, or
-    /// there was nothing to delete.
+    /// current row, then submitted. Its INSERT checks that the row is still
+    /// the stored one: when another writer (the ClickHouse plugin) wrote the
+    /// id meanwhile, nothing landed, and the change is decided again against
+    /// the stored row, read afresh, a few times at most. None when it
+    /// deleted the state, or there was nothing to delete.
     async fn commit(
+        &self,
+        id: &StateId,
+        change: Change,
+        conditions: &WriteConditions,
+        provenance: &Provenance,
+    ) -> Result<Option<Written>, StateError> {
+        for _ in 1..STALE_ATTEMPTS {
+            match self
+                .commit_once(id, change.clone(), conditions, provenance)
+                .await
+            {
+                // What this gateway knew of the id, or its routing read
+                // found, is stale: the next attempt reads the stored row.
+                Err(StateError::Stale { .. }) => self.memory.forget_each([id]),
+                other => return other,
+            }
+        }
+        self.commit_once(id, change, conditions, provenance)
+            .await
+            .map_err(|err| match err {
+                StateError::Stale { .. } => StateError::Stale {
+                    attempts: STALE_ATTEMPTS,
+                },
+                other => other,
+            })
+    }
+
+    /// One attempt of [`States::commit`].
+    async fn commit_once(
         &self,
         id: &StateId,
         change: Change,
@@ -299,8 +331,14 @@ impl States {
             prepared.regressed_streams.clone(),
             prepared.lost_streams.clone(),
         );
+        let decided_against = current.as_ref().map(|row| row.updated_at_ms);
         let submission = Submission {
-            changes: vec![outgoing(id.clone(), prepared, &admitted)],
+            changes: vec![outgoing(
+                id.clone(),
+                prepared,
+                &admitted,
+                Some(decided_against),
+            )],
             admitted: vec![admitted],
             provenance: provenance.clone(),
             writing: vec![writing],
@@ -431,7 +469,9 @@ impl States {
             else {
                 unreachable!("an import replaces, it never deletes");
             };
-            changes.push(outgoing(id, prepared, admitted));
+            // Not checked: the batch's rows were read for it, and an import
+            // is not retried.
+            changes.push(outgoing(id, prepared, admitted, None));
         }
         let created = changes.iter().filter(|c| c.prepared.created).count();
         let submission = Submission {
@@ -553,12 +593,21 @@ impl States {
     }
 }
 
-fn outgoing(id: StateId, prepared: Prepared, admitted: &Admitted) -> Outgoing {
+/// How many times a write is decided before a stale check answers 503.
+const STALE_ATTEMPTS: u32 = 3;
+
+fn outgoing(
+    id: StateId,
+    prepared: Prepared,
+    admitted: &Admitted,
+    checked: Option<Option<i64>>,
+) -> Outgoing {
     Outgoing {
         id,
         prepared,
         lease: admitted.lease().cloned(),
         claim: admitted.claim(),
+        checked,
     }
 }
 
@@ -571,5 +620,6 @@ fn batch_error(err: CommitError, ids: &[StateId]) -> StateError {
             StateError::in_batch(index, ids[index].as_str(), err.into())
         }
         CommitError::Store(err) => StoreError::InBatch(err).into(),
+        CommitError::Stale => StateError::Stale { attempts: 1 },
     }
 }

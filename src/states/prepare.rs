@@ -13,6 +13,7 @@ use crate::store::{Operation, StoredRow, StoredState, next_version};
 use super::error::StateError;
 
 /// What a request asks to do to one state.
+#[derive(Clone)]
 pub enum Change {
     /// Meltano `set` (PUT): the document replaces the state.
     Replace(StateDocument),

@@ -56,7 +56,7 @@ impl StoreError {
     /// pass (refused connections, timeouts, a 5xx, any other exception).
     pub fn blocker(&self) -> Option<Blocker> {
         match self {
-            Self::Timeout(_) | Self::Corrupt { .. } | Self::Abandoned => None,
+            Self::Timeout(_) | Self::Corrupt { .. } | Self::Abandoned | Self::Stale => None,
             Self::InBatch(err) => err.blocker(),
             Self::Unrecognized { status, .. } => {
                 // A proxy answers 5xx for a ClickHouse that is not up yet.

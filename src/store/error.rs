@@ -25,6 +25,10 @@ pub enum StoreError {
     InBatch(Arc<StoreError>),
     #[error("the write was abandoned: the gateway is shutting down")]
     Abandoned,
+    /// ClickHouse refused a checked INSERT (see `checked_insert`): a state
+    /// it checks changed since the change was decided; nothing landed.
+    #[error("a state changed in ClickHouse since the write was decided against it")]
+    Stale,
 }
 
 impl StoreError {
@@ -33,7 +37,7 @@ impl StoreError {
     /// an answer that is not ClickHouse's, the request may still be applied.
     pub fn surely_not_applied(&self) -> bool {
         match self {
-            Self::ClickHouse(clickhouse::error::Error::BadResponse(_)) => true,
+            Self::ClickHouse(clickhouse::error::Error::BadResponse(_)) | Self::Stale => true,
             Self::InBatch(inner) => inner.surely_not_applied(),
             _ => false,
         }

@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::checked_insert::{CheckedInsert, Expected};
 use super::client::ClickHouse;
 use super::ddl::{Placement, retention_alter, retention_ttl};
 use super::error::StoreError;
@@ -68,6 +69,28 @@ pub struct NewVersion<'a> {
     pub lease: Option<&'a Lease>,
     /// Who made the change, and through which request.
     pub provenance: &'a Provenance,
+}
+
+impl NewVersion<'_> {
+    fn row(&self) -> HistoryRowOut<'_> {
+        let (lease, provenance) = (self.lease, self.provenance);
+        HistoryRowOut {
+            state_id: self.id.as_str(),
+            version: self.version.millis(),
+            operation: self.operation.as_str(),
+            deleted: u8::from(self.doc.is_none()),
+            completed_state: self.doc.map(StateDocument::completed_json),
+            partial_state: self.doc.map(StateDocument::partial_json),
+            changed_streams: self.changed_streams.clone(),
+            regressed_streams: self.regressed_streams.clone(),
+            lost_streams: self.lost_streams.clone(),
+            actor: &provenance.actor,
+            lease_owner: lease.map_or("", |l| l.owner.as_str()),
+            fencing_token: lease.map_or(0, |l| l.fencing_token),
+            request_id: &provenance.request_id,
+            user_agent: &provenance.user_agent,
+        }
+    }
 }
 
 /// One version as listed: everything but the document.
@@ -136,6 +159,50 @@ struct HistoryRowOut<'a> {
     fencing_token: u64,
     request_id: &'a str,
     user_agent: &'a str,
+}
+
+/// The history table's columns, in the order of [`HistoryRowOut`].
+const HISTORY_COLUMNS: &str = "state_id, version, operation, deleted, completed_state, \
+    partial_state, changed_streams, regressed_streams, lost_streams, actor, lease_owner, \
+    fencing_token, request_id, user_agent";
+
+/// A history row as a checked INSERT binds it: a tuple, in column order.
+type HistoryTuple<'a> = (
+    &'a str,
+    i64,
+    &'static str,
+    u8,
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    &'a str,
+    &'a str,
+    u64,
+    &'a str,
+    &'a str,
+);
+
+impl<'a> HistoryRowOut<'a> {
+    fn into_tuple(self) -> HistoryTuple<'a> {
+        (
+            self.state_id,
+            self.version,
+            self.operation,
+            self.deleted,
+            self.completed_state,
+            self.partial_state,
+            self.changed_streams,
+            self.regressed_streams,
+            self.lost_streams,
+            self.actor,
+            self.lease_owner,
+            self.fencing_token,
+            self.request_id,
+            self.user_agent,
+        )
+    }
 }
 
 /// A version as read; listings read no document (NULL halves).
@@ -331,39 +398,47 @@ impl HistoryStore {
         Ok(())
     }
 
-    /// Writes a batch of changes' versions, and with them their state rows, in one INSERT.
-    pub async fn record_many(&self, versions: &[NewVersion<'_>]) -> Result<(), StoreError> {
-        self.ch
-            .timed("history_record", async {
-                let mut insert = self
-                    .ch
-                    .client()
-                    .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
-                    .await?;
-                for new in versions {
-                    let (lease, provenance) = (new.lease, new.provenance);
-                    insert
-                        .write(&HistoryRowOut {
-                            state_id: new.id.as_str(),
-                            version: new.version.millis(),
-                            operation: new.operation.as_str(),
-                            deleted: u8::from(new.doc.is_none()),
-                            completed_state: new.doc.map(StateDocument::completed_json),
-                            partial_state: new.doc.map(StateDocument::partial_json),
-                            changed_streams: new.changed_streams.clone(),
-                            regressed_streams: new.regressed_streams.clone(),
-                            lost_streams: new.lost_streams.clone(),
-                            actor: &provenance.actor,
-                            lease_owner: lease.map_or("", |l| l.owner.as_str()),
-                            fencing_token: lease.map_or(0, |l| l.fencing_token),
-                            request_id: &provenance.request_id,
-                            user_agent: &provenance.user_agent,
-                        })
+    /// Writes a batch of changes' versions, and with them their state rows,
+    /// in one INSERT; refused whole (`StoreError::Stale`) unless each id of
+    /// `expected` is still at the version it names.
+    pub async fn record_many(
+        &self,
+        versions: &[NewVersion<'_>],
+        expected: &[Expected<'_>],
+    ) -> Result<(), StoreError> {
+        let rows = versions.iter().map(NewVersion::row);
+        if expected.is_empty() {
+            return self
+                .ch
+                .timed("history_record", async {
+                    let mut insert = self
+                        .ch
+                        .client()
+                        .insert_unescaped::<HistoryRowOut<'_>>(&self.table)
                         .await?;
-                }
-                insert.end().await
-            })
-            .await
+                    for row in rows {
+                        insert.write(&row).await?;
+                    }
+                    insert.end().await
+                })
+                .await;
+        }
+        let rows: Vec<_> = rows.map(HistoryRowOut::into_tuple).collect();
+        CheckedInsert {
+            table: &self.table,
+            columns: HISTORY_COLUMNS,
+            structure: "state_id String, version Int64, operation String, deleted UInt8, \
+                completed_state Nullable(String), partial_state Nullable(String), \
+                changed_streams Array(String), regressed_streams Array(String), \
+                lost_streams Array(String), actor String, lease_owner String, \
+                fencing_token UInt64, request_id String, user_agent String",
+            select: "state_id, fromUnixTimestamp64Milli(version), operation, deleted, \
+                completed_state, partial_state, changed_streams, regressed_streams, \
+                lost_streams, actor, lease_owner, fencing_token, request_id, user_agent",
+            state_table: &self.state_table,
+        }
+        .run(&self.ch, "history_record", &rows, expected)
+        .await
     }
 
     /// Up to `limit` versions of `id` before `before` (all when None), newest

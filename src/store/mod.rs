@@ -3,6 +3,7 @@
 //! holds the set of tables ([`Store`]) and how they are created.
 
 mod changes_table;
+mod checked_insert;
 mod client;
 mod clock;
 mod ddl;
@@ -22,6 +23,7 @@ mod state_table;
 mod target;
 
 pub use changes_table::{ChangeRead, ChangeRecord, ChangesStore};
+pub use checked_insert::Expected;
 pub use client::ClickHouse;
 pub(crate) use clock::now_ms;
 pub use ddl::{ClusterName, InvalidClusterName, Placement};

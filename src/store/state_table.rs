@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
+use super::checked_insert::{CheckedInsert, Expected};
 use super::client::ClickHouse;
 use super::ddl::Placement;
 use super::error::StoreError;
@@ -229,21 +230,51 @@ impl StateStore {
         rows_of(&self.ch, &self.table, ids, "get_many").await
     }
 
-    /// Writes rows straight into the state table (history off), all in one INSERT.
-    pub async fn put(&self, rows: &[StoredRow]) -> Result<(), StoreError> {
-        self.ch
-            .timed("put", async {
-                let mut insert = self
-                    .ch
-                    .client()
-                    .insert_unescaped::<StateRowOut>(&self.table)
-                    .await?;
-                for row in rows {
-                    insert.write(&row.to_out()).await?;
-                }
-                insert.end().await
+    /// Writes rows straight into the state table (history off), all in one
+    /// INSERT; refused whole (`StoreError::Stale`) unless each id of
+    /// `expected` is still at the version it names.
+    pub async fn put(
+        &self,
+        rows: &[StoredRow],
+        expected: &[Expected<'_>],
+    ) -> Result<(), StoreError> {
+        if expected.is_empty() {
+            return self
+                .ch
+                .timed("put", async {
+                    let mut insert = self
+                        .ch
+                        .client()
+                        .insert_unescaped::<StateRowOut>(&self.table)
+                        .await?;
+                    for row in rows {
+                        insert.write(&row.to_out()).await?;
+                    }
+                    insert.end().await
+                })
+                .await;
+        }
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.id.as_str(),
+                    &row.partial,
+                    &row.completed,
+                    row.updated_at_ms,
+                )
             })
-            .await
+            .collect();
+        CheckedInsert {
+            table: &self.table,
+            columns: "state_id, partial_state, completed_state, updated_at",
+            structure: "state_id String, partial_state Nullable(String), \
+                completed_state Nullable(String), updated_at Int64",
+            select: "state_id, partial_state, completed_state, fromUnixTimestamp64Milli(updated_at)",
+            state_table: &self.table,
+        }
+        .run(&self.ch, "put", &rows, expected)
+        .await
     }
 
     /// The current version of `id`, without its document.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use statehouse::App;
 use statehouse::config::{ClickHouseTarget, Config, parse_clickhouse_url};
 use tokio::sync::oneshot;
@@ -204,6 +204,19 @@ impl TestApp {
 /// Sends SQL to the test ClickHouse over its HTTP interface, as any client would.
 pub async fn raw_sql(sql: &str) -> String {
     raw_sql_at(&clickhouse_url(), sql).await
+}
+
+/// Writes `doc` as `id`'s row straight into the state table, as the
+/// ClickHouse plugin does, stamped an hour ahead of the clock.
+pub async fn plugin_writes_ahead(schema: &str, id: &str, doc: &Value) {
+    raw_sql(&format!(
+        "INSERT INTO `{schema}`.state (state_id, partial_state, completed_state, updated_at)
+         SETTINGS async_insert=0
+         VALUES ('{id}', '{}', '{}', now64(3) + INTERVAL 1 HOUR)",
+        doc.get("partial").unwrap_or(&json!({})),
+        doc.get("completed").unwrap_or(&json!({})),
+    ))
+    .await;
 }
 
 /// Sends SQL to the ClickHouse of `url`, as its user.

@@ -9,6 +9,7 @@ mod bookmark_losses;
 mod bookmark_regressions;
 mod bookmarks;
 mod bulk;
+mod checked_writes;
 mod checker;
 mod cli;
 mod clickhouse_faults;

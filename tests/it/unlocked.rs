@@ -14,7 +14,7 @@ use statehouse::domain::GuardMode;
 use tokio::sync::watch;
 
 use crate::checker::{Held, Log, check, retried};
-use crate::helpers::{Api, metric, raw_sql, spawn_app, spawn_app_with, two_peers};
+use crate::helpers::{Api, metric, plugin_writes_ahead, spawn_app, spawn_app_with, two_peers};
 
 /// The write path's statements so far: routing and lock reads, current
 /// rows, INSERTs (background work left out).
@@ -37,19 +37,6 @@ fn bookmarked(value: &str) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
         "orders": {"replication_key": "updated_at", "replication_key_value": value}
     }}}})
-}
-
-/// Writes `doc` as `id`'s row straight into the state table, as the
-/// ClickHouse plugin does, stamped an hour ahead of the clock.
-async fn plugin_writes_ahead(schema: &str, id: &str, doc: &Value) {
-    raw_sql(&format!(
-        "INSERT INTO `{schema}`.state (state_id, partial_state, completed_state, updated_at)
-         SETTINGS async_insert=0
-         VALUES ('{id}', '{}', '{}', now64(3) + INTERVAL 1 HOUR)",
-        doc.get("partial").unwrap_or(&json!({})),
-        doc.get("completed").unwrap_or(&json!({})),
-    ))
-    .await;
 }
 
 /// Sequential unlocked PUTs cost their routing read (with the current row)

@@ -1,0 +1,129 @@
+//! A write's INSERT checks, in the same statement, that the id's stored row
+//! is still the one the write was decided against. Under a lease the
+//! gateway is the id's authority and decides from what it remembers, so a
+//! row another writer (the ClickHouse plugin) puts straight into the state
+//! table is caught by the check: nothing of the refused INSERT lands, and
+//! the write is decided again against the stored row.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use statehouse::config::History;
+use statehouse::domain::GuardMode;
+
+use crate::helpers::{Api, TestApp, metric, plugin_writes_ahead, raw_sql, spawn_app_with};
+
+/// Both halves of `doc`, as `stored` reads them (a missing half is `{}`).
+fn halves(doc: &Value) -> Value {
+    json!({
+        "completed": doc.get("completed").cloned().unwrap_or(json!({})),
+        "partial": doc.get("partial").cloned().unwrap_or(json!({})),
+    })
+}
+
+fn bookmarked(value: &str) -> Value {
+    json!({"completed": {"singer_state": {"bookmarks": {
+        "orders": {"replication_key": "updated_at", "replication_key_value": value}
+    }}}})
+}
+
+async fn stale_writes(api: &Api) -> f64 {
+    metric(
+        &api.get("/metrics").await.text,
+        "statehouse_stale_writes_total",
+    )
+    .unwrap_or(0.0)
+}
+
+/// `id`'s document as ClickHouse holds it now (FINAL), not as the
+/// authority remembers it.
+async fn stored(app: &TestApp, id: &str) -> Value {
+    let row = raw_sql(&format!(
+        "SELECT completed_state, partial_state FROM `{}`.state FINAL
+         WHERE state_id = '{id}' FORMAT JSONCompactEachRow",
+        app.schema
+    ))
+    .await;
+    let halves: Vec<String> = serde_json::from_str(row.trim()).expect("one row");
+    json!({
+        "completed": serde_json::from_str::<Value>(&halves[0]).unwrap(),
+        "partial": serde_json::from_str::<Value>(&halves[1]).unwrap(),
+    })
+}
+
+async fn send_with_lease(
+    app: &TestApp,
+    method: Method,
+    id: &str,
+    body: &Value,
+    lease: &str,
+) -> crate::api::Reply {
+    // `id` needs no escaping in a path.
+    let path = format!("/v1/states/{id}");
+    app.request(
+        method,
+        &path,
+        Some(&body.to_string()),
+        &[("lease-id", lease)],
+    )
+    .await
+}
+
+async fn leased_writes_are_decided_against_the_plugins_row(history: History) {
+    let app = spawn_app_with(|config| {
+        config.bookmark_regression = GuardMode::Reject;
+        config.history = history;
+    })
+    .await;
+    let id = "tap-leased-to-target";
+    let (lease, _) = app.lease(id, "runner", 60, 0.0).await;
+    send_with_lease(&app, Method::PUT, id, &bookmarked("2026-01-01"), &lease)
+        .await
+        .expect(StatusCode::CREATED);
+    let refused_before = stale_writes(&app).await;
+
+    plugin_writes_ahead(&app.schema, id, &bookmarked("2026-02-10")).await;
+    // Decided against the remembered row (January) it would go forward;
+    // against the plugin's (February) it goes back.
+    let back = send_with_lease(&app, Method::PUT, id, &bookmarked("2026-01-20"), &lease).await;
+    back.expect(StatusCode::CONFLICT);
+    assert_eq!(back.problem_type(), "bookmark-regression");
+    assert_eq!(stale_writes(&app).await, refused_before + 1.0);
+    assert_eq!(stored(&app, id).await, halves(&bookmarked("2026-02-10")));
+
+    send_with_lease(&app, Method::PUT, id, &bookmarked("2026-02-20"), &lease)
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(
+        stored(&app, id).await,
+        halves(&bookmarked("2026-02-20")),
+        "the write wins over the row stamped ahead"
+    );
+
+    // A PATCH merges into the plugin's row.
+    plugin_writes_ahead(&app.schema, id, &json!({"partial": {"n": 100}})).await;
+    send_with_lease(
+        &app,
+        Method::PATCH,
+        id,
+        &json!({"partial": {"m": 1}}),
+        &lease,
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert_eq!(stored(&app, id).await["partial"], json!({"n": 100, "m": 1}));
+    assert_eq!(stale_writes(&app).await, refused_before + 2.0);
+    assert_eq!(
+        app.get_state(id).await.json()["partial"],
+        json!({"n": 100, "m": 1})
+    );
+}
+
+#[tokio::test]
+async fn a_leased_write_is_checked_against_a_row_written_straight_into_clickhouse() {
+    leased_writes_are_decided_against_the_plugins_row(History::Kept(None)).await;
+}
+
+#[tokio::test]
+async fn a_leased_write_is_checked_with_history_off() {
+    leased_writes_are_decided_against_the_plugins_row(History::Off).await;
+}

@@ -479,6 +479,7 @@ mod tests {
                 1,
             )))),
             ApiError::AuthorityMoving,
+            ApiError::from(StateError::Stale { attempts: 3 }),
         ];
         for err in unavailable {
             let response = err.into_response();

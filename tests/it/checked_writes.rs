@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use statehouse::config::History;
 use statehouse::domain::GuardMode;
 
-use crate::helpers::{Api, TestApp, metric, plugin_writes_ahead, raw_sql, spawn_app_with};
+use crate::helpers::{
+    Api, TestApp, metric, plugin_writes_ahead, raw_sql, spawn_app, spawn_app_with,
+};
 
 /// Both halves of `doc`, as `stored` reads them (a missing half is `{}`).
 fn halves(doc: &Value) -> Value {
@@ -126,4 +128,25 @@ async fn a_leased_write_is_checked_against_a_row_written_straight_into_clickhous
 #[tokio::test]
 async fn a_leased_write_is_checked_with_history_off() {
     leased_writes_are_decided_against_the_plugins_row(History::Off).await;
+}
+
+/// The rows of a checked INSERT are in its text: an id and a document with
+/// quotes, backslashes, question marks and braces, and a document past
+/// ClickHouse's default `max_query_size` (256 KiB), go through as sent.
+#[tokio::test]
+async fn a_checked_insert_carries_any_id_and_a_large_document() {
+    let app = spawn_app().await;
+    let id = r"tap-o'brien?{x:String}\`-to-target";
+    let text = r#"it's a \ "quoted" ? {y:String} `tick`"#;
+    let large = "x".repeat(400 << 10);
+    for n in 0..2 {
+        let doc = json!({"completed": {"n": n, "text": text, "large": large}});
+        let put = app.put_state(id, &doc).await;
+        assert!(put.status.is_success(), "{}", put.text);
+        assert_eq!(
+            app.get_state(id).await.json()["completed"],
+            doc["completed"]
+        );
+    }
+    assert_eq!(stale_writes(&app).await, 0.0);
 }

@@ -17,6 +17,7 @@ mod feed;
 mod group_commit;
 mod memory;
 mod prepare;
+mod versions;
 mod watch;
 
 use std::collections::HashMap;
@@ -32,18 +33,19 @@ use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target}
 use self::memory::Memory;
 pub use self::prepare::Change;
 use self::prepare::{Policy, Prepared, prepare};
+pub use self::versions::{HistoryPage, ListedVersion};
 pub use self::watch::{Known, WaitEnd, Watches, Watching};
 
 use crate::domain::{
     Allowed, GuardModes, IfMatch, PageCursor, PageLimit, Provenance, Scope, StateDocument, StateId,
-    StatePattern, Version, VersionCursor,
+    StatePattern, Version,
 };
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::store::{
-    ChangesStore, HistoryStore, LastChange, RegressedVersion, Selection, StateStore, StateSummary,
-    StoreError, StoredRow, StoredState, StoredVersion, VersionMeta, now_ms,
+    ChangesStore, HistoryStore, StateStore, StateSummary, StoreError, StoredRow, StoredState,
+    now_ms,
 };
 use crate::telemetry::ClientText;
 
@@ -90,21 +92,6 @@ pub struct WriteConditions {
     pub seen_lease: Option<SeenLease>,
     /// The streams the bookmark guard lets go back or away.
     pub allowed: Allowed,
-}
-
-/// A state's history, as the API shows it.
-pub struct HistoryPage {
-    pub versions: Vec<ListedVersion>,
-    pub has_more: bool,
-}
-
-pub struct ListedVersion {
-    pub meta: VersionMeta,
-    /// The version the state is at now: never one a failed change left.
-    pub current: bool,
-    /// Its document, when the page was asked with documents (None for a
-    /// tombstone).
-    pub doc: Option<StateDocument>,
 }
 
 impl States {
@@ -509,87 +496,6 @@ impl States {
         self.locks.settle_ticket(ticket, known, |ids| {
             self.memory.forget_each(ids);
         })
-    }
-
-    fn history(&self) -> Result<&HistoryStore, StateError> {
-        self.history.as_ref().ok_or(StateError::HistoryOff)
-    }
-
-    /// Versions of `id`, newest first, each marked whether it is current,
-    /// with its document when `documents`.
-    pub async fn history_page(
-        &self,
-        id: &StateId,
-        cursor: Option<VersionCursor>,
-        limit: PageLimit,
-        documents: bool,
-    ) -> Result<HistoryPage, StateError> {
-        let history = self.history()?;
-        let (stored, has_more) = history
-            .list(id, cursor.map(|c| c.0), limit.get(), documents)
-            .await?;
-        let current = self.current_version(history, id).await?;
-        let versions = stored
-            .into_iter()
-            .map(|version| ListedVersion {
-                current: current == Some((version.meta.version, version.meta.deleted)),
-                meta: version.meta,
-                doc: version.doc,
-            })
-            .collect();
-        Ok(HistoryPage { versions, has_more })
-    }
-
-    /// The newest versions that moved a stream's bookmark backwards, of the
-    /// ids `pattern` matches within `scope`.
-    pub async fn regressed_versions(
-        &self,
-        pattern: StatePattern,
-        scope: Scope,
-        limit: PageLimit,
-    ) -> Result<Vec<RegressedVersion>, StateError> {
-        let selection = Selection::Matching(pattern, scope);
-        Ok(self.history()?.regressed(&selection, limit.get()).await?)
-    }
-
-    /// Whether each stream's newest change regressed it, for the states
-    /// listed (none known with history off).
-    pub async fn last_changes_regressed(
-        &self,
-        states: &[(&StateId, Version)],
-    ) -> Result<Vec<LastChange>, StoreError> {
-        match &self.history {
-            Some(history) => history.last_changes_regressed(states).await,
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// One version of `id` with its document, and whether it is current.
-    pub async fn version(
-        &self,
-        id: &StateId,
-        version: Version,
-    ) -> Result<Option<(StoredVersion, bool)>, StateError> {
-        let history = self.history()?;
-        let Some(stored) = history.get(id, version).await? else {
-            return Ok(None);
-        };
-        let current = self.current_version(history, id).await?
-            == Some((stored.meta.version, stored.meta.deleted));
-        Ok(Some((stored, current)))
-    }
-
-    /// The version `id` is at, with whether it is a tombstone: the state's
-    /// own version, or, when it does not exist, its newest tombstone.
-    async fn current_version(
-        &self,
-        history: &HistoryStore,
-        id: &StateId,
-    ) -> Result<Option<(Version, bool)>, StoreError> {
-        if let Some(version) = self.store.version(id).await? {
-            return Ok(Some((version, false)));
-        }
-        Ok(history.newest_tombstone(id).await?.map(|v| (v, true)))
     }
 }
 

@@ -88,6 +88,8 @@ pub enum LockEvent {
     /// A claim that lapsed with leases running was re-won with nothing in
     /// between, and its leases run on.
     ClaimReadopted,
+    /// This gateway claimed a state_id for its repeated unlocked writes.
+    ClaimForWrites,
     Renewal,
     /// A lease ran out without being released.
     Expiry,
@@ -96,7 +98,7 @@ pub enum LockEvent {
 }
 
 impl LockEvent {
-    const ALL: [Self; 11] = [
+    const ALL: [Self; 12] = [
         Self::Grant,
         Self::Wait,
         Self::Timeout,
@@ -104,6 +106,7 @@ impl LockEvent {
         Self::ClaimLoss,
         Self::ClaimLost,
         Self::ClaimReadopted,
+        Self::ClaimForWrites,
         Self::Renewal,
         Self::Expiry,
         Self::Release,
@@ -119,6 +122,7 @@ impl LockEvent {
             Self::ClaimLoss => "claim_loss",
             Self::ClaimLost => "claim_lapsed",
             Self::ClaimReadopted => "claim_readopted",
+            Self::ClaimForWrites => "claim_for_writes",
             Self::Renewal => "renewal",
             Self::Expiry => "expiry",
             Self::Release => "release",

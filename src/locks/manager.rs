@@ -25,6 +25,7 @@ use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
 use super::write::{Admitted, admit_here, lease_rule};
+use super::write_claim::{RecentWrites, claim_for_writes};
 use crate::config::LockSettings;
 use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
@@ -83,6 +84,8 @@ pub struct LockManager {
     router: Router,
     /// Admissions this gateway, as authority, gave writes another gateway sends.
     issued: Issued,
+    /// Ids written here lately with no claim anywhere: a repeat claims them.
+    recent_writes: Arc<RecentWrites>,
 }
 
 impl LockManager {
@@ -94,6 +97,7 @@ impl LockManager {
         metrics: Arc<Metrics>,
     ) -> Self {
         let leases = leases.advertised_at(settings.advertise_url.as_deref());
+        let settings_idle = settings.claim_idle;
         let coordinator = Arc::new(Coordinator::new(
             settings.clone(),
             ClaimTiming::new(&settings, query_timeout),
@@ -111,6 +115,7 @@ impl LockManager {
             leases,
             metrics,
             issued: Issued::default(),
+            recent_writes: Arc::new(RecentWrites::new(settings_idle)),
         }
     }
 
@@ -138,6 +143,11 @@ impl LockManager {
     /// long as it holds that claim, every write to the id comes through it.
     pub fn authority_claim(&self, id: &StateId) -> Option<Uuid> {
         self.slots.authority_claim(id)
+    }
+
+    /// The claim this gateway holds on `id` while a lease runs under it.
+    pub fn leased_claim(&self, id: &StateId) -> Option<Uuid> {
+        self.slots.leased_claim(id)
     }
 
     /// Whether no write under this gateway's claim on `id` may still land.
@@ -365,7 +375,9 @@ impl LockManager {
 
     /// Admits a write to `id` carrying `lease_id` (or none) if the lock rule
     /// lets it go ahead now; it is checked again as it goes out
-    /// ([`Admitted::sending`]).
+    /// ([`Admitted::sending`]). An unlocked write to an id nobody holds a
+    /// claim on that was written here within `--claim-idle` before starts a
+    /// claim for its writes (see `write_claim`).
     pub async fn check_write(
         &self,
         id: &StateId,
@@ -377,6 +389,15 @@ impl LockManager {
         }
         let current = self.coordinator.recorded_lease(id, seen).await?;
         let lease = lease_rule(id, current.as_ref(), lease_id)?;
+        if current.is_none() && self.recent_writes.repeat(id, Instant::now()) {
+            claim_for_writes(
+                id,
+                &self.slots,
+                &self.coordinator,
+                &self.recorder,
+                &self.recent_writes,
+            );
+        }
         Ok(Admitted::recorded(id.clone(), lease, self.query_timeout))
     }
 

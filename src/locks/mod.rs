@@ -68,6 +68,7 @@ mod slots;
 mod ticket;
 mod timing;
 mod write;
+mod write_claim;
 
 pub use self::acquire::Ask;
 pub use self::error::LockError;

@@ -138,7 +138,8 @@ pub(super) struct SlotState {
     next_ticket: u64,
     /// Fencing tokens reserved for this gateway's grants.
     tokens: TokenBlock,
-    /// When a lease last began, was renewed or ended: idle claims go.
+    /// When a lease last began, was renewed or ended, or a write went out
+    /// under the claim: idle claims go.
     last_used: Option<Instant>,
     /// Writes on their way to ClickHouse under the claim, by number, each
     /// with the instant by which it has surely ended (landed, failed or

@@ -66,6 +66,15 @@ impl Slots {
         slot.current(id, &self.metrics, SlotState::claim_id)
     }
 
+    /// The claim this gateway holds on `id` while a lease runs under it:
+    /// the id's state is then written only through the lease holder here.
+    pub fn leased_claim(&self, id: &StateId) -> Option<Uuid> {
+        let slot = self.existing(id)?;
+        slot.current(id, &self.metrics, |st| {
+            st.claim_id().filter(|_| st.lease().is_some())
+        })
+    }
+
     /// Whether this gateway answers for `id`: it holds its claim, or keeps
     /// leases under its lapsed claim.
     pub fn answers_for(&self, id: &StateId) -> bool {

@@ -196,7 +196,7 @@ impl Sending {
         };
         for (index, write) in writes.iter().enumerate() {
             let Some(local) = &write.local else { continue };
-            let number = local.slot.apply(|st, _| st.send(sending.until));
+            let number = local.slot.apply(|st, now| st.send(now, sending.until));
             sending.entries.push((local.slot.clone(), number));
             if let Err(err) = write.budget(now) {
                 return Err((index, err));

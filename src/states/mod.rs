@@ -130,8 +130,11 @@ impl States {
         }
     }
 
+    /// The state of `id`: from memory while a lease runs on it here (its
+    /// holder's lock, read, write cycle costs no read), else as ClickHouse
+    /// has it, which also shows rows written straight into the table.
     pub async fn get(&self, id: &StateId) -> Result<Option<StoredState>, StoreError> {
-        let Some(claim) = self.locks.authority_claim(id) else {
+        let Some(claim) = self.locks.leased_claim(id) else {
             return self.store.get(id).await?.map(StoredRow::parse).transpose();
         };
         if let Some(row) = self.memory.known(id, claim) {

@@ -65,3 +65,4 @@ mod unlocked;
 mod wait_cli;
 mod watch;
 mod watch_across;
+mod write_claims;

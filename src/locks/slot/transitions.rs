@@ -162,6 +162,36 @@ impl SlotState {
         Effects::waking(self.take_claim(won, now, write_budget))
     }
 
+    /// Starts a claim attempt for writes (see `locks::write_claim`), if
+    /// nothing here claims or holds the id already and no acquire waits
+    /// (its own attempt comes first): answers whether it was started. The
+    /// attempt is marked under way, as an acquire's is (see [`ClaimAttempt`]).
+    pub fn start_claim_for_writes(&mut self) -> Effects<bool> {
+        let free = self.claim.is_none()
+            && self.lapsed.is_none()
+            && !self.claiming
+            && self.queue.is_empty();
+        if free {
+            self.claiming = true;
+        }
+        Effects::quiet(free)
+    }
+
+    /// A claim attempt for writes won: taken on as [`SlotState::claim_won`]
+    /// does, with no waiter to grant, and in use from `now`, so that it is
+    /// kept until `--claim-idle` after the last write (see
+    /// [`SlotState::send`]). Answers the rows of the leases adopted.
+    pub fn claim_won_for_writes(
+        &mut self,
+        won: WonClaim,
+        now: Instant,
+        write_budget: Duration,
+    ) -> Effects<Vec<(Lease, LeaseVersion)>> {
+        let adopted = self.take_claim(won, now, write_budget);
+        self.last_used = Some(now);
+        Effects::waking(adopted)
+    }
+
     /// Takes a won claim on. Leases kept under a lapsed claim run on if the
     /// win re-adopted them (nothing showed another claim or grant since);
     /// else another gateway may have granted meanwhile, and they end.
@@ -243,8 +273,8 @@ impl SlotState {
 
     /// A maintenance tick at `now`: lets the claim go, if it may (see
     /// [`SlotState::claim_can_go`]), when another gateway waits for it, or
-    /// when no one is in line and no lease has begun, been renewed or ended
-    /// for `idle_release`; else answers the claim that stays, with its leases.
+    /// when no one is in line and no lease has begun, been renewed or ended,
+    /// and no write gone out, for `idle_release`; else answers the claim that stays, with its leases.
     pub fn tick(&mut self, now: Instant, idle_release: Duration) -> Effects<Tick> {
         let idle_for = self
             .last_used
@@ -293,9 +323,11 @@ impl SlotState {
         Effects::quiet(())
     }
 
-    /// A write goes out under the claim, and may land until `until`:
-    /// answers its number.
-    pub fn send(&mut self, until: Instant) -> Effects<u64> {
+    /// A write goes out under the claim at `now`, and may land until
+    /// `until`: answers its number. The claim is in use: an idle one goes
+    /// `--claim-idle` after its last write, as after its last lease.
+    pub fn send(&mut self, now: Instant, until: Instant) -> Effects<u64> {
+        self.last_used = Some(now);
         Effects::quiet(self.start_send(until))
     }
 

@@ -371,3 +371,79 @@ async fn apply_wakes_the_waiters_only_when_the_transition_asks() {
         .await
         .expect("leaving the line wakes the waiters");
 }
+
+#[test]
+fn a_claim_for_writes_starts_only_on_a_free_slot_and_waiters_wait_for_it() {
+    let mut st = SlotState::default();
+    let started = st.start_claim_for_writes();
+    assert!(started.out && !started.wake);
+    assert!(
+        !st.start_claim_for_writes().out,
+        "one attempt at a time: the second write finds it under way"
+    );
+    assert!(!st.is_idle(), "a slot with an attempt under way is kept");
+    let _ = st.end_claim_attempt();
+    let ticket = st.join(1).out.unwrap();
+    assert!(
+        !st.start_claim_for_writes().out,
+        "an acquire in line runs the attempt, for its own grant"
+    );
+    let _ = st.leave(ticket);
+    st.claim = Some(claim(CLAIM, Instant::now() + Duration::from_secs(9)));
+    assert!(!st.start_claim_for_writes().out, "already the authority");
+}
+
+#[test]
+fn a_claim_won_for_writes_grants_nothing_and_stays_while_writes_go_out() {
+    let now = Instant::now();
+    let idle = Duration::from_secs(10);
+    let mut st = SlotState::default();
+    assert!(st.start_claim_for_writes().out);
+    let _ = st.end_claim_attempt();
+    let won = st.claim_won_for_writes(won(now, Inherited::default()), now, Duration::from_secs(3));
+    assert!(won.out.is_empty() && won.wake, "waiters look again");
+    assert!(st.leases.is_empty(), "no lease is granted");
+    assert_eq!(
+        st.standing(CLAIM, None, now),
+        Standing::Until(now + Duration::from_secs(9)),
+        "an unlocked write is admitted under it"
+    );
+    assert_eq!(
+        st.tick(now + idle / 2, idle).out,
+        Tick::Held(CLAIM, Vec::new())
+    );
+    // A write at 8 s keeps it past the idle time counted from the win.
+    let number = st
+        .send(now + Duration::from_secs(8), now + Duration::from_secs(9))
+        .out;
+    let _ = st.send_done(number);
+    assert_eq!(
+        st.tick(now + idle + Duration::from_secs(1), idle).out,
+        Tick::Held(CLAIM, Vec::new()),
+        "written 3 s ago"
+    );
+    assert_eq!(
+        st.tick(now + Duration::from_secs(8) + idle, idle).out,
+        Tick::Gone(CLAIM),
+        "idle for --claim-idle since its last write"
+    );
+}
+
+#[test]
+fn a_claim_won_for_writes_adopts_the_leases_handed_on_to_it() {
+    let now = Instant::now();
+    let (mut previous, lease) = holding(now, Duration::ZERO);
+    let handed = previous.leases.drain(..).collect();
+    let mut st = SlotState::default();
+    let inherited = Inherited {
+        leases: handed,
+        delays: Vec::new(),
+    };
+    let adopted = st.claim_won_for_writes(won(now, inherited), now, Duration::from_secs(3));
+    assert_eq!(adopted.out.len(), 1);
+    assert_eq!(
+        st.standing(CLAIM, None, now),
+        Standing::Locked(lease),
+        "an unlocked write is refused while the adopted lease runs"
+    );
+}

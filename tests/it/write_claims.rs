@@ -1,0 +1,186 @@
+//! Claims taken for unlocked writes (issue 45): an id written again through
+//! a gateway within `--claim-idle` is claimed by it in the background, and
+//! its later writes cost one statement, their INSERT. A one-off write
+//! starts nothing; writes through another gateway are forwarded to the
+//! authority; a lock on the id is granted under that claim; and a killed
+//! authority holds the id's writes only until its claim lapses.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{
+    Api, clickhouse_url, metric, spawn_app, spawn_peer_process, two_peers, unique_schema,
+};
+
+/// The write path's statements so far: routing and lock reads, current
+/// rows, INSERTs (background work left out).
+async fn statements(api: &Api) -> f64 {
+    let text = api.get("/metrics").await.text;
+    ["route_read", "lock_read", "get", "history_record", "put"]
+        .iter()
+        .filter_map(|op| {
+            metric(
+                &text,
+                &format!(
+                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
+                ),
+            )
+        })
+        .sum()
+}
+
+/// How many claims the gateway took for writes.
+async fn write_claims(api: &Api) -> f64 {
+    let text = api.get("/metrics").await.text;
+    metric(
+        &text,
+        r#"statehouse_lock_events_total{event="claim_for_writes"}"#,
+    )
+    .unwrap_or(0.0)
+}
+
+/// Writes `id` through `api` until the gateway has claimed it for writes:
+/// the second write starts the attempt, which settles in the background.
+async fn write_until_claimed(api: &Api, id: &str) {
+    let before = write_claims(api).await;
+    for n in 0..100 {
+        api.put_state(id, &json!({"completed": {"warm": n}}))
+            .await
+            .expect_because(StatusCode::OK, "warming up");
+        if write_claims(api).await > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{id} was never claimed for its writes");
+}
+
+#[tokio::test]
+async fn repeated_unlocked_writes_cost_one_statement_each_once_the_gateway_claims_the_id() {
+    let app = spawn_app().await;
+    app.put_state("repeated", &json!({"completed": {"warm": -1}}))
+        .await
+        .expect(StatusCode::CREATED);
+    write_until_claimed(&app, "repeated").await;
+    let before = statements(&app).await;
+    for n in 0..20 {
+        app.put_state("repeated", &json!({"completed": {"n": n}}))
+            .await
+            .expect(StatusCode::OK);
+    }
+    let per_write = (statements(&app).await - before) / 20.0;
+    // One INSERT each, and one read of the row when the claim was new.
+    assert!(
+        per_write <= 1.1,
+        "{per_write:.2} statements per write under a claim for writes"
+    );
+    assert_eq!(app.get_state("repeated").await.json()["completed"]["n"], 19);
+}
+
+#[tokio::test]
+async fn a_one_off_write_starts_no_claim() {
+    let app = spawn_app().await;
+    for n in 0..5 {
+        app.put_state(&format!("one-off-{n}"), &json!({"completed": {"n": n}}))
+            .await
+            .expect(StatusCode::CREATED);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        write_claims(&app).await,
+        0.0,
+        "one write per id claims none"
+    );
+}
+
+/// Two gateways: once one claims an id for its writes, writes through the
+/// other are forwarded to it and land in order, a lock taken through the
+/// other is granted by it and keeps unlocked writes out (409) until
+/// released, and both serve the last acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_and_locks_through_a_non_authority_go_to_the_gateway_that_claimed_the_id() {
+    let (a, b) = two_peers().await;
+    let id = "dev:tap-claimed-to-target";
+    a.put_state(id, &json!({"completed": {"n": 0}}))
+        .await
+        .expect(StatusCode::CREATED);
+    write_until_claimed(&a, id).await;
+    for n in 1..=6 {
+        let via = if n % 2 == 0 { &a } else { &b };
+        via.patch_state(id, &json!({"partial": {format!("k{n}"): n}}))
+            .await
+            .expect(StatusCode::OK);
+    }
+    let served = b.get_state(id).await.json();
+    for n in 1..=6 {
+        assert_eq!(served["partial"][format!("k{n}")], n, "{served}");
+    }
+    assert_eq!(
+        write_claims(&b).await,
+        0.0,
+        "b forwarded, it claimed nothing"
+    );
+
+    let (lease, _) = b.lease(id, "holder", 60, 5.0).await;
+    a.get(&format!("/v1/locks/{id}"))
+        .await
+        .expect_because(StatusCode::OK, "granted by the authority");
+    let refused = b.put_state(id, &json!({"completed": {"n": 99}})).await;
+    refused.expect(StatusCode::CONFLICT);
+    assert_eq!(refused.problem_type(), "state-locked");
+    a.put_state_with_lease(id, &json!({"completed": {"n": 100}}), &lease)
+        .await
+        .expect(StatusCode::OK);
+    b.release(id, &lease).await.expect(StatusCode::NO_CONTENT);
+    b.put_state(id, &json!({"completed": {"n": 101}}))
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(a.get_state(id).await.json()["completed"]["n"], 101);
+    assert_eq!(b.get_state(id).await.json()["completed"]["n"], 101);
+}
+
+/// A gateway killed while it holds an id's claim for writes: writes through
+/// another gateway answer 503 with Retry-After until the claim lapses, then
+/// land there; every acknowledged write is in the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_write_authority_holds_the_id_only_until_its_claim_lapses() {
+    let schema = unique_schema();
+    let args = [
+        "--schema",
+        &schema,
+        "--claim-ttl",
+        "3s",
+        "--claim-settle",
+        "200ms",
+    ];
+    let mut first = spawn_peer_process(&clickhouse_url(), &args).await;
+    let second = spawn_peer_process(&clickhouse_url(), &args).await;
+    let (a, b) = (first.api(), second.api());
+    let id = "dev:tap-orphaned-to-target";
+    a.put_state(id, &json!({"partial": {"a": 0}}))
+        .await
+        .expect(StatusCode::CREATED);
+    write_until_claimed(&a, id).await;
+    a.patch_state(id, &json!({"partial": {"a": 1}}))
+        .await
+        .expect(StatusCode::OK);
+    first.child.kill().await.expect("kill -9");
+
+    // Generous: the claim TTL, the settle and a loaded machine's slack.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = b.patch_state(id, &json!({"partial": {"b": 1}})).await;
+        match reply.status {
+            StatusCode::OK => break,
+            StatusCode::SERVICE_UNAVAILABLE if tokio::time::Instant::now() < give_up => {
+                assert!(reply.header("retry-after").is_some(), "{}", reply.text);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => panic!("no write after the takeover bound: {}", reply.text),
+        }
+    }
+    let served = b.get_state(id).await.json();
+    assert_eq!(served["partial"], json!({"a": 1, "b": 1}));
+}

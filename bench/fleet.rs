@@ -18,8 +18,20 @@ use serde_json::Value;
 mod statements;
 mod support;
 
-/// How long each cell runs.
+/// How long each cell runs, unless `STATEHOUSE_BENCH_SECONDS` says.
 const FOR: Duration = Duration::from_secs(4);
+
+fn cell_length() -> Duration {
+    std::env::var("STATEHOUSE_BENCH_SECONDS")
+        .map(|s| {
+            Duration::from_secs(
+                s.trim()
+                    .parse()
+                    .expect("STATEHOUSE_BENCH_SECONDS: whole seconds"),
+            )
+        })
+        .unwrap_or(FOR)
+}
 
 #[derive(clickhouse::Row, Serialize)]
 struct RowOut {
@@ -80,8 +92,8 @@ async fn statements(http: &reqwest::Client, base: &str) -> f64 {
     statements::by_operation(http, base).await.values().sum()
 }
 
-/// `writers` loops of `write(writer, n)` for `FOR`, all at once.
-async fn run<F, Fut>(writers: usize, write: Arc<F>) -> Cell
+/// `writers` loops of `write(writer, n)` for `cell`, all at once.
+async fn run<F, Fut>(writers: usize, cell: Duration, write: Arc<F>) -> Cell
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send,
@@ -93,7 +105,7 @@ where
             let (write, latencies) = (write.clone(), latencies.clone());
             tokio::spawn(async move {
                 let mut n = 0;
-                while started.elapsed() < FOR {
+                while started.elapsed() < cell {
                     let t = Instant::now();
                     write(w, n).await;
                     latencies.lock().unwrap().push(t.elapsed());
@@ -127,7 +139,8 @@ async fn main() {
         .with_setting("async_insert", "0");
     let table = format!("`{schema}`.`state`");
 
-    println!("statehouse fleet bench: each writer on its own state_id, {FOR:?} per cell");
+    let cell = cell_length();
+    println!("statehouse fleet bench: each writer on its own state_id, {cell:?} per cell");
     println!(
         "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>9} {:>10}",
         "writers", "path", "writes/s", "p50 ms", "p99 ms", "INSERT/wr", "stmt/wr", "x direct"
@@ -207,13 +220,13 @@ async fn main() {
             })
         };
         let before = (inserts(&http, &base).await, statements(&http, &base).await);
-        let mut open = run(writers, unlocked).await;
+        let mut open = run(writers, cell, unlocked).await;
         let middle = (inserts(&http, &base).await, statements(&http, &base).await);
-        let mut leased = run(writers, held).await;
+        let mut leased = run(writers, cell, held).await;
         let after = (inserts(&http, &base).await, statements(&http, &base).await);
         (open.inserts, open.statements) = (middle.0 - before.0, middle.1 - before.1);
         (leased.inserts, leased.statements) = (after.0 - middle.0, after.1 - middle.1);
-        let mut direct_cell = run(writers, straight).await;
+        let mut direct_cell = run(writers, cell, straight).await;
         direct_cell.inserts = direct_cell.latencies.len() as f64;
         direct_cell.statements = direct_cell.inserts;
         let direct_rate = direct_cell.per_second();

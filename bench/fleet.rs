@@ -1,5 +1,6 @@
 //! A fleet of writers, each on its own state_id: W = 1, 8 and 64 writers
-//! through the gateway, unlocked and under a lease held on the gateway,
+//! through the gateway, unlocked and under a lease held on the gateway, and
+//! unlocked through a gateway with `--history=false`,
 //! beside the same writers sending single-row INSERTs straight to
 //! ClickHouse. Prints writes/s, p50/p99 and ClickHouse INSERT statements
 //! per acknowledged write (from the gateway's own /metrics), with the
@@ -129,6 +130,11 @@ where
 #[tokio::main]
 async fn main() {
     let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
+    // The same unlocked writes with no history: one table written, as the
+    // straight INSERTs write (history's view is a second).
+    let quiet = support::start_gateway_in(&support::new_schema(), false, &["--history=false"])
+        .await
+        .base;
     let (base, target) = (gateway.base, gateway.config.clickhouse);
     let schema = gateway.config.schema.as_str().to_owned();
     let http = reqwest::Client::new();
@@ -155,6 +161,19 @@ async fn main() {
                 let (http, url) = (
                     http.clone(),
                     format!("{base}/v1/states/fleet-open-{writers}-{w}"),
+                );
+                async move {
+                    let reply = http.put(url).body(document(n)).send().await.unwrap();
+                    assert!(reply.status().is_success(), "{}", reply.status());
+                }
+            })
+        };
+        let unlocked_quiet = {
+            let (http, base) = (http.clone(), quiet.clone());
+            Arc::new(move |w: usize, n: usize| {
+                let (http, url) = (
+                    http.clone(),
+                    format!("{base}/v1/states/fleet-quiet-{writers}-{w}"),
                 );
                 async move {
                     let reply = http.put(url).body(document(n)).send().await.unwrap();
@@ -226,6 +245,15 @@ async fn main() {
         let after = (inserts(&http, &base).await, statements(&http, &base).await);
         (open.inserts, open.statements) = (middle.0 - before.0, middle.1 - before.1);
         (leased.inserts, leased.statements) = (after.0 - middle.0, after.1 - middle.1);
+        let quiet_before = (
+            inserts(&http, &quiet).await,
+            statements(&http, &quiet).await,
+        );
+        let mut open_quiet = run(writers, cell, unlocked_quiet).await;
+        (open_quiet.inserts, open_quiet.statements) = (
+            inserts(&http, &quiet).await - quiet_before.0,
+            statements(&http, &quiet).await - quiet_before.1,
+        );
         let mut direct_cell = run(writers, cell, straight).await;
         direct_cell.inserts = direct_cell.latencies.len() as f64;
         direct_cell.statements = direct_cell.inserts;
@@ -233,6 +261,7 @@ async fn main() {
         for (name, cell) in [
             ("gateway, unlocked", &mut open),
             ("gateway, under lease", &mut leased),
+            ("unlocked, history off", &mut open_quiet),
             ("straight INSERT", &mut direct_cell),
         ] {
             let (p50, p99, rate) = (

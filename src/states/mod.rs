@@ -389,7 +389,39 @@ impl States {
     /// lock, or none of them: one read of every current lease, one of the
     /// batch's current rows and one INSERT (of their versions, which carry the
     /// states along; of the states alone with history off).
+    ///
+    /// An import is not checked in its INSERT, but may share a batch with
+    /// changes that are: a batch refused for one of theirs landed nothing,
+    /// and the import is sent again (reading its rows again), as
+    /// [`States::commit`] decides a change again.
     pub async fn import(
+        &self,
+        entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
+        allowed: &Allowed,
+        provenance: &Provenance,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<Imported, StateError> {
+        for _ in 1..STALE_ATTEMPTS {
+            match self
+                .import_once(entries.clone(), allowed, provenance, authorization)
+                .await
+            {
+                Err(StateError::Stale { .. }) => {}
+                other => return other,
+            }
+        }
+        self.import_once(entries, allowed, provenance, authorization)
+            .await
+            .map_err(|err| match err {
+                StateError::Stale { .. } => StateError::Stale {
+                    attempts: STALE_ATTEMPTS,
+                },
+                other => other,
+            })
+    }
+
+    /// One attempt of [`States::import`].
+    async fn import_once(
         &self,
         entries: Vec<(StateId, StateDocument, Option<Uuid>)>,
         allowed: &Allowed,

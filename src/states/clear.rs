@@ -43,7 +43,8 @@ struct Chunk {
 }
 
 /// How often a chunk is tried again when a lease was granted on one of its
-/// ids between its admission and its sending (its batch then goes unsent).
+/// ids between its admission and its sending (its batch then goes unsent),
+/// or it shared a batch that another write's check refused (nothing landed).
 const ATTEMPTS: usize = 3;
 
 impl States {
@@ -70,7 +71,7 @@ impl States {
             let mut attempt = 1;
             let chunk = loop {
                 match self.delete_chunk(&ids, provenance, authorization).await {
-                    Err(err) if attempt < ATTEMPTS && lost_to_a_lease(&err) => attempt += 1,
+                    Err(err) if attempt < ATTEMPTS && worth_another_try(&err) => attempt += 1,
                     done => break done?,
                 }
             };
@@ -160,8 +161,9 @@ impl States {
 }
 
 /// Whether a chunk went unsent because one of its ids was locked after it
-/// was admitted.
-fn lost_to_a_lease(err: &StateError) -> bool {
+/// was admitted, or landed nothing because its batch was refused for
+/// another write's check.
+fn worth_another_try(err: &StateError) -> bool {
     let err = match err {
         StateError::InBatch { source, .. } => source.as_ref(),
         other => other,
@@ -169,5 +171,6 @@ fn lost_to_a_lease(err: &StateError) -> bool {
     matches!(
         err,
         StateError::Lock(LockError::Locked { .. } | LockError::LockedElsewhere(_))
+            | StateError::Stale { .. }
     )
 }

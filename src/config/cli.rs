@@ -209,8 +209,10 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHOUSE_CLAIM_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub claim_ttl: Duration,
 
-    /// A claim with no lease and no waiter is released after this long, so
-    /// other gateways can take it without waiting for it to expire.
+    /// A claim with no lease, no waiter and no write is released after this
+    /// long, so other gateways can take it without waiting for it to expire;
+    /// an id written twice within it through one gateway is claimed by that
+    /// gateway for its writes.
     #[arg(long, env = "STATEHOUSE_CLAIM_IDLE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub claim_idle: Duration,
 

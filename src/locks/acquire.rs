@@ -158,7 +158,7 @@ impl Acquirer<'_> {
                         slot.apply(|st, _| st.claim_refused(id, claim_id, metrics));
                     } else {
                         let valid_until = self.coordinator.timing().valid_until(started);
-                        slot.apply(|st, _| st.claim_renewed(claim_id, valid_until));
+                        slot.apply(|st, now| st.claim_renewed(claim_id, valid_until, now));
                     }
                 }
                 Step::ReserveTokens { claim_id, first } => {

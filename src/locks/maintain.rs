@@ -91,7 +91,7 @@ impl Maintenance {
                 if lost.contains(claim_id) {
                     slot.apply(|st, _| st.claim_refused(id, *claim_id, metrics));
                 } else {
-                    slot.apply(|st, _| st.claim_renewed(*claim_id, valid_until));
+                    slot.apply(|st, now| st.claim_renewed(*claim_id, valid_until, now));
                 }
             }
         }

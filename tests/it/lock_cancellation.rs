@@ -11,15 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use statehouse::domain::{LeaseInfo, StateId};
+use statehouse::domain::{Coordination, LeaseInfo, StateId};
 use statehouse::locks::{Ask, LockManager};
 use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
 use crate::checker::retried;
-use crate::helpers::{spawn_app_with, test_config, unique_schema};
-use crate::proxy::Proxy;
+use crate::helpers::{metric, spawn_app_with, test_config, unique_schema};
+use crate::proxy::{Proxy, spawn_app_behind_proxy};
 
 /// A lock manager of its own on a fresh database, reaching ClickHouse through
 /// a proxy the test can slow down, with its maintenance running.
@@ -263,6 +263,67 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
         worker.await.unwrap();
     }
 }
+
+/// The claim TTL of the late-renewal test: short, so that a renewal held
+/// past it is quick to come by.
+const SHORT_CLAIM_TTL: Duration = Duration::from_secs(3);
+
+/// What the above meets one claim at a time, made certain: a claim renewal
+/// that reaches ClickHouse (or Keeper) only after the claim ran out there,
+/// held past the claim TTL here as the load queued it there. No other
+/// gateway exists: the claim lapsed and nothing else happened, so its lease
+/// is kept (503 meanwhile), the claim is re-won and the lease renews. A 409
+/// would mean the refused renewal was taken for another gateway's claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
+    let mut coordination = Coordination::Table;
+    let (app, proxy) = spawn_app_behind_proxy(|config| {
+        config.locks.claim_ttl = SHORT_CLAIM_TTL;
+        coordination = config.locks.coordination;
+    })
+    .await;
+    let (lease, _) = app.lease("renewed-late", "worker", 60, 10.0).await;
+    // Only the renewal statement of each mode: it keeps a claim that is
+    // still live, and refuses one that ran out.
+    let renewal: &[&str] = match coordination {
+        Coordination::Table => &["INSERT", "toIntervalMillisecond", "FINAL"],
+        Coordination::Keeper => &[
+            "UPDATE",
+            "expires_ms = toUnixTimestamp64Milli",
+            "throwIf(claim_id !=",
+        ],
+    };
+    proxy.hold_requests_containing(Some((renewal, SHORT_CLAIM_TTL + Duration::from_secs(1))));
+    let lapsed = async {
+        while proxy.held_answers().is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxy.hold_requests_containing(None);
+        // The refusal is taken in once counted; nothing touched the lease's
+        // slot before (the metrics page reads only pools).
+        loop {
+            let text = app.get("/metrics").await.text;
+            if metric(&text, CLAIM_LAPSED).is_some_and(|n| n >= 1.0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), lapsed)
+        .await
+        .expect("a renewal was held, and refused");
+    let renewed = retried(|| app.renew("renewed-late", &lease, 60)).await;
+    renewed.expect_because(
+        StatusCode::OK,
+        "the lease outlives its claim's late renewal",
+    );
+    app.release("renewed-late", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+}
+
+/// The metrics sample of claims lapsed or lost here.
+const CLAIM_LAPSED: &str = r#"statehouse_lock_events_total{event="claim_lapsed"}"#;
 
 /// A lease of 30 s for `owner`, waiting up to `wait`.
 fn ask(owner: &str, wait: Duration) -> Ask {

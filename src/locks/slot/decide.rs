@@ -12,12 +12,7 @@ impl SlotState {
     /// already sleeps no later than the first of these ends (see `next_step`).
     pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
         if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
-            let claim = self.claim.take().expect("checked above");
-            metrics.lock_event(LockEvent::ClaimLost);
-            if !self.leases.is_empty() {
-                tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its leases are kept, answering 503, until the claim is re-won or found taken");
-                self.lapsed = Some(claim.candidate);
-            }
+            self.lapse_claim(id, metrics);
         }
         let (expired, running): (Vec<_>, Vec<_>) =
             self.leases.drain(..).partition(|l| now >= l.deadline);
@@ -67,15 +62,19 @@ impl SlotState {
         }
     }
 
-    /// The claim turned out to be another gateway's (a renewal or a token
-    /// reservation refused): it ends here, and its leases with it.
-    pub(super) fn lose_claim(&mut self, id: &StateId, metrics: &Metrics) {
-        if self.claim.take().is_some() {
-            metrics.lock_event(LockEvent::ClaimLost);
-            tracing::warn!(state_id = %id, "claim lost to another gateway; its leases end with it");
-            for _ in self.leases.drain(..) {
-                metrics.lock_event(LockEvent::Expiry);
-            }
+    /// The claim may have run out in ClickHouse or Keeper: it is past its
+    /// validity, or a renewal found it gone. Nothing is granted, renewed or
+    /// written under it any more; its leases are kept, acting on nothing,
+    /// until a claim attempt re-wins it with nothing in between (they run
+    /// on) or finds another gateway's claim or grant (they end).
+    pub(super) fn lapse_claim(&mut self, id: &StateId, metrics: &Metrics) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        metrics.lock_event(LockEvent::ClaimLost);
+        if !self.leases.is_empty() {
+            tracing::warn!(state_id = %id, "claim lapsed: its renewals did not land in time; its leases are kept, answering 503, until the claim is re-won or found taken");
+            self.lapsed = Some(claim.candidate);
         }
     }
 

@@ -258,3 +258,81 @@ fn kept_leases_are_not_handed_on_at_shutdown() {
     assert!(st.hand_back().out.is_none(), "no claim, no hand-over rows");
     assert!(st.leases.is_empty() && st.lapsed.is_none());
 }
+
+/// A slot holding claim `LAPSED` (valid 9 s from `now`) with one lease of
+/// 30 s granted at `now`, its claim not yet looked at past its validity.
+fn holding(now: Instant) -> (SlotState, Lease) {
+    let mut st = SlotState {
+        claim: Some(claim(LAPSED, now + Duration::from_secs(9))),
+        tokens: TokenBlock { next: 5, last: 9 },
+        ..SlotState::default()
+    };
+    let (lease, _) = st
+        .grant(&id(), &waiter(0, now), GATEWAY, 1_000, now)
+        .unwrap();
+    (st, lease)
+}
+
+#[test]
+fn a_renewal_refused_as_the_claim_ran_out_is_a_lapse_and_keeps_the_lease() {
+    let now = Instant::now();
+    let (mut st, lease) = holding(now);
+    let metrics = Metrics::default();
+    assert!(
+        !st.claim_refused(&id(), REWON, &metrics).wake,
+        "not the claim here: nothing changes"
+    );
+    assert_eq!(st.claim_id(), Some(LAPSED));
+    // The renewal ran after the claim's expiry in ClickHouse: nobody else
+    // is known to have claimed the id, so its lease is kept, not ended.
+    let at = now + Duration::from_secs(10);
+    assert!(st.claim_refused(&id(), LAPSED, &metrics).wake);
+    assert_eq!(
+        st.claim_id(),
+        None,
+        "nothing is granted or renewed under it"
+    );
+    assert_eq!(
+        st.renew(lease.lease_id, Duration::from_secs(30), at, 11_000)
+            .out,
+        LeaseAct::Lapsed,
+        "503, not 409"
+    );
+    let Tick::Lapsed(lapsed) = st.tick(at, Duration::from_secs(60)).out else {
+        panic!("the tick re-claims")
+    };
+    assert_eq!(lapsed.claim.claim_id, LAPSED);
+    assert_eq!(lapsed.leases, [lease.lease_id]);
+}
+
+#[test]
+fn a_renewal_that_lands_after_the_claim_lapsed_here_brings_it_back() {
+    let now = Instant::now();
+    let (mut st, lease, at) = lapsed(now, 1);
+    assert!(
+        !st.claim_renewed(REWON, at + Duration::from_secs(9), at)
+            .wake,
+        "another claim's renewal changes nothing"
+    );
+    assert!(st.claim.is_none());
+    assert!(
+        !st.claim_renewed(LAPSED, at, at).wake,
+        "a renewal valid no longer leaves the claim lapsed"
+    );
+    assert!(st.claim.is_none());
+    // The renewal ran while the claim was live in ClickHouse: it never
+    // lapsed there, so nobody else can have claimed the id meanwhile.
+    let until = at + Duration::from_secs(5);
+    assert!(st.claim_renewed(LAPSED, until, at).wake);
+    assert_eq!(st.claim_id(), Some(LAPSED));
+    assert!(st.lapsed.is_none());
+    assert!(matches!(
+        st.renew(lease.lease_id, Duration::from_secs(30), at, 10_000)
+            .out,
+        LeaseAct::Done(_)
+    ));
+    assert_eq!(
+        st.standing(LAPSED, Some(lease.lease_id), at),
+        Standing::Until(until)
+    );
+}

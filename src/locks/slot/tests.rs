@@ -237,17 +237,23 @@ fn a_lease_past_its_deadline_ends_and_the_claim_stays() {
 }
 
 #[test]
-fn a_lost_claim_takes_its_lease_with_it_and_losing_none_changes_nothing() {
+fn a_lapsed_claim_keeps_its_lease_and_lapsing_none_changes_nothing() {
     let now = Instant::now();
     let mut st = claimed(now, &[0]);
     granted(&mut st, now);
-    st.lose_claim(&id(), &Metrics::default());
-    assert!(st.claim.is_none() && st.leases.is_empty());
+    st.lapse_claim(&id(), &Metrics::default());
+    assert!(st.claim.is_none() && st.leases.len() == 1 && st.lapsed.is_some());
+    let mut st = claimed(now, &[0]);
+    st.lapse_claim(&id(), &Metrics::default());
+    assert!(
+        st.claim.is_none() && st.lapsed.is_none(),
+        "with no lease, nothing is kept"
+    );
     let mut st = SlotState {
         queue: [3].into(),
         ..SlotState::default()
     };
-    st.lose_claim(&id(), &Metrics::default());
+    st.lapse_claim(&id(), &Metrics::default());
     assert_eq!(st.queue, [3]);
 }
 

@@ -232,8 +232,12 @@ impl SlotState {
         Effects::waking_if(ours, ())
     }
 
-    /// The claim turned out to be another gateway's, if it is still
-    /// `claim_id`: it ends here, and its leases with it.
+    /// A renewal or a token reservation of `claim_id`, if it is still the
+    /// claim here, was refused: the claim had run out in ClickHouse or
+    /// Keeper when it ran (no gateway takes a claim over before that; a
+    /// renewal queued past the TTL meets one that ran out unclaimed). That
+    /// says nothing of another gateway, so it is a lapse, not a loss: the
+    /// leases are kept, and the claim attempt that re-wins the id finds out.
     pub fn claim_refused(
         &mut self,
         id: &StateId,
@@ -242,18 +246,37 @@ impl SlotState {
     ) -> Effects<()> {
         let ours = self.claim_id() == Some(claim_id);
         if ours {
-            self.lose_claim(id, metrics);
+            self.lapse_claim(id, metrics);
         }
         Effects::waking_if(ours, ())
     }
 
     /// A renewal of `claim_id` landed: it is valid until `valid_until`, if
     /// it is still the claim here (it may have been dropped or replaced).
-    pub fn claim_renewed(&mut self, claim_id: Uuid, valid_until: Instant) -> Effects<()> {
+    /// One that lapsed here while the renewal was on its way comes back
+    /// with its leases: the renewal found it live, so it never ran out in
+    /// ClickHouse or Keeper, and no other gateway can have claimed the id.
+    pub fn claim_renewed(
+        &mut self,
+        claim_id: Uuid,
+        valid_until: Instant,
+        now: Instant,
+    ) -> Effects<()> {
         if let Some(claim) = self.claim_mut(claim_id) {
             claim.valid_until = claim.valid_until.max(valid_until);
+            return Effects::quiet(());
         }
-        Effects::quiet(())
+        let back = self.claim.is_none()
+            && now < valid_until
+            && self.lapsed.as_ref().is_some_and(|c| c.claim_id == claim_id);
+        if back {
+            self.claim = self.lapsed.take().map(|candidate| HeldClaim {
+                candidate,
+                valid_until,
+                handover: false,
+            });
+        }
+        Effects::waking_if(back, ())
     }
 
     /// Whether another gateway waits for `claim_id`, to hand it over when

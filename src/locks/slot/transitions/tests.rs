@@ -221,14 +221,15 @@ fn a_won_claim_grants_nothing_during_an_inherited_delay() {
 }
 
 #[test]
-fn a_refused_claim_ends_with_its_lease_only_if_it_is_still_the_one_here() {
+fn a_refused_claim_lapses_keeping_its_lease_only_if_it_is_still_the_one_here() {
     let now = Instant::now();
     let metrics = Metrics::default();
     let (mut st, _) = holding(now, Duration::ZERO);
     assert!(!st.claim_refused(&id(), Uuid::nil(), &metrics).wake);
     assert!(st.claim.is_some() && !st.leases.is_empty());
     assert!(st.claim_refused(&id(), CLAIM, &metrics).wake);
-    assert!(st.claim.is_none() && st.leases.is_empty());
+    assert!(st.claim.is_none() && !st.leases.is_empty());
+    assert_eq!(st.lapsed.as_ref().map(|c| c.claim_id), Some(CLAIM));
 }
 
 #[test]
@@ -236,15 +237,18 @@ fn a_renewal_or_a_contest_changes_only_the_claim_it_was_for() {
     let now = Instant::now();
     let (mut st, _) = holding(now, Duration::ZERO);
     let until = st.claim.as_ref().unwrap().valid_until;
-    assert!(!st.claim_renewed(CLAIM, until - Duration::from_secs(1)).wake);
+    assert!(
+        !st.claim_renewed(CLAIM, until - Duration::from_secs(1), now)
+            .wake
+    );
     assert_eq!(
         st.claim.as_ref().unwrap().valid_until,
         until,
         "never shortened"
     );
-    let _ = st.claim_renewed(Uuid::nil(), until + Duration::from_secs(5));
+    let _ = st.claim_renewed(Uuid::nil(), until + Duration::from_secs(5), now);
     assert_eq!(st.claim.as_ref().unwrap().valid_until, until);
-    let _ = st.claim_renewed(CLAIM, until + Duration::from_secs(5));
+    let _ = st.claim_renewed(CLAIM, until + Duration::from_secs(5), now);
     assert_eq!(
         st.claim.as_ref().unwrap().valid_until,
         until + Duration::from_secs(5)

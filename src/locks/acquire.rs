@@ -204,11 +204,13 @@ impl Acquirer<'_> {
                             }
                         }
                         ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
-                        ClaimOutcome::Lost if Instant::now() >= deadline => {
+                        ClaimOutcome::Lost | ClaimOutcome::Unsettled
+                            if Instant::now() >= deadline =>
+                        {
                             return Err(self.held_elsewhere(id).await);
                         }
                         // Our candidate lapsed in line: stand in line again.
-                        ClaimOutcome::Lost => {}
+                        ClaimOutcome::Lost | ClaimOutcome::Unsettled => {}
                     }
                 }
                 Step::GiveUp(Some(holder)) => {

@@ -135,6 +135,11 @@ impl Maintenance {
                     slot.apply(|st, _| st.lapse_refused(lapsed.claim.claim_id));
                     tracing::warn!(state_id = %id, "the id is claimed elsewhere since its claim lapsed: its kept leases end");
                 }
+                // Too slow to win, with no other gateway's claim seen: the
+                // next tick tries again.
+                Ok(ClaimOutcome::Unsettled) => {
+                    tracing::warn!(state_id = %id, "could not re-win a lapsed claim in time; its leases stay kept, answering 503");
+                }
                 Err(err) => {
                     tracing::warn!(state_id = %id, error = %err, "could not re-win a lapsed claim yet; its leases stay kept, answering 503");
                 }

@@ -59,6 +59,12 @@ impl Claimant {
         ClaimOutcome::Lost
     }
 
+    /// An attempt that did not win but saw no other gateway's claim, counted.
+    pub fn unsettled(&self) -> ClaimOutcome {
+        self.metrics.lock_event(LockEvent::ClaimLoss);
+        ClaimOutcome::Unsettled
+    }
+
     /// How long an attempt waiting in line sleeps before it looks again: a
     /// poll, cut short at `deadline`. None once `deadline` has passed: the
     /// attempt gives up (see [`Claimant::lost`]).

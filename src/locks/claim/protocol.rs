@@ -74,7 +74,13 @@ pub(in crate::locks) enum ClaimOutcome {
     Won(Box<WonClaim>),
     /// A gateway peers can reach holds the claim: the request belongs there.
     Elsewhere(Peer),
+    /// Another gateway's candidate stays ahead in line past the deadline.
     Lost,
+    /// Not won, and nothing seen of another gateway: the attempt's own
+    /// candidate ran out before it won (ClickHouse slower than the claim
+    /// TTL), or an earlier claim of this gateway's is still ahead in line.
+    /// A lapsed claim's kept leases stay kept for the next attempt.
+    Unsettled,
 }
 
 /// Who holds an id's claim, with the leases ClickHouse records for it.

@@ -78,7 +78,7 @@ impl TableClaims {
             else {
                 // Our candidate lapsed (a stall longer than the claim TTL).
                 proposed.settle();
-                return Ok(claimant.lost());
+                return Ok(claimant.unsettled());
             };
             proposed.candidate = mine;
             if let Some(first) = candidates
@@ -115,12 +115,21 @@ impl TableClaims {
                 proposed.settle();
                 if !renewed {
                     // Lapsed before the renewal landed: won too late.
-                    return Ok(claimant.lost());
+                    return Ok(claimant.unsettled());
                 }
                 return Ok(ClaimOutcome::Won(Box::new(won)));
             }
             let Some(poll) = claimant.next_poll(deadline) else {
-                return Ok(claimant.lost());
+                // Behind a claim of this gateway's (one whose renewal landed
+                // unanswered, or an attempt's not yet withdrawn), no other's.
+                let ours_first = candidates
+                    .first()
+                    .is_some_and(|c| c.gateway_id == gateway_id);
+                return Ok(if ours_first {
+                    claimant.unsettled()
+                } else {
+                    claimant.lost()
+                });
             };
             let now = Instant::now();
             if now.duration_since(written_at) >= claimant.timing.renew_interval() {

@@ -1,6 +1,7 @@
 //! An acquire abandoned at any await point (the client hung up, so the server
 //! dropped its future) never leaves a state_id unlockable, and a lease won
-//! late under a slow ClickHouse still lives its TTL.
+//! late under a slow ClickHouse still lives its TTL, also when its claim's
+//! renewal or re-claim runs past the claim TTL.
 //!
 //! The slot's state sits behind a std mutex that no await point holds, so
 //! "waiting to re-lock the slot" is not an await point any more; the points
@@ -18,7 +19,7 @@ use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
 use crate::checker::retried;
-use crate::helpers::{metric, spawn_app_with, test_config, unique_schema};
+use crate::helpers::{TestApp, metric, spawn_app_with, test_config, unique_schema};
 use crate::proxy::{Proxy, spawn_app_behind_proxy};
 
 /// A lock manager of its own on a fresh database, reaching ClickHouse through
@@ -295,19 +296,10 @@ async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
     };
     proxy.hold_requests_containing(Some((renewal, SHORT_CLAIM_TTL + Duration::from_secs(1))));
     let lapsed = async {
-        while proxy.held_answers().is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        proxy.hold_requests_containing(None);
+        held_once(&proxy).await;
         // The refusal is taken in once counted; nothing touched the lease's
         // slot before (the metrics page reads only pools).
-        loop {
-            let text = app.get("/metrics").await.text;
-            if metric(&text, CLAIM_LAPSED).is_some_and(|n| n >= 1.0) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        claim_lapsed(&app).await;
     };
     tokio::time::timeout(Duration::from_secs(60), lapsed)
         .await
@@ -320,6 +312,56 @@ async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
     app.release("renewed-late", &lease)
         .await
         .expect(StatusCode::NO_CONTENT);
+}
+
+/// A claim lapsed (ClickHouse out of reach), then a re-claim too slow to
+/// win: its lock read held past the claim TTL, so its own candidate ran out
+/// before it was read. It saw no other gateway's claim, so the lease stays
+/// kept, and the next attempt re-wins it. (Keeper mode has no such read
+/// between its write and its win: there the attempt simply wins.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_claim_too_slow_to_win_keeps_the_lapsed_lease() {
+    let (app, proxy) = spawn_app_behind_proxy(|config| {
+        config.locks.claim_ttl = SHORT_CLAIM_TTL;
+    })
+    .await;
+    let (lease, _) = app.lease("re-claimed-late", "worker", 60, 10.0).await;
+    proxy.set_down(true);
+    tokio::time::timeout(Duration::from_secs(60), claim_lapsed(&app))
+        .await
+        .expect("the claim lapsed with ClickHouse away");
+    // An attempt's read of the id's lock rows, not a routing read's.
+    let read: &[&str] = &["kind_code", "ORDER BY state_id, created_at"];
+    proxy.hold_requests_containing(Some((read, SHORT_CLAIM_TTL + Duration::from_secs(1))));
+    proxy.set_down(false);
+    tokio::time::timeout(Duration::from_secs(60), held_once(&proxy))
+        .await
+        .expect("a re-claim's read was held");
+    let renewed = retried(|| app.renew("re-claimed-late", &lease, 60)).await;
+    renewed.expect_because(StatusCode::OK, "the lease outlives a slow re-claim");
+    app.release("re-claimed-late", &lease)
+        .await
+        .expect(StatusCode::NO_CONTENT);
+}
+
+/// Waits until the proxy has held a request and ClickHouse answered it,
+/// then lets the next ones through.
+async fn held_once(proxy: &Proxy) {
+    while proxy.held_answers().is_empty() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    proxy.hold_requests_containing(None);
+}
+
+/// Waits until the gateway has counted a claim lapsed (or lost).
+async fn claim_lapsed(app: &TestApp) {
+    loop {
+        let text = app.get("/metrics").await.text;
+        if metric(&text, CLAIM_LAPSED).is_some_and(|n| n >= 1.0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The metrics sample of claims lapsed or lost here.

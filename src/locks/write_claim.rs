@@ -141,8 +141,9 @@ async fn attempt(
         }
         // Another gateway holds or won the claim: the id's writes are
         // forwarded to it while it lasts, and one that reaches this gateway
-        // after all (its holder advertises no URL) tries no sooner than it lapses.
-        Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost) => {
+        // after all (its holder advertises no URL) tries no sooner than it
+        // lapses; an attempt too slow to win tries no sooner either.
+        Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost | ClaimOutcome::Unsettled) => {
             recent.hold_off(&id, Instant::now() + coordinator.timing().ttl());
         }
         Err(err) => {

@@ -81,9 +81,11 @@ pub enum LockEvent {
     Timeout,
     /// This gateway won the ClickHouse claim of a state_id.
     ClaimWin,
-    /// A claim attempt lost to another gateway's earlier candidate.
+    /// A claim attempt that did not win: another gateway's earlier
+    /// candidate stayed ahead, or its own ran out first (a slow ClickHouse).
     ClaimLoss,
-    /// A held claim could not be renewed in time and lapsed.
+    /// A held claim could not be renewed in time, or its renewal found it
+    /// run out: it lapsed (its leases are kept until it is re-won or found taken).
     ClaimLost,
     /// A claim that lapsed with leases running was re-won with nothing in
     /// between, and its leases run on.

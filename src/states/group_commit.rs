@@ -1,7 +1,11 @@
-//! Group commit: changes that reach the gateway while an INSERT is on its
-//! way go out together in the next one, as Postgres commits and etcd
+//! Group commit: changes that reach the gateway while its INSERTs are on
+//! their way go out together in the next one, as Postgres commits and etcd
 //! proposals do. There is no timer: a lone change goes out at once, and
-//! under load each INSERT carries what arrived during the one before.
+//! under load each INSERT carries what arrived during the ones before. Two
+//! INSERTs may be on their way at once (`SENDERS`): ClickHouse writes two
+//! blocks side by side about as fast as one, so a batch does not wait for
+//! the engine to finish the one before. Their order does not matter: two
+//! changes of one id are never in flight together (see below).
 //!
 //! This is the one door of every change (PUT, PATCH, DELETE, rollback,
 //! stream reset, bulk import): each is a submission here, and a batch is
@@ -51,6 +55,8 @@ use crate::traces::{self, Caller};
 
 /// The most rows one INSERT carries.
 const MAX_ROWS: usize = 1000;
+/// How many INSERTs may be on their way at once.
+const SENDERS: usize = 2;
 /// The most bytes of documents one INSERT carries (the request body limit
 /// by default: one import of that size goes alone).
 const MAX_BYTES: usize = 16 << 20;
@@ -147,7 +153,7 @@ pub(super) struct GroupCommit {
     metrics: Arc<Metrics>,
     /// Told of every id a batch wrote, or may have written.
     watches: Watches,
-    /// Submissions waiting for the next INSERT, and whether a task is
+    /// Submissions waiting for the next INSERT, and how many tasks are
     /// sending; held only to push or take, never across an `.await`.
     queue: Mutex<Queue>,
 }
@@ -155,7 +161,7 @@ pub(super) struct GroupCommit {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Entry>,
-    sending: bool,
+    senders: usize,
 }
 
 impl GroupCommit {
@@ -189,7 +195,11 @@ impl GroupCommit {
                 answer,
                 caller: Caller::current(),
             });
-            !std::mem::replace(&mut queue.sending, true)
+            let start = queue.senders < SENDERS;
+            if start {
+                queue.senders += 1;
+            }
+            start
         };
         if start {
             tokio::spawn(self.clone().send_all());
@@ -200,7 +210,7 @@ impl GroupCommit {
             .unwrap_or_else(|_| Err(CommitError::Store(Arc::new(StoreError::Abandoned))))
     }
 
-    /// Sends batches until none is waiting.
+    /// Sends batches until none is waiting (one of `SENDERS` tasks).
     async fn send_all(self: Arc<Self>) {
         let mut stopped = Stopped {
             commits: &self,
@@ -212,7 +222,7 @@ impl GroupCommit {
                 if queue.waiting.is_empty() {
                     // Under the same lock as the look: a submission after it
                     // finds no task and starts one.
-                    queue.sending = false;
+                    queue.senders -= 1;
                     stopped.armed = false;
                     return;
                 }
@@ -387,7 +397,7 @@ impl GroupCommit {
     }
 }
 
-/// Marks the sending task gone when it is stopped midway (a shutdown, a
+/// Counts the sending task gone when it is stopped midway (a shutdown, a
 /// panic), so that the next submission starts another rather than waiting
 /// for one that will not come.
 struct Stopped<'a> {
@@ -398,7 +408,7 @@ struct Stopped<'a> {
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.commits.queue().sending = false;
+            self.commits.queue().senders -= 1;
         }
     }
 }

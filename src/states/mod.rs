@@ -255,25 +255,13 @@ impl States {
         conditions: &WriteConditions,
         provenance: &Provenance,
     ) -> Result<Option<Written>, StateError> {
-        for _ in 1..STALE_ATTEMPTS {
-            match self
-                .commit_once(id, change.clone(), conditions, provenance)
-                .await
-            {
-                // What this gateway knew of the id, or its routing read
-                // found, is stale: the next attempt reads the stored row.
-                Err(StateError::Stale { .. }) => self.memory.forget_each([id]),
-                other => return other,
-            }
-        }
-        self.commit_once(id, change, conditions, provenance)
-            .await
-            .map_err(|err| match err {
-                StateError::Stale { .. } => StateError::Stale {
-                    attempts: STALE_ATTEMPTS,
-                },
-                other => other,
-            })
+        // What this gateway knew of the id, or its routing read found, is
+        // stale after a refusal: the next attempt reads the stored row.
+        decided_again(
+            || self.commit_once(id, change.clone(), conditions, provenance),
+            || self.memory.forget_each([id]),
+        )
+        .await
     }
 
     /// One attempt of [`States::commit`].
@@ -401,23 +389,11 @@ impl States {
         provenance: &Provenance,
         authorization: Option<&HeaderValue>,
     ) -> Result<Imported, StateError> {
-        for _ in 1..STALE_ATTEMPTS {
-            match self
-                .import_once(entries.clone(), allowed, provenance, authorization)
-                .await
-            {
-                Err(StateError::Stale { .. }) => {}
-                other => return other,
-            }
-        }
-        self.import_once(entries, allowed, provenance, authorization)
-            .await
-            .map_err(|err| match err {
-                StateError::Stale { .. } => StateError::Stale {
-                    attempts: STALE_ATTEMPTS,
-                },
-                other => other,
-            })
+        decided_again(
+            || self.import_once(entries.clone(), allowed, provenance, authorization),
+            || {},
+        )
+        .await
     }
 
     /// One attempt of [`States::import`].
@@ -536,6 +512,27 @@ impl States {
 
 /// How many times a write is decided before a stale check answers 503.
 const STALE_ATTEMPTS: u32 = 3;
+
+/// Runs `attempt` again while ClickHouse refused its INSERT for the check
+/// (a state it was decided against changed meanwhile, and nothing of it
+/// landed), `STALE_ATTEMPTS` times in all, with `before_again` in between.
+async fn decided_again<T, F: Future<Output = Result<T, StateError>>>(
+    mut attempt: impl FnMut() -> F,
+    mut before_again: impl FnMut(),
+) -> Result<T, StateError> {
+    for _ in 1..STALE_ATTEMPTS {
+        match attempt().await {
+            Err(StateError::Stale { .. }) => before_again(),
+            other => return other,
+        }
+    }
+    attempt().await.map_err(|err| match err {
+        StateError::Stale { .. } => StateError::Stale {
+            attempts: STALE_ATTEMPTS,
+        },
+        other => other,
+    })
+}
 
 fn outgoing(
     id: StateId,

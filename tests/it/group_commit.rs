@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Api, Reply, encode_id, metric, spawn_app};
+use crate::helpers::{Api, Reply, encode_id, metric, spawn_app, write_path_statements};
 use crate::proxy::spawn_app_behind_proxy;
 
 async fn put(api: &Api, id: &str, n: u64) -> Reply {
@@ -276,24 +276,6 @@ async fn a_client_hanging_up_in_a_batch_leaves_the_others_intact() {
     }
 }
 
-/// The statements of the write path the gateway has sent so far: routing
-/// and lock reads, current rows, INSERTs (background work, such as the
-/// gateway's heartbeat, left out).
-async fn statements(api: &Api) -> f64 {
-    let text = exposition(api).await;
-    ["route_read", "lock_read", "get", "history_record", "put"]
-        .iter()
-        .filter_map(|op| {
-            metric(
-                &text,
-                &format!(
-                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
-                ),
-            )
-        })
-        .sum()
-}
-
 /// An unlocked PUT (routing read with the current row, INSERT) costs no more
 /// statements under load than alone: 32 writers at once through a slowed
 /// ClickHouse share their reads as they share their INSERTs, so they spend
@@ -302,7 +284,7 @@ async fn statements(api: &Api) -> f64 {
 async fn an_unlocked_puts_statements_do_not_grow_with_load() {
     let (app, proxy) = spawn_app_behind_proxy(|_| {}).await;
     proxy.set_delay(Duration::from_millis(200));
-    let before = statements(&app).await;
+    let before = write_path_statements(&app).await;
     for n in 0..8 {
         assert!(
             put(&app, &format!("alone-{n}"), n)
@@ -311,8 +293,8 @@ async fn an_unlocked_puts_statements_do_not_grow_with_load() {
                 .is_success()
         );
     }
-    let alone = (statements(&app).await - before) / 8.0;
-    let before = statements(&app).await;
+    let alone = (write_path_statements(&app).await - before) / 8.0;
+    let before = write_path_statements(&app).await;
     let writers: Vec<_> = (0..32)
         .map(|n| {
             let api = app.api.clone();
@@ -322,7 +304,7 @@ async fn an_unlocked_puts_statements_do_not_grow_with_load() {
     for writer in writers {
         assert!(writer.await.unwrap().status.is_success());
     }
-    let loaded = (statements(&app).await - before) / 32.0;
+    let loaded = (write_path_statements(&app).await - before) / 32.0;
     proxy.set_delay(Duration::ZERO);
     assert!(
         loaded * 2.0 <= alone,

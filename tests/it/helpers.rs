@@ -449,3 +449,21 @@ pub fn metric(exposition: &str, sample: &str) -> Option<f64> {
             .ok()
     })
 }
+
+/// The statements of the write path a gateway has sent so far: routing and
+/// lock reads, current rows, INSERTs (background work, such as claim
+/// renewals and the gateway's heartbeat, left out).
+pub async fn write_path_statements(api: &Api) -> f64 {
+    let text = api.get("/metrics").await.text;
+    ["route_read", "lock_read", "get", "history_record", "put"]
+        .iter()
+        .filter_map(|op| {
+            metric(
+                &text,
+                &format!(
+                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
+                ),
+            )
+        })
+        .sum()
+}

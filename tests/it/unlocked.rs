@@ -14,24 +14,9 @@ use statehouse::domain::GuardMode;
 use tokio::sync::watch;
 
 use crate::checker::{Held, Log, check, retried};
-use crate::helpers::{Api, metric, plugin_writes_ahead, spawn_app, spawn_app_with, two_peers};
-
-/// The write path's statements so far: routing and lock reads, current
-/// rows, INSERTs (background work left out).
-async fn statements(api: &Api) -> f64 {
-    let text = api.get("/metrics").await.text;
-    ["route_read", "lock_read", "get", "history_record", "put"]
-        .iter()
-        .filter_map(|op| {
-            metric(
-                &text,
-                &format!(
-                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
-                ),
-            )
-        })
-        .sum()
-}
+use crate::helpers::{
+    Api, plugin_writes_ahead, spawn_app, spawn_app_with, two_peers, write_path_statements,
+};
 
 fn bookmarked(value: &str) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -47,14 +32,14 @@ fn bookmarked(value: &str) -> Value {
 #[tokio::test]
 async fn an_unlocked_write_costs_its_routing_read_and_its_insert() {
     let app = spawn_app().await;
-    let before = statements(&app).await;
+    let before = write_path_statements(&app).await;
     for n in 0..8 {
         let put = app
             .put_state(&format!("one-off-{n}"), &json!({"completed": {"n": n}}))
             .await;
         assert!(put.status.is_success(), "{}", put.text);
     }
-    let per_write = (statements(&app).await - before) / 8.0;
+    let per_write = (write_path_statements(&app).await - before) / 8.0;
     assert!(
         per_write <= 2.5,
         "{per_write:.2} statements per unlocked write"

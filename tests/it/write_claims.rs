@@ -12,24 +12,8 @@ use serde_json::json;
 
 use crate::helpers::{
     Api, clickhouse_url, metric, spawn_app, spawn_peer_process, two_peers, unique_schema,
+    write_path_statements,
 };
-
-/// The write path's statements so far: routing and lock reads, current
-/// rows, INSERTs (background work left out).
-async fn statements(api: &Api) -> f64 {
-    let text = api.get("/metrics").await.text;
-    ["route_read", "lock_read", "get", "history_record", "put"]
-        .iter()
-        .filter_map(|op| {
-            metric(
-                &text,
-                &format!(
-                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
-                ),
-            )
-        })
-        .sum()
-}
 
 /// How many claims the gateway took for writes.
 async fn write_claims(api: &Api) -> f64 {
@@ -64,13 +48,13 @@ async fn repeated_unlocked_writes_cost_one_statement_each_once_the_gateway_claim
         .await
         .expect(StatusCode::CREATED);
     write_until_claimed(&app, "repeated").await;
-    let before = statements(&app).await;
+    let before = write_path_statements(&app).await;
     for n in 0..20 {
         app.put_state("repeated", &json!({"completed": {"n": n}}))
             .await
             .expect(StatusCode::OK);
     }
-    let per_write = (statements(&app).await - before) / 20.0;
+    let per_write = (write_path_statements(&app).await - before) / 20.0;
     // One INSERT each, and one read of the row when the claim was new.
     assert!(
         per_write <= 1.1,

@@ -1,11 +1,7 @@
-//! Group commit: changes that reach the gateway while its INSERTs are on
-//! their way go out together in the next one, as Postgres commits and etcd
+//! Group commit: changes that reach the gateway while an INSERT is on its
+//! way go out together in the next one, as Postgres commits and etcd
 //! proposals do. There is no timer: a lone change goes out at once, and
-//! under load each INSERT carries what arrived during the ones before. Two
-//! INSERTs may be on their way at once (`SENDERS`): ClickHouse writes two
-//! blocks side by side about as fast as one, so a batch does not wait for
-//! the engine to finish the one before. Their order does not matter: two
-//! changes of one id are never in flight together (see below).
+//! under load each INSERT carries what arrived during the one before.
 //!
 //! This is the one door of every change (PUT, PATCH, DELETE, rollback,
 //! stream reset, bulk import): each is a submission here, and a batch is
@@ -55,8 +51,6 @@ use crate::traces::{self, Caller};
 
 /// The most rows one INSERT carries.
 const MAX_ROWS: usize = 1000;
-/// How many INSERTs may be on their way at once.
-const SENDERS: usize = 2;
 /// The most bytes of documents one INSERT carries (the request body limit
 /// by default: one import of that size goes alone).
 const MAX_BYTES: usize = 16 << 20;
@@ -153,7 +147,7 @@ pub(super) struct GroupCommit {
     metrics: Arc<Metrics>,
     /// Told of every id a batch wrote, or may have written.
     watches: Watches,
-    /// Submissions waiting for the next INSERT, and how many tasks are
+    /// Submissions waiting for the next INSERT, and whether a task is
     /// sending; held only to push or take, never across an `.await`.
     queue: Mutex<Queue>,
 }
@@ -161,7 +155,7 @@ pub(super) struct GroupCommit {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Entry>,
-    senders: usize,
+    sending: bool,
 }
 
 impl GroupCommit {
@@ -195,11 +189,7 @@ impl GroupCommit {
                 answer,
                 caller: Caller::current(),
             });
-            let start = queue.senders < SENDERS;
-            if start {
-                queue.senders += 1;
-            }
-            start
+            !std::mem::replace(&mut queue.sending, true)
         };
         if start {
             tokio::spawn(self.clone().send_all());
@@ -210,7 +200,7 @@ impl GroupCommit {
             .unwrap_or_else(|_| Err(CommitError::Store(Arc::new(StoreError::Abandoned))))
     }
 
-    /// Sends batches until none is waiting (one of `SENDERS` tasks).
+    /// Sends batches until none is waiting.
     async fn send_all(self: Arc<Self>) {
         let mut stopped = Stopped {
             commits: &self,
@@ -222,7 +212,7 @@ impl GroupCommit {
                 if queue.waiting.is_empty() {
                     // Under the same lock as the look: a submission after it
                     // finds no task and starts one.
-                    queue.senders -= 1;
+                    queue.sending = false;
                     stopped.armed = false;
                     return;
                 }
@@ -397,7 +387,7 @@ impl GroupCommit {
     }
 }
 
-/// Counts the sending task gone when it is stopped midway (a shutdown, a
+/// Marks the sending task gone when it is stopped midway (a shutdown, a
 /// panic), so that the next submission starts another rather than waiting
 /// for one that will not come.
 struct Stopped<'a> {
@@ -408,7 +398,7 @@ struct Stopped<'a> {
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.commits.queue().senders -= 1;
+            self.commits.queue().sending = false;
         }
     }
 }

@@ -27,18 +27,24 @@ async fn write_claims(api: &Api) -> f64 {
 
 /// Writes `id` through `api` until the gateway has claimed it for writes:
 /// the second write starts the attempt, which settles in the background.
+/// The bound is generous: the attempt's few statements can queue behind
+/// every other test's at the local ClickHouse on a loaded 2-core machine.
 async fn write_until_claimed(api: &Api, id: &str) {
     let before = write_claims(api).await;
-    for n in 0..100 {
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    for n in 0.. {
         api.put_state(id, &json!({"completed": {"warm": n}}))
             .await
             .expect_because(StatusCode::OK, "warming up");
         if write_claims(api).await > before {
             return;
         }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "{id} was never claimed for its writes"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("{id} was never claimed for its writes");
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 //! table is caught by the check: nothing of the refused INSERT lands, and
 //! the write is decided again against the stored row.
 
+use std::time::Duration;
+
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::config::History;
@@ -13,6 +15,7 @@ use statehouse::domain::GuardMode;
 use crate::helpers::{
     Api, TestApp, metric, plugin_writes_ahead, raw_sql, spawn_app, spawn_app_with,
 };
+use crate::proxy::spawn_app_behind_proxy;
 
 /// Both halves of `doc`, as `stored` reads them (a missing half is `{}`).
 fn halves(doc: &Value) -> Value {
@@ -149,4 +152,65 @@ async fn a_checked_insert_carries_any_id_and_a_large_document() {
         );
     }
     assert_eq!(stale_writes(&app).await, 0.0);
+}
+
+/// Two leased writes that queue behind a held INSERT go out together in the
+/// next batch, whose check covers both ids; one of them was written
+/// straight into ClickHouse meanwhile. ClickHouse refuses the batch whole,
+/// and each write is decided again and lands: the one on the plugin's row
+/// merges into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_refused_for_one_of_its_ids_lands_every_write_of_it_decided_again() {
+    let (app, proxy) = spawn_app_behind_proxy(|_| {}).await;
+    let (a, b) = ("batched-a", "batched-b");
+    let mut leases = Vec::new();
+    for id in [a, b] {
+        let (lease, _) = app.lease(id, "worker", 60, 0.0).await;
+        app.patch_state_with_lease(id, &json!({"partial": {"n": 0}}), &lease)
+            .await
+            .expect(StatusCode::CREATED);
+        leases.push(lease);
+    }
+    plugin_writes_ahead(&app.schema, b, &json!({"partial": {"plugin": 1}})).await;
+    let refused_before = stale_writes(&app).await;
+
+    // A one-off write holds the INSERT on its way; the two leased ones
+    // queue behind it and go out together.
+    proxy.hold_requests_containing(Some((
+        &["INSERT INTO", "state_history"],
+        Duration::from_millis(1000),
+    )));
+    let holding = {
+        let api = app.api.clone();
+        tokio::spawn(async move {
+            api.put_state("batched-first", &json!({"completed": {}}))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued: Vec<_> = [a, b]
+        .into_iter()
+        .zip(leases)
+        .map(|(id, lease)| {
+            let api = app.api.clone();
+            tokio::spawn(async move {
+                api.patch_state_with_lease(id, &json!({"partial": {"n": 1}}), &lease)
+                    .await
+            })
+        })
+        .collect();
+    holding.await.unwrap().expect(StatusCode::CREATED);
+    proxy.hold_requests_containing(None);
+    for write in queued {
+        write.await.unwrap().expect(StatusCode::OK);
+    }
+    assert!(
+        stale_writes(&app).await > refused_before,
+        "the batch of both was refused"
+    );
+    assert_eq!(stored(&app, a).await["partial"], json!({"n": 1}));
+    assert_eq!(
+        stored(&app, b).await["partial"],
+        json!({"n": 1, "plugin": 1})
+    );
 }

@@ -97,7 +97,6 @@ impl LockManager {
         metrics: Arc<Metrics>,
     ) -> Self {
         let leases = leases.advertised_at(settings.advertise_url.as_deref());
-        let settings_idle = settings.claim_idle;
         let coordinator = Arc::new(Coordinator::new(
             settings.clone(),
             ClaimTiming::new(&settings, query_timeout),
@@ -105,6 +104,8 @@ impl LockManager {
             keeper,
             metrics.clone(),
         ));
+        // A repeat within the idle time of a claim is worth one.
+        let recent_writes = Arc::new(RecentWrites::new(coordinator.timing().idle_release()));
         Self {
             router: Router::new(&settings),
             settings,
@@ -115,7 +116,7 @@ impl LockManager {
             leases,
             metrics,
             issued: Issued::default(),
-            recent_writes: Arc::new(RecentWrites::new(settings_idle)),
+            recent_writes,
         }
     }
 

@@ -467,8 +467,8 @@ impl States {
             else {
                 unreachable!("an import replaces, it never deletes");
             };
-            // Not checked: the batch's rows were read for it, and an import
-            // is not retried.
+            // Not checked: the batch's rows were read for it; a batch
+            // refused for another write's check sends the import again.
             changes.push(outgoing(id, prepared, admitted, None));
         }
         let created = changes.iter().filter(|c| c.prepared.created).count();

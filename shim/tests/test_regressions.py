@@ -51,6 +51,20 @@ def test_in_reject_mode_the_runs_state_write_is_refused_naming_the_stream(tmp_pa
     assert merged["singer_state"]["bookmarks"]["numbers"]["replication_key_value"] == 5, "nothing written"
 
 
+def test_a_runs_last_state_refused_behind_it_fails_the_run_naming_the_lost_state(tmp_path, rejecting: Gateway):
+    project = make_project(tmp_path / "project", rejecting.uri)
+    project.meltano("run", "tap-tiny", "target-tiny", extra_env={"TAP_TINY_COUNT": "5"})
+    # One STATE message, so its refused write is the run's last: no later
+    # update() reports it, the exit check does.
+    failed = project.meltano(
+        "run", "tap-tiny", "target-tiny", check=False, extra_env={"TAP_TINY_COUNT": "1", "TAP_TINY_START": "2"}
+    )
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert f"statehouse: the last state of {JOB!r} was not saved:" in failed.stderr, failed.stderr
+    assert "numbers" in failed.stderr.split("was not saved:", 1)[1], failed.stderr
+    assert rejecting.state(JOB)["completed"]["singer_state"]["bookmarks"]["numbers"]["replication_key_value"] == 5
+
+
 def test_state_set_of_an_older_bookmark_is_refused_and_passes_with_the_allow_setting(tmp_path, rejecting: Gateway):
     project = make_project(tmp_path / "project", rejecting.uri)
     project.meltano("state", "set", "--force", JOB, bookmark(10))

@@ -97,21 +97,22 @@ def test_the_backend_rides_on_the_run_lease_for_its_state_id_only(gateway: Gatew
         assert lock_view(gateway, "run")["owner"] == "the-runner", "no lease of its own"
         manager.update(MeltanoState(state_id="run", partial_state={"singer_state": {"a": {"x": 1}}}))
     manager.update(MeltanoState(state_id="run", partial_state={"singer_state": {"a": {"y": 2}, "b": 3}}))
-    assert gateway.state("run")["partial"] == {"singer_state": {"a": {"x": 1, "y": 2}, "b": 3}}, "Meltano's merge"
+    # Through the manager: its reads wait for the writes behind it.
+    assert manager.get("run").partial_state == {"singer_state": {"a": {"x": 1, "y": 2}, "b": 3}}, "Meltano's merge"
     manager.update(MeltanoState(state_id="run", completed_state={"singer_state": {"done": True}}))
-    assert gateway.state("run")["completed"] == {"singer_state": {"done": True}}
-    assert gateway.state("run")["partial"] == {}, "a complete state replaces"
+    assert manager.get("run").completed_state == {"singer_state": {"done": True}}
+    assert manager.get("run").partial_state == {}, "a complete state replaces"
     assert lock_view(gateway, "run")["owner"] == "the-runner", "the block left the run's lease alone"
     # Another state_id is locked as without a run lease.
     with manager.acquire_lock("other", retry_seconds=1):
         assert lock_view(gateway, "other")["owner"] == "meltano"
     assert lock_view(gateway, "other") is None
     manager.update(MeltanoState(state_id="other", partial_state={"n": 1}))
-    assert gateway.state("other")["partial"] == {"n": 1}
+    assert manager.get("other").partial_state == {"n": 1}
     manager.close()
 
 
-def test_under_a_run_lease_each_bookmark_is_one_request_and_meltano_takes_no_lock(project: Project, gateway: Gateway):
+def test_under_a_run_lease_each_bookmark_is_at_most_one_request_and_meltano_takes_no_lock(project: Project, gateway: Gateway):
     before = served(gateway)
     run = project.meltano("run", "tap-tiny", "target-tiny", prefix=lock(gateway), extra_env={"TAP_TINY_COUNT": "7"})
     output = run.stdout + run.stderr
@@ -119,7 +120,7 @@ def test_under_a_run_lease_each_bookmark_is_one_request_and_meltano_takes_no_loc
     assert bookmark(gateway) == 7
     sent = served(gateway) - before
     writes = sum(n for (method, route, _), n in sent.items() if route == STATE and method in ("PUT", "PATCH", "DELETE"))
-    assert writes == 7, sent
+    assert 1 <= writes <= 7, sent
     # The runner's own acquire and release (and renewals, should the run
     # outlast a third of the TTL), and nothing from Meltano: its lock
     # blocks ride on the run's lease.

@@ -21,6 +21,7 @@ from statehouse_meltano.client import (
     TlsSettings,
     gateway_url,
 )
+from statehouse_meltano.write_behind import Sender
 
 if t.TYPE_CHECKING:
     from collections.abc import Generator, Iterable
@@ -126,6 +127,7 @@ class StatehouseStateStoreManager(StateStoreManager):
         ca_file: str | None = None,
         client_cert_file: str | None = None,
         client_key_file: str | None = None,
+        write_behind: bool | None = True,
         **kwargs: t.Any,
     ) -> None:
         """Meltano passes the URI, its own lock settings and state_backend.<scheme>.* settings."""
@@ -151,8 +153,16 @@ class StatehouseStateStoreManager(StateStoreManager):
         self._leases: dict[str, str] = {}
         self._leases_guard = threading.Lock()
         self._run_lease = run_lease(os.environ)
+        # None: update() writes synchronously (write_behind off).
+        self._sender = Sender(self._patch, name=f"statehouse-write-{id(self):x}") if write_behind is not False else None
+
+    def _drain(self) -> None:
+        """Read-your-writes: every call but update() first waits for the queued states to be written."""
+        if self._sender is not None:
+            self._sender.drain()
 
     def close(self) -> None:
+        self._drain()
         self.client.close()
 
     def _run_lease_for(self, state_id: str) -> str | None:
@@ -168,6 +178,17 @@ class StatehouseStateStoreManager(StateStoreManager):
             return self._leases.get(state_id)
 
     def update(self, state: MeltanoState) -> None:  # type: ignore[misc]  # final in Meltano's base, for typing only
+        """Meltano's update, written behind the run (see write_behind) unless write_behind is off.
+
+        Raises the failure of an earlier write instead; Meltano then fails the
+        run at this message, as it would have at the failed one.
+        """
+        if self._sender is None:
+            self._patch(state)
+        else:
+            self._sender.submit(state)
+
+    def _patch(self, state: MeltanoState) -> None:
         """Meltano's update in one request.
 
         Meltano's own (lock, read an incomplete state's stored one, merge its
@@ -185,13 +206,15 @@ class StatehouseStateStoreManager(StateStoreManager):
         try:
             self.client.patch_state(state.state_id, document(state), None)
         except StateLockedError:
-            with self.acquire_lock(state.state_id, retry_seconds=1):
+            with self._held_lease(state.state_id):
                 self.client.patch_state(state.state_id, document(state), self._lease_for(state.state_id))
 
     def set(self, state: MeltanoState) -> None:
+        self._drain()
         self.client.put_state(state.state_id, document(state), self._lease_for(state.state_id))
 
     def get(self, state_id: str) -> MeltanoState | None:
+        self._drain()
         stored = self.client.get_state(state_id)
         if stored is None:
             return None
@@ -202,13 +225,16 @@ class StatehouseStateStoreManager(StateStoreManager):
         )
 
     def delete(self, state_id: str) -> None:
+        self._drain()
         self.client.delete_state(state_id, self._lease_for(state_id))
 
     def get_state_ids(self, pattern: str | None = None) -> Iterable[str]:
+        self._drain()
         return list(self.client.state_ids(pattern))
 
     def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
         """Every state in pages of documents: one request per page, not one per state."""
+        self._drain()
         for stored in self.client.states(pattern):
             yield MeltanoState(
                 state_id=stored["state_id"],
@@ -218,6 +244,7 @@ class StatehouseStateStoreManager(StateStoreManager):
 
     def set_all(self, states: Iterable[MeltanoState]) -> int:
         """Writes the states in batches (bounded in count and size), each all or nothing."""
+        self._drain()
         count = 0
         batch: list[dict[str, t.Any]] = []
         size = 0
@@ -243,6 +270,7 @@ class StatehouseStateStoreManager(StateStoreManager):
         """Clears every state but those whose lease another client holds (a run in
         progress keeps its bookmark), and says which were left: Meltano itself
         only reports the count cleared."""
+        self._drain()
         deletion = self.client.delete_matching("*")
         if deletion.skipped_locked > 0:
             logger.warning(skipped_message(deletion))
@@ -253,8 +281,19 @@ class StatehouseStateStoreManager(StateStoreManager):
         """Holds a gateway lease while the block runs; waits up to lock_timeout_seconds for it.
 
         Under a run lease on `state_id` it takes none: the run's lease covers
-        the block, and its runner renews and releases it.
+        the block, and its runner renews and releases it. The states queued
+        before the block, and in it, are written before it ends: under the lease.
         """
+        self._drain()
+        with self._held_lease(state_id):
+            try:
+                yield
+            finally:
+                self._drain()
+
+    @contextmanager
+    def _held_lease(self, state_id: str) -> Generator[None]:
+        """acquire_lock without the drain: the writer's own 409 fallback runs on the worker, inside it."""
         if self._run_lease_for(state_id):
             yield
             return

@@ -44,6 +44,13 @@ SPECS: dict[str, dict[str, t.Any]] = {
         "with --bookmark-loss reject; sent as Statehouse-Allow-Loss",
         "kind": SettingKind.STRING,
     },
+    "write_behind": {
+        "label": "Write behind",
+        "description": "Persist STATE messages behind the run (newest wins) instead of waiting for each; "
+        "the run's last state is still written before `meltano run` exits 0",
+        "kind": SettingKind.BOOLEAN,
+        "value": True,
+    },
     "ca_file": {
         "label": "CA file",
         "description": "PEM file of the CA that signed the gateway's certificate (statehouses:// only); "
@@ -74,12 +81,14 @@ STATEHOUSE_LEASE_TTL = setting("statehouse", "lease_ttl")
 STATEHOUSE_OWNER = setting("statehouse", "owner")
 STATEHOUSE_ALLOW_REGRESSION = setting("statehouse", "allow_regression")
 STATEHOUSE_ALLOW_LOSS = setting("statehouse", "allow_loss")
+STATEHOUSE_WRITE_BEHIND = setting("statehouse", "write_behind")
 STATEHOUSES_TOKEN = setting("statehouses", "token")
 STATEHOUSES_REQUEST_TIMEOUT = setting("statehouses", "request_timeout")
 STATEHOUSES_LEASE_TTL = setting("statehouses", "lease_ttl")
 STATEHOUSES_OWNER = setting("statehouses", "owner")
 STATEHOUSES_ALLOW_REGRESSION = setting("statehouses", "allow_regression")
 STATEHOUSES_ALLOW_LOSS = setting("statehouses", "allow_loss")
+STATEHOUSES_WRITE_BEHIND = setting("statehouses", "write_behind")
 STATEHOUSES_CA_FILE = setting("statehouses", "ca_file")
 STATEHOUSES_CLIENT_CERT_FILE = setting("statehouses", "client_cert_file")
 STATEHOUSES_CLIENT_KEY_FILE = setting("statehouses", "client_key_file")

@@ -162,8 +162,10 @@ class StatehouseStateStoreManager(StateStoreManager):
             self._sender.drain()
 
     def close(self) -> None:
-        self._drain()
-        self.client.close()
+        try:
+            self._drain()
+        finally:
+            self.client.close()
 
     def _run_lease_for(self, state_id: str) -> str | None:
         """The run's lease, when it is on `state_id`."""

@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use uuid::Uuid;
 
-use super::claim::Coordinator;
+use super::claim::{Authority, Coordinator};
 use super::error::LockError;
 use super::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 use super::slots::Slots;
@@ -152,18 +152,25 @@ impl Router {
         }
         let at = Instant::now();
         let authority = coordinator.authority(id, with_row).await?;
+        let seen = |authority: &Authority| SeenLease {
+            lease: authority.lease_in_force().cloned(),
+            at,
+            row: authority.row.clone(),
+        };
         let Some(first) = authority.holder() else {
             if let Some(lapsed) = authority.lapsed_holder(self.gateway_id)
                 && !self.unanswered_within(lapsed.gateway_id, coordinator.timing().ttl())
             {
                 return Ok(Route::Peer(Peer::of(lapsed)));
             }
-            let lease = authority.lease_in_force().cloned();
-            let row = authority.row;
-            return Ok(Route::Here(Some(SeenLease { lease, at, row })));
+            return Ok(Route::Here(Some(seen(&authority))));
         };
         if first.gateway_id == self.gateway_id {
-            return Ok(Route::Here(None));
+            // This gateway's own claim, not yet won here (a claim for
+            // writes settling): no other gateway can grant a lease before
+            // it is gone, so the read stands in for a fresh one as when
+            // nobody holds a claim, and the write reads nothing more.
+            return Ok(Route::Here(Some(seen(&authority))));
         }
         if first.advertise_url.is_empty() {
             tracing::info!(

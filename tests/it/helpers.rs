@@ -457,13 +457,22 @@ pub async fn write_path_statements(api: &Api) -> f64 {
     let text = api.get("/metrics").await.text;
     ["route_read", "lock_read", "get", "history_record", "put"]
         .iter()
-        .filter_map(|op| {
-            metric(
-                &text,
-                &format!(
-                    r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{op}"}}"#
-                ),
-            )
-        })
+        .map(|op| query_count(&text, op) as f64)
         .sum()
+}
+
+/// How many ClickHouse statements of `operation` the gateway has sent.
+pub async fn queries(api: &Api, operation: &str) -> u64 {
+    query_count(&api.get("/metrics").await.text, operation)
+}
+
+/// The statements of `operation` counted in the `/metrics` text `metrics`.
+fn query_count(metrics: &str, operation: &str) -> u64 {
+    metric(
+        metrics,
+        &format!(
+            r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{operation}"}}"#
+        ),
+    )
+    .map_or(0, |n| n as u64)
 }

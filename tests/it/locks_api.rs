@@ -6,7 +6,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Api, peer_config, raw_sql, spawn_app, spawn_configured, test_config, two_peers, unique_schema,
+    peer_config, queries, raw_sql, spawn_app, spawn_configured, test_config, two_peers,
+    unique_schema,
 };
 
 #[tokio::test]
@@ -437,17 +438,6 @@ async fn a_lease_table_from_the_previous_version_is_upgraded_and_keeps_its_token
     ))
     .await;
     assert_eq!(columns, "advertise_url\nended_at\nlock_delay_ms\n");
-}
-
-/// How many ClickHouse round trips of `operation` the gateway has made.
-async fn queries(app: &Api, operation: &str) -> u64 {
-    let metrics = app.get("/metrics").await.text;
-    let prefix =
-        format!("statehouse_clickhouse_query_duration_seconds_count{{operation=\"{operation}\"}} ");
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// Meltano's cycle per STATE message (lock, read, write with the lease,

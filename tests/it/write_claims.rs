@@ -11,8 +11,8 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::helpers::{
-    Api, clickhouse_url, metric, spawn_app, spawn_configured, spawn_peer_process, test_config,
-    two_peers, unique_schema, write_path_statements,
+    Api, clickhouse_url, metric, queries, spawn_app, spawn_configured, spawn_peer_process,
+    test_config, two_peers, unique_schema, write_path_statements,
 };
 
 /// How many claims the gateway took for writes.
@@ -69,18 +69,6 @@ async fn repeated_unlocked_writes_cost_one_statement_each_once_the_gateway_claim
     assert_eq!(app.get_state("repeated").await.json()["completed"]["n"], 19);
 }
 
-/// How many ClickHouse statements of `operation` the gateway has sent.
-async fn queries(api: &Api, operation: &str) -> f64 {
-    let text = api.get("/metrics").await.text;
-    metric(
-        &text,
-        &format!(
-            r#"statehouse_clickhouse_query_duration_seconds_count{{operation="{operation}"}}"#
-        ),
-    )
-    .unwrap_or(0.0)
-}
-
 /// While the gateway's claim for writes settles (table mode: its candidate
 /// is first in line, not yet won), a write goes by its routing read alone,
 /// which sees that candidate: the read and the INSERT, not a lock read and a
@@ -101,7 +89,7 @@ async fn writes_while_the_claim_for_them_settles_cost_the_routing_read_and_the_i
     // The second write started the claim: wait until its candidate is in
     // ClickHouse (table mode) or it was won (keeper mode).
     let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-    while queries(&app, "claim").await == 0.0 && write_claims(&app).await == 0.0 {
+    while queries(&app, "claim").await == 0 && write_claims(&app).await == 0.0 {
         assert!(tokio::time::Instant::now() < give_up, "no claim started");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

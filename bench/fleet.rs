@@ -2,7 +2,9 @@
 //! through the gateway, unlocked and under a lease held on the gateway, and
 //! unlocked through a gateway with `--history=false`,
 //! beside the same writers sending single-row INSERTs straight to
-//! ClickHouse. Prints writes/s, p50/p99 and ClickHouse INSERT statements
+//! ClickHouse: into the state table, and into the history table as the
+//! gateway writes it (whose views write the state table and the change
+//! feed: three tables). Prints writes/s, p50/p99 and ClickHouse INSERT statements
 //! per acknowledged write (from the gateway's own /metrics), with the
 //! ratios, all from one run.
 //!
@@ -40,6 +42,25 @@ struct RowOut {
     partial_state: Option<String>,
     completed_state: Option<String>,
     updated_at: i64,
+}
+
+/// A history row as the gateway writes one (`store::history_table`).
+#[derive(clickhouse::Row, Serialize)]
+struct HistoryRowOut {
+    state_id: String,
+    version: i64,
+    operation: &'static str,
+    deleted: u8,
+    completed_state: Option<String>,
+    partial_state: Option<String>,
+    changed_streams: Vec<String>,
+    regressed_streams: Vec<String>,
+    lost_streams: Vec<String>,
+    actor: &'static str,
+    lease_owner: &'static str,
+    fencing_token: u64,
+    request_id: String,
+    user_agent: &'static str,
 }
 
 #[derive(Default)]
@@ -144,6 +165,7 @@ async fn main() {
         .with_password(&target.password)
         .with_setting("async_insert", "0");
     let table = format!("`{schema}`.`state`");
+    let history_table = format!("`{schema}`.`state_history`");
 
     let cell = cell_length();
     println!("statehouse fleet bench: each writer on its own state_id, {cell:?} per cell");
@@ -238,6 +260,46 @@ async fn main() {
                 }
             })
         };
+        let straight_history = {
+            let (direct, table) = (direct.clone(), history_table.clone());
+            Arc::new(move |w: usize, n: usize| {
+                let (direct, table) = (direct.clone(), table.clone());
+                async move {
+                    let mut insert = direct
+                        .insert_unescaped::<HistoryRowOut>(&table)
+                        .await
+                        .unwrap();
+                    insert
+                        .write(&HistoryRowOut {
+                            state_id: format!("fleet-direct-history-{writers}-{w}"),
+                            // Now, as the gateway stamps: the history's TTL
+                            // would find an early version long expired.
+                            version: i64::try_from(
+                                std::time::SystemTime::UNIX_EPOCH
+                                    .elapsed()
+                                    .unwrap()
+                                    .as_millis(),
+                            )
+                            .unwrap(),
+                            operation: "put",
+                            deleted: 0,
+                            completed_state: Some(document(n)),
+                            partial_state: Some("{}".into()),
+                            changed_streams: vec!["orders".into()],
+                            regressed_streams: Vec::new(),
+                            lost_streams: Vec::new(),
+                            actor: "bench",
+                            lease_owner: "",
+                            fencing_token: 0,
+                            request_id: format!("{w}-{n}"),
+                            user_agent: "bench",
+                        })
+                        .await
+                        .unwrap();
+                    insert.end().await.unwrap();
+                }
+            })
+        };
         let before = (inserts(&http, &base).await, statements(&http, &base).await);
         let mut open = run(writers, cell, unlocked).await;
         let middle = (inserts(&http, &base).await, statements(&http, &base).await);
@@ -258,11 +320,15 @@ async fn main() {
         direct_cell.inserts = direct_cell.latencies.len() as f64;
         direct_cell.statements = direct_cell.inserts;
         let direct_rate = direct_cell.per_second();
+        let mut history_cell = run(writers, cell, straight_history).await;
+        history_cell.inserts = history_cell.latencies.len() as f64;
+        history_cell.statements = history_cell.inserts;
         for (name, cell) in [
             ("gateway, unlocked", &mut open),
             ("gateway, under lease", &mut leased),
             ("unlocked, history off", &mut open_quiet),
             ("straight INSERT", &mut direct_cell),
+            ("straight, into history", &mut history_cell),
         ] {
             let (p50, p99, rate) = (
                 cell.percentile_ms(0.5),
@@ -282,4 +348,7 @@ async fn main() {
     );
     println!("stmt/wr: every ClickHouse statement the gateway sent per acknowledged write");
     println!("x direct: writes/s against the straight single-row INSERTs of as many writers");
+    println!(
+        "straight, into history: the same INSERTs into the history table, as the gateway writes (three tables)"
+    );
 }

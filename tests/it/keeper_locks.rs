@@ -126,8 +126,15 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
     let keeper = tokio::task::spawn_blocking(KeeperNode::start)
         .await
         .unwrap();
-    let schema = unique_schema();
-    let gateway = keeper_gateway(&schema, &keeper.url).await;
+    // Each acquire below waits out the query timeout: 5 s, not the tests'
+    // 10 s, with a claim TTL (6 s) that leaves a claim renewed just before
+    // the kill less than a grant's margin (3 s) once one has timed out.
+    let mut config = peer_config(&unique_schema());
+    config.clickhouse = parse_clickhouse_url(&keeper.url).unwrap();
+    config.locks.coordination = Coordination::Keeper;
+    config.query_timeout = Duration::from_secs(5);
+    config.locks.claim_ttl = Duration::from_secs(6);
+    let gateway = spawn_configured(config).await;
     let (lease, token) = gateway.lease("before", "w", 30, 0.0).await;
     gateway
         .release("before", &lease)
@@ -136,8 +143,8 @@ async fn without_keeper_nothing_is_granted_and_grants_resume_when_it_returns() {
 
     keeper.kill_zookeeper();
     // "before" is still claimed here, but by the time the fresh id's
-    // acquire has timed out (the test's 10 s query timeout) the claim has
-    // less validity left than a grant needs: it must be renewed in Keeper.
+    // acquire has timed out the claim has less validity left than a grant
+    // needs: it must be renewed in Keeper.
     for id in ["fresh-while-down", "before"] {
         let asked = Instant::now();
         let reply = gateway

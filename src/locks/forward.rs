@@ -112,6 +112,16 @@ pub(super) struct Router {
     gateway_id: Uuid,
 }
 
+/// What a routing read saw, for a write served here: the lease in
+/// force, when, and the current row (taken, not copied).
+fn seen(authority: Authority, at: Instant) -> SeenLease {
+    SeenLease {
+        lease: authority.lease_in_force().cloned(),
+        at,
+        row: authority.row,
+    }
+}
+
 impl Router {
     pub fn new(settings: &LockSettings) -> Self {
         Self {
@@ -152,25 +162,20 @@ impl Router {
         }
         let at = Instant::now();
         let authority = coordinator.authority(id, with_row).await?;
-        let seen = |authority: &Authority| SeenLease {
-            lease: authority.lease_in_force().cloned(),
-            at,
-            row: authority.row.clone(),
-        };
         let Some(first) = authority.holder() else {
             if let Some(lapsed) = authority.lapsed_holder(self.gateway_id)
                 && !self.unanswered_within(lapsed.gateway_id, coordinator.timing().ttl())
             {
                 return Ok(Route::Peer(Peer::of(lapsed)));
             }
-            return Ok(Route::Here(Some(seen(&authority))));
+            return Ok(Route::Here(Some(seen(authority, at))));
         };
         if first.gateway_id == self.gateway_id {
             // This gateway's own claim, not yet won here (a claim for
             // writes settling): no other gateway can grant a lease before
             // it is gone, so the read stands in for a fresh one as when
             // nobody holds a claim, and the write reads nothing more.
-            return Ok(Route::Here(Some(seen(&authority))));
+            return Ok(Route::Here(Some(seen(authority, at))));
         }
         if first.advertise_url.is_empty() {
             tracing::info!(

@@ -8,9 +8,17 @@
 //! per acknowledged write (from the gateway's own /metrics), with the
 //! ratios, all from one run.
 //!
+//! The paths take turns: each round runs every path's window once, each
+//! round starting one path later, and a ratio is taken within a round, of
+//! windows seconds apart. On a shared machine a straight INSERT's p50 was
+//! measured from 4.1 to 21.8 ms across runs: a ratio of windows minutes
+//! apart measures the machine as much as the paths. The table shows each
+//! path's windows pooled, and the median of the rounds' ratios.
+//!
 //! Run with `bench/run fleet` (it starts the local ClickHouse); or set
 //! STATEHOUSE_BENCH_CLICKHOUSE_URL and run `cargo bench --bench fleet`.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +31,14 @@ mod support;
 
 /// How long each cell runs, unless `STATEHOUSE_BENCH_SECONDS` says.
 const FOR: Duration = Duration::from_secs(4);
+/// How many turns each path takes, unless `STATEHOUSE_BENCH_ROUNDS` says.
+const ROUNDS: usize = 3;
+
+fn rounds() -> usize {
+    std::env::var("STATEHOUSE_BENCH_ROUNDS")
+        .map(|s| s.trim().parse().expect("STATEHOUSE_BENCH_ROUNDS: a count"))
+        .unwrap_or(ROUNDS)
+}
 
 fn cell_length() -> Duration {
     std::env::var("STATEHOUSE_BENCH_SECONDS")
@@ -73,10 +89,11 @@ struct Cell {
 }
 
 impl Cell {
-    fn percentile_ms(&mut self, p: f64) -> f64 {
-        self.latencies.sort();
-        let rank = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
-        self.latencies[rank].as_secs_f64() * 1000.0
+    fn percentile_ms(&self, p: f64) -> f64 {
+        let mut latencies = self.latencies.clone();
+        latencies.sort();
+        let rank = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies[rank].as_secs_f64() * 1000.0
     }
 
     fn per_second(&self) -> f64 {
@@ -114,12 +131,80 @@ async fn statements(http: &reqwest::Client, base: &str) -> f64 {
     statements::by_operation(http, base).await.values().sum()
 }
 
-/// `writers` loops of `write(writer, n)` for `cell`, all at once.
-async fn run<F, Fut>(writers: usize, cell: Duration, write: Arc<F>) -> Cell
+/// One write of a path: `write(writer, n)`.
+type Write = Arc<dyn Fn(usize, usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+fn write_with<F, Fut>(write: F) -> Write
 where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send,
+    Fut: Future<Output = ()> + Send + 'static,
 {
+    Arc::new(move |w, n| Box::pin(write(w, n)))
+}
+
+/// A way to write, measured in turns.
+struct Path {
+    name: &'static str,
+    write: Write,
+    /// The gateway whose statements the path's writes cost, if any (else
+    /// one statement per write).
+    gateway: Option<String>,
+    /// Each round's window.
+    windows: Vec<Cell>,
+}
+
+impl Path {
+    fn new(name: &'static str, write: Write, gateway: Option<&str>) -> Self {
+        Path {
+            name,
+            write,
+            gateway: gateway.map(str::to_owned),
+            windows: Vec::new(),
+        }
+    }
+
+    /// One window of `writers` writing for `length`, with what it cost.
+    async fn turn(&mut self, http: &reqwest::Client, writers: usize, length: Duration) {
+        let before = match &self.gateway {
+            Some(base) => Some((inserts(http, base).await, statements(http, base).await)),
+            None => None,
+        };
+        let mut cell = run(writers, length, self.write.clone()).await;
+        match (&self.gateway, before) {
+            (Some(base), Some((inserts_before, statements_before))) => {
+                cell.inserts = inserts(http, base).await - inserts_before;
+                cell.statements = statements(http, base).await - statements_before;
+            }
+            _ => {
+                cell.inserts = cell.latencies.len() as f64;
+                cell.statements = cell.inserts;
+            }
+        }
+        self.windows.push(cell);
+    }
+
+    /// Every window as one.
+    fn pooled(&self) -> Cell {
+        Cell {
+            latencies: self
+                .windows
+                .iter()
+                .flat_map(|w| w.latencies.iter().copied())
+                .collect(),
+            took: self.windows.iter().map(|w| w.took).sum(),
+            inserts: self.windows.iter().map(|w| w.inserts).sum(),
+            statements: self.windows.iter().map(|w| w.statements).sum(),
+        }
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// `writers` loops of `write(writer, n)` for `cell`, all at once.
+async fn run(writers: usize, cell: Duration, write: Write) -> Cell {
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let tasks: Vec<_> = (0..writers)
@@ -170,8 +255,16 @@ async fn main() {
     let cell = cell_length();
     println!("statehouse fleet bench: each writer on its own state_id, {cell:?} per cell");
     println!(
-        "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>9} {:>10}",
-        "writers", "path", "writes/s", "p50 ms", "p99 ms", "INSERT/wr", "stmt/wr", "x direct"
+        "{:<8} {:<22} {:>9} {:>9} {:>9} {:>11} {:>9} {:>10} {:>10}",
+        "writers",
+        "path",
+        "writes/s",
+        "p50 ms",
+        "p99 ms",
+        "INSERT/wr",
+        "stmt/wr",
+        "x direct",
+        "p50 x dir"
     );
     let fleet: Vec<usize> = std::env::var("STATEHOUSE_BENCH_WRITERS")
         .map(|w| w.split(',').map(|n| n.trim().parse().unwrap()).collect())
@@ -179,7 +272,7 @@ async fn main() {
     for writers in fleet {
         let unlocked = {
             let (http, base) = (http.clone(), base.clone());
-            Arc::new(move |w: usize, n: usize| {
+            write_with(move |w: usize, n: usize| {
                 let (http, url) = (
                     http.clone(),
                     format!("{base}/v1/states/fleet-open-{writers}-{w}"),
@@ -192,7 +285,7 @@ async fn main() {
         };
         let unlocked_quiet = {
             let (http, base) = (http.clone(), quiet.clone());
-            Arc::new(move |w: usize, n: usize| {
+            write_with(move |w: usize, n: usize| {
                 let (http, url) = (
                     http.clone(),
                     format!("{base}/v1/states/fleet-quiet-{writers}-{w}"),
@@ -226,7 +319,7 @@ async fn main() {
         let leases = Arc::new(leases);
         let held = {
             let (http, base) = (http.clone(), base.clone());
-            Arc::new(move |w: usize, n: usize| {
+            write_with(move |w: usize, n: usize| {
                 let (http, leases) = (http.clone(), leases.clone());
                 let url = format!("{base}/v1/states/fleet-held-{writers}-{w}");
                 async move {
@@ -243,7 +336,7 @@ async fn main() {
         };
         let straight = {
             let (direct, table) = (direct.clone(), table.clone());
-            Arc::new(move |w: usize, n: usize| {
+            write_with(move |w: usize, n: usize| {
                 let (direct, table) = (direct.clone(), table.clone());
                 async move {
                     let mut insert = direct.insert_unescaped::<RowOut>(&table).await.unwrap();
@@ -262,7 +355,7 @@ async fn main() {
         };
         let straight_history = {
             let (direct, table) = (direct.clone(), history_table.clone());
-            Arc::new(move |w: usize, n: usize| {
+            write_with(move |w: usize, n: usize| {
                 let (direct, table) = (direct.clone(), table.clone());
                 async move {
                     let mut insert = direct
@@ -300,46 +393,53 @@ async fn main() {
                 }
             })
         };
-        let before = (inserts(&http, &base).await, statements(&http, &base).await);
-        let mut open = run(writers, cell, unlocked).await;
-        let middle = (inserts(&http, &base).await, statements(&http, &base).await);
-        let mut leased = run(writers, cell, held).await;
-        let after = (inserts(&http, &base).await, statements(&http, &base).await);
-        (open.inserts, open.statements) = (middle.0 - before.0, middle.1 - before.1);
-        (leased.inserts, leased.statements) = (after.0 - middle.0, after.1 - middle.1);
-        let quiet_before = (
-            inserts(&http, &quiet).await,
-            statements(&http, &quiet).await,
-        );
-        let mut open_quiet = run(writers, cell, unlocked_quiet).await;
-        (open_quiet.inserts, open_quiet.statements) = (
-            inserts(&http, &quiet).await - quiet_before.0,
-            statements(&http, &quiet).await - quiet_before.1,
-        );
-        let mut direct_cell = run(writers, cell, straight).await;
-        direct_cell.inserts = direct_cell.latencies.len() as f64;
-        direct_cell.statements = direct_cell.inserts;
-        let direct_rate = direct_cell.per_second();
-        let mut history_cell = run(writers, cell, straight_history).await;
-        history_cell.inserts = history_cell.latencies.len() as f64;
-        history_cell.statements = history_cell.inserts;
-        for (name, cell) in [
-            ("gateway, unlocked", &mut open),
-            ("gateway, under lease", &mut leased),
-            ("unlocked, history off", &mut open_quiet),
-            ("straight INSERT", &mut direct_cell),
-            ("straight, into history", &mut history_cell),
-        ] {
-            let (p50, p99, rate) = (
-                cell.percentile_ms(0.5),
-                cell.percentile_ms(0.99),
-                cell.per_second(),
+        // The ratios divide by the straight INSERTs, the fourth path.
+        let mut paths = [
+            Path::new("gateway, unlocked", unlocked, Some(&base)),
+            Path::new("gateway, under lease", held, Some(&base)),
+            Path::new("unlocked, history off", unlocked_quiet, Some(&quiet)),
+            Path::new("straight INSERT", straight, None),
+            Path::new("straight, into history", straight_history, None),
+        ];
+        let rounds = rounds();
+        for round in 0..rounds {
+            for turn in 0..paths.len() {
+                let at = (round + turn) % paths.len();
+                paths[at].turn(&http, writers, cell).await;
+            }
+        }
+        let straight_windows = &paths[3].windows;
+        let direct_rates: Vec<f64> = straight_windows.iter().map(Cell::per_second).collect();
+        let direct_p50s: Vec<f64> = straight_windows
+            .iter()
+            .map(|w| w.percentile_ms(0.5))
+            .collect();
+        for path in &paths {
+            let pooled = path.pooled();
+            let rate_ratio = median(
+                path.windows
+                    .iter()
+                    .zip(&direct_rates)
+                    .map(|(w, direct)| w.per_second() / direct)
+                    .collect(),
+            );
+            let p50_ratio = median(
+                path.windows
+                    .iter()
+                    .zip(&direct_p50s)
+                    .map(|(w, direct)| w.percentile_ms(0.5) / direct)
+                    .collect(),
             );
             println!(
-                "{writers:<8} {name:<22} {rate:>9.0} {p50:>9.1} {p99:>9.1} {:>11.3} {:>9.3} {:>10.2}",
-                cell.inserts_per_write(),
-                cell.statements_per_write(),
-                rate / direct_rate
+                "{writers:<8} {:<22} {:>9.0} {:>9.1} {:>9.1} {:>11.3} {:>9.3} {:>10.2} {:>10.2}",
+                path.name,
+                pooled.per_second(),
+                pooled.percentile_ms(0.5),
+                pooled.percentile_ms(0.99),
+                pooled.inserts_per_write(),
+                pooled.statements_per_write(),
+                rate_ratio,
+                p50_ratio,
             );
         }
     }
@@ -347,7 +447,10 @@ async fn main() {
         "INSERT/wr: ClickHouse INSERT statements per acknowledged write (lease rows included)"
     );
     println!("stmt/wr: every ClickHouse statement the gateway sent per acknowledged write");
-    println!("x direct: writes/s against the straight single-row INSERTs of as many writers");
+    println!(
+        "x direct, p50 x direct: writes/s and p50 against the straight single-row INSERTs of as many writers, in the same round (the median of {} rounds)",
+        rounds()
+    );
     println!(
         "straight, into history: the same INSERTs into the history table, as the gateway writes (three tables)"
     );

@@ -213,7 +213,9 @@ def test_a_force_unlock_stops_the_run_and_none_of_its_writes_land_after_it(proje
     # The next renewal (a third of the TTL, 1 s, after the last) finds the
     # lease gone, and SIGTERM goes out with that line; unless meltano, its
     # write refused, has ended by itself before, and the release finds it gone.
-    assert lost_at[0] - unlocked_at < 1.5, f"{lost_at[0] - unlocked_at:.2f} s"
+    # Either way before the lease would have run out by itself (3 s): a loaded
+    # machine has taken 2.2 s over the 1 s.
+    assert lost_at[0] - unlocked_at < 3, f"{lost_at[0] - unlocked_at:.2f} s"
     assert bookmark(gateway) == left, "no write landed after the force-unlock"
     refused = served(gateway) - before
     assert refused["PATCH", STATE, 409] >= 1, f"its writes were refused: {refused}"

@@ -216,8 +216,10 @@ struct Grant {
 }
 
 /// One worker's cycles on `id` through `api`: lock with a 1 s delay and a
-/// 1 s TTL, read the counter, write it + 1 under the lease, then release,
+/// 3 s TTL, read the counter, write it + 1 under the lease, then release,
 /// or (every third cycle, staggered by worker) leave the lease to expire.
+/// The TTL outlasts the read and the write on a loaded machine: with 1 s,
+/// they took longer beside the Python suites, and the lease was gone.
 async fn delayed_worker(
     api: Api,
     id: &'static str,
@@ -226,7 +228,7 @@ async fn delayed_worker(
     grants: Arc<Mutex<Vec<Grant>>>,
 ) {
     for cycle in 0..3 {
-        let reply = acquire(&api, id, 1, 30.0, 1).await;
+        let reply = acquire(&api, id, 3, 30.0, 1).await;
         reply.expect(StatusCode::CREATED);
         let start = Instant::now();
         let body = reply.json();

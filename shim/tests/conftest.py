@@ -299,7 +299,6 @@ def make_project(root: Path, uri: str) -> Project:
         **os.environ,
         "MELTANO_STATE_BACKEND_URI": uri,
         "MELTANO_SEND_ANONYMOUS_USAGE_STATS": "false",
-        "MELTANO_STATE_BACKEND_STATEHOUSE_REQUEST_TIMEOUT": "5",
         "TAP_TINY_LOG": str(root / "tap.log"),
         "TARGET_TINY_OUTPUT": str(root / "records.jsonl"),
     }

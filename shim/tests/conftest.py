@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +18,10 @@ import requests
 from balancer import Balancer
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+import gateway_process  # noqa: E402  (shared with the browser suite)
+from gateway_process import free_port  # noqa: E402
+
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 MELTANO = Path(sys.executable).parent / "meltano"
 
@@ -32,12 +34,6 @@ def statehouse_bin() -> Path:
 def lock_prefix(base: str, state_id: str, *flags: str) -> list[str]:
     """`statehouse lock --url BASE FLAGS... STATE_ID --`, to put before a command."""
     return [str(statehouse_bin()), "lock", "--url", base, *flags, state_id, "--"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -112,33 +108,25 @@ def start_gateway(
     if not clickhouse:
         pytest.fail("STATEHOUSE_TEST_CLICKHOUSE_URL is not set: run the tests with scripts/test")
     env = {**os.environ, "STATEHOUSE_CLICKHOUSE_URL": clickhouse, "RUST_LOG": "warn,statehouse=info", **(extra_env or {})}
-    # Another process (a test beside this one) may take the port between
-    # free_port() and the gateway's bind: the gateway then exits, and one
-    # that does is started again on another port.
-    for _ in range(5):
-        port = free_port()
-        base = f"{'https' if certs else 'http'}://127.0.0.1:{port}"
+    scheme = "https" if certs else "http"
+    session = requests.Session()
+    tls_args: tuple[str, ...] = ()
+    if certs:
+        tls_args = certs.serve_args(client_ca=client_ca)
+        session.verify = certs.path("ca.pem")
+        session.cert = (certs.path("client.pem"), certs.path("client.key"))
+
+    def command(port: int) -> list[str]:
         args = [str(statehouse_bin()), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema, "--claim-settle", "200ms"]
         if advertise:
-            args += ["--advertise-url", base]
-        session = requests.Session()
-        if certs:
-            args += certs.serve_args(client_ca=client_ca)
-            session.verify = certs.path("ca.pem")
-            session.cert = (certs.path("client.pem"), certs.path("client.key"))
-        process = subprocess.Popen([*args, *extra_args], env=env, stderr=subprocess.PIPE)
-        logs = GatewayLogs(process)
-        # Its own "ready" line, not the port answering: on a port taken meanwhile
-        # the answer would be the other process's.
-        if not logs.ready.wait(30):
-            process.kill()
-            pytest.fail("statehouse was not ready within 30 s")
-        if logs.said_ready:
-            break
-        if b"Address already in use" not in logs.text():
-            pytest.fail(f"statehouse exited with {process.wait()} before it was ready")
-    else:
-        pytest.fail("statehouse found its port taken five times")
+            args += ["--advertise-url", f"{scheme}://127.0.0.1:{port}"]
+        return [*args, *tls_args, *extra_args]
+
+    try:
+        process, port = gateway_process.spawn(command, env)
+    except gateway_process.NotReady as err:
+        pytest.fail(str(err))
+    base = f"{scheme}://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -151,29 +139,6 @@ def start_gateway(
         time.sleep(0.1)
     process.kill()
     pytest.fail("statehouse was not ready within 30 s")
-
-
-class GatewayLogs:
-    """A gateway's stderr, passed on to the test's own (where pytest shows it)
-    line by line; `ready` is set at its "statehouse ready" line or its exit."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.lines: list[bytes] = []
-        self.ready = threading.Event()
-        self.said_ready = False
-        threading.Thread(target=self._drain, args=(process.stderr,), daemon=True).start()
-
-    def _drain(self, stderr) -> None:
-        for line in stderr:
-            os.write(2, line)
-            self.lines.append(line)
-            if b"statehouse ready" in line:
-                self.said_ready = True
-                self.ready.set()
-        self.ready.set()
-
-    def text(self) -> bytes:
-        return b"".join(self.lines)
 
 
 @pytest.fixture

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import threading
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,13 +17,10 @@ import requests
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+import gateway_process  # noqa: E402  (shared with the shim's suite)
+
 CHROMIUM = os.environ.get("STATEHOUSE_CHROMIUM", "/usr/bin/chromium")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -57,30 +53,16 @@ def start_gateway(tokens: str | None = None, args: tuple[str, ...] = (), schema:
     if tokens:
         env["STATEHOUSE_TOKENS"] = tokens
     schema = schema or f"browser_{uuid.uuid4().hex}"
-    # Another process (a test beside this one) may take the port between
-    # free_port() and the gateway's bind: the gateway then exits, and one
-    # that does is started again on another port.
-    for _ in range(5):
-        port = free_port()
+
+    def command(port: int) -> list[str]:
         advertise = ("--advertise-url", f"http://127.0.0.1:{port}") if shared else ()
-        process = subprocess.Popen(
-            [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema,
-             "--claim-settle", "200ms", *advertise, *args],
-            env=env,
-            stderr=subprocess.PIPE,
-        )
-        logs = GatewayLogs(process)
-        # Its own "ready" line, not the port answering: on a port taken
-        # meanwhile the answer would be the other process's.
-        if not logs.ready.wait(30):
-            process.kill()
-            pytest.fail("statehouse was not ready within 30 s")
-        if logs.said_ready:
-            break
-        if b"Address already in use" not in logs.text():
-            pytest.fail(f"statehouse exited with {process.wait()}")
-    else:
-        pytest.fail("statehouse found its port taken five times")
+        return [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--schema", schema,
+                "--claim-settle", "200ms", *advertise, *args]
+
+    try:
+        process, port = gateway_process.spawn(command, env)
+    except gateway_process.NotReady as err:
+        pytest.fail(str(err))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -94,29 +76,6 @@ def start_gateway(tokens: str | None = None, args: tuple[str, ...] = (), schema:
         time.sleep(0.1)
     process.kill()
     pytest.fail("statehouse was not ready within 30 s")
-
-
-class GatewayLogs:
-    """A gateway's stderr, passed on to the test's own (where pytest shows it)
-    line by line; `ready` is set at its "statehouse ready" line or its exit."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.lines: list[bytes] = []
-        self.ready = threading.Event()
-        self.said_ready = False
-        threading.Thread(target=self._drain, args=(process.stderr,), daemon=True).start()
-
-    def _drain(self, stderr) -> None:
-        for line in stderr:
-            os.write(2, line)
-            self.lines.append(line)
-            if b"statehouse ready" in line:
-                self.said_ready = True
-                self.ready.set()
-        self.ready.set()
-
-    def text(self) -> bytes:
-        return b"".join(self.lines)
 
 
 def stop(gateway: Gateway) -> None:

@@ -79,7 +79,6 @@ struct HistoryRowOut {
     user_agent: &'static str,
 }
 
-#[derive(Default)]
 struct Cell {
     latencies: Vec<Duration>,
     took: Duration,
@@ -115,20 +114,16 @@ fn document(n: usize) -> String {
     )
 }
 
-/// INSERT statements the gateway has sent so far: versions (which carry
-/// the states), states alone, and lease rows.
-async fn inserts(http: &reqwest::Client, base: &str) -> f64 {
+/// What the gateway has sent so far, from one read of its /metrics: its
+/// INSERT statements (versions, which carry the states; states alone; lease
+/// rows), and every statement of any kind (routing and row reads as well).
+async fn sent(http: &reqwest::Client, base: &str) -> (f64, f64) {
     let counts = statements::by_operation(http, base).await;
-    ["history_record", "put", "lease_write"]
+    let inserts = ["history_record", "put", "lease_write"]
         .iter()
         .filter_map(|op| counts.get(*op))
-        .sum()
-}
-
-/// Every ClickHouse statement the gateway has sent so far, of any kind:
-/// reads (routing, the current row) as well as INSERTs.
-async fn statements(http: &reqwest::Client, base: &str) -> f64 {
-    statements::by_operation(http, base).await.values().sum()
+        .sum();
+    (inserts, counts.values().sum())
 }
 
 /// One write of a path: `write(writer, n)`.
@@ -165,21 +160,22 @@ impl Path {
 
     /// One window of `writers` writing for `length`, with what it cost.
     async fn turn(&mut self, http: &reqwest::Client, writers: usize, length: Duration) {
-        let before = match &self.gateway {
-            Some(base) => Some((inserts(http, base).await, statements(http, base).await)),
-            None => None,
-        };
-        let mut cell = run(writers, length, self.write.clone()).await;
-        match (&self.gateway, before) {
-            (Some(base), Some((inserts_before, statements_before))) => {
-                cell.inserts = inserts(http, base).await - inserts_before;
-                cell.statements = statements(http, base).await - statements_before;
+        let cell = match &self.gateway {
+            Some(base) => {
+                let (inserts_before, statements_before) = sent(http, base).await;
+                let mut cell = run(writers, length, self.write.clone()).await;
+                let (inserts, statements) = sent(http, base).await;
+                cell.inserts = inserts - inserts_before;
+                cell.statements = statements - statements_before;
+                cell
             }
-            _ => {
+            None => {
+                let mut cell = run(writers, length, self.write.clone()).await;
                 cell.inserts = cell.latencies.len() as f64;
                 cell.statements = cell.inserts;
+                cell
             }
-        }
+        };
         self.windows.push(cell);
     }
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,21 +123,11 @@ def start_gateway(
 
     try:
         process, port = gateway_process.spawn(command, env)
+        base = f"{scheme}://127.0.0.1:{port}"
+        gateway_process.await_readyz(process, f"{base}/readyz", session.get, verify=session.verify)
     except gateway_process.NotReady as err:
         pytest.fail(str(err))
-    base = f"{scheme}://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"statehouse exited with {process.returncode} before it was ready")
-        try:
-            if session.get(f"{base}/readyz", timeout=1, verify=session.verify).status_code == 200:
-                return Gateway(base=base, schema=schema, process=process, session=session)
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    pytest.fail("statehouse was not ready within 30 s")
+    return Gateway(base=base, schema=schema, process=process, session=session)
 
 
 @pytest.fixture

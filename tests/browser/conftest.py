@@ -61,21 +61,11 @@ def start_gateway(tokens: str | None = None, args: tuple[str, ...] = (), schema:
 
     try:
         process, port = gateway_process.spawn(command, env)
+        base = f"http://127.0.0.1:{port}"
+        gateway_process.await_readyz(process, f"{base}/readyz")
     except gateway_process.NotReady as err:
         pytest.fail(str(err))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"statehouse exited with {process.returncode}")
-        try:
-            if requests.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return Gateway(base=base, process=process)
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    pytest.fail("statehouse was not ready within 30 s")
+    return Gateway(base=base, process=process)
 
 
 def stop(gateway: Gateway) -> None:

@@ -7,7 +7,10 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
+
+import requests
 
 
 class NotReady(Exception):
@@ -38,6 +41,27 @@ def spawn(command: Callable[[int], list[str]], env: dict[str, str]) -> tuple[sub
         if b"Address already in use" not in logs.text():
             raise NotReady(f"statehouse exited with {process.wait()} before it was ready")
     raise NotReady("statehouse found its port taken five times")
+
+
+def await_readyz(
+    process: subprocess.Popen, url: str, get: Callable[..., requests.Response] = requests.get, **settings
+) -> None:
+    """Until the gateway's `url` (its /readyz) answers 200: its ready line
+    says it listens, /readyz that it reaches ClickHouse. `get` is the suite's
+    own call, with its `settings` (a session's `verify` must be given again:
+    requests lets REQUESTS_CA_BUNDLE override the session's own)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise NotReady(f"statehouse exited with {process.returncode} before it was ready")
+        try:
+            if get(url, timeout=1, **settings).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise NotReady("statehouse's /readyz did not answer 200 within 30 s")
 
 
 class Logs:

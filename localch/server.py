@@ -187,28 +187,37 @@ class Engine:
     def __init__(self, path: str, config_file: str | None = None):
         self.conn = chdb.connect(f"file:{path}?config-file={config_file}" if config_file else f"file:{path}")
         self.lock = threading.Lock()
+        # The URL settings the connection holds now, as the last request set
+        # them. A server applies a request's settings at no cost; here each
+        # is a statement of its own, so only the ones that differ from the
+        # request before are set or reset (a client sends the same few on
+        # every request).
+        self.applied: dict[str, str] = {}
 
     def execute(self, sql: str, params: dict, settings: dict, database: str, fmt: str, data: bytes | None) -> bytes:
         with self.lock:
-            applied = []
+            self._run(f"USE {database}" if database else "USE default")
+            self._apply(settings)
+            insert = INSERT_WITH_FORMAT.match(sql) if data is not None else None
+            if insert:
+                return self._insert(insert.group(1), insert.group(2), data)
+            if data:
+                sql = sql + "\n" + data.decode("utf-8", errors="replace")
+            return self._run(sql, fmt, params).bytes()
+
+    def _apply(self, settings: dict) -> None:
+        """Brings the connection's settings to `settings`: the ones the
+        request before set and this one does not go back to their defaults."""
+        for name in [name for name in self.applied if name not in settings]:
             try:
-                self._run(f"USE {database}" if database else "USE default")
-                for name, value in settings.items():
-                    self._run(f"SET {name} = {quote_literal(value)}")
-                    applied.append(name)
-                insert = INSERT_WITH_FORMAT.match(sql) if data is not None else None
-                if insert:
-                    return self._insert(insert.group(1), insert.group(2), data)
-                if data:
-                    sql = sql + "\n" + data.decode("utf-8", errors="replace")
-                result = self._run(sql, fmt, params)
-                return result.bytes()
-            finally:
-                for name in applied:
-                    try:
-                        self._run(f"SET {name} = DEFAULT")
-                    except ClickHouseError:
-                        pass
+                self._run(f"SET {name} = DEFAULT")
+            except ClickHouseError:
+                continue
+            del self.applied[name]
+        for name, value in settings.items():
+            if self.applied.get(name) != value:
+                self._run(f"SET {name} = {quote_literal(value)}")
+                self.applied[name] = value
 
     def _run(self, sql: str, fmt: str = "TabSeparated", params: dict | None = None):
         try:

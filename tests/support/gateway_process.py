@@ -66,7 +66,9 @@ def await_readyz(
 
 class Logs:
     """A gateway's stderr, passed on to the test's own (where pytest shows it)
-    line by line; `ready` is set at its "statehouse ready" line or its exit."""
+    line by line; `ready` is set at its "statehouse ready" line or its exit.
+    Only the lines before that are kept: `spawn` reads them to tell a taken
+    port from another failure, and a gateway logs for as long as its test."""
 
     def __init__(self, process: subprocess.Popen):
         self.lines: list[bytes] = []
@@ -77,6 +79,8 @@ class Logs:
     def _drain(self, stderr) -> None:
         for line in stderr:
             os.write(2, line)
+            if self.said_ready:
+                continue
             self.lines.append(line)
             if b"statehouse ready" in line:
                 self.said_ready = True

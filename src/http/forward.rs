@@ -2,7 +2,7 @@
 //! that is the id's authority (see `locks::forward`), so that a client never
 //! needs to know which gateway granted its lease.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -17,8 +17,17 @@ use super::extract::{LOCK_BODY_LIMIT, path_id, read_body};
 use super::locks::MAX_WAIT_SECONDS;
 use crate::locks::{FORWARDED_BY, ForwardError, LockError, LockManager, Peer, Route};
 
-/// How long a forwarded request may take, beyond an acquire's own wait.
-const FORWARD_DEADLINE: Duration = Duration::from_secs(30);
+/// Every client request is answered within its acquire's wait and this,
+/// whatever a peer does (design.md, "Several gateways").
+const ANSWER_SLACK: Duration = Duration::from_secs(5);
+
+/// What a forward leaves of the answer's time, for the answer itself.
+const ANSWER_MARGIN: Duration = Duration::from_millis(500);
+
+/// How long past an acquire's wait a peer that answers its probes is waited
+/// for: it is alive, and its answer (a write's outcome above all) is worth
+/// more than a 503 that cannot say whether the write will land.
+const PATIENCE: Duration = Duration::from_secs(30);
 
 /// How many gateways a request is tried at before its client is told to
 /// retry: the authority can move while a request looks for it.
@@ -27,7 +36,9 @@ const ATTEMPTS: usize = 3;
 /// Serves the request here when this gateway is the id's authority (or
 /// nobody is), else forwards it to the authority; an acquire that finds the
 /// authority only by losing the claim to it is forwarded then. A request
-/// that was itself forwarded is never forwarded again.
+/// that was itself forwarded is never forwarded again. A peer that leaves a
+/// forward unanswered past its claim is passed over, and the request is
+/// answered within its wait and [`ANSWER_SLACK`] whatever the peer does.
 pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let Some(id) = path_id(&mut parts).await else {
@@ -43,16 +54,17 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     } else {
         ctx.body_limit
     };
-    let body = match read_body(Request::from_parts(parts.clone(), body), &ctx, limit).await {
+    let mut body = match read_body(Request::from_parts(parts.clone(), body), &ctx, limit).await {
         Ok(body) => body,
         Err(err) => return err.into_response(),
     };
-    let rebuild = |parts: &Parts| Request::from_parts(parts.clone(), Body::from(body.clone()));
-    let deadline = if parts.method == Method::POST {
-        Duration::from_secs_f64(MAX_WAIT_SECONDS) + FORWARD_DEADLINE
+    let wait = if is_acquire(&parts) {
+        wait_of(&body)
     } else {
-        FORWARD_DEADLINE
+        Duration::ZERO
     };
+    let wait_until = Instant::now() + wait;
+    let answer_by = wait_until + ANSWER_SLACK;
     // The loop guard's side trusts no remembered authority: it answers 421
     // only when ClickHouse names another gateway.
     // A write's routing read brings the current row along: one statement
@@ -60,6 +72,14 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
     let with_row = parts.uri.path().starts_with("/v1/states/");
     let mut route = locks.route(&id, !forwarded, with_row).await;
     for attempt in 1..=ATTEMPTS {
+        // A request tried again waits only what is left of its client's wait.
+        if attempt > 1 && !wait.is_zero() {
+            body = with_wait(&body, wait_until.saturating_duration_since(Instant::now()));
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        }
+        let rebuild = |parts: &Parts| Request::from_parts(parts.clone(), Body::from(body.clone()));
         let peer = match route {
             Err(err) => return ApiError::from(err).into_response(),
             Ok(Route::Peer(peer)) if forwarded => return misdirected(&peer),
@@ -81,21 +101,30 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 continue;
             }
         };
-        let response = match locks.forward(&peer, rebuild(&parts), deadline).await {
+        let answer_within = answer_by.saturating_duration_since(Instant::now() + ANSWER_MARGIN);
+        let patience = wait_until.saturating_duration_since(Instant::now()) + PATIENCE;
+        let forwarding = locks.forward(&peer, rebuild(&parts), answer_within, patience);
+        let response = match forwarding.await {
             Ok(response) => response,
             Err(err) => {
-                // A gateway whose claim had lapsed, asked first, is passed
-                // over once it leaves a request unanswered: looked up afresh,
-                // the id is served here. A live authority stays the one.
+                // A peer that left the request unanswered past its claim is
+                // passed over (a lapsed holder asked first among them):
+                // looked up afresh, the id is served here or by a new
+                // authority, within what is left of the answer's time.
                 route = locks.route(&id, false, with_row).await;
-                if attempt < ATTEMPTS && matches!(route, Ok(Route::Here(_))) {
+                let moved = match &route {
+                    Ok(Route::Here(_)) => true,
+                    Ok(Route::Peer(next)) => next.gateway_id != peer.gateway_id,
+                    Err(_) => false,
+                };
+                if moved && attempt < ATTEMPTS && Instant::now() + ANSWER_MARGIN < answer_by {
                     continue;
                 }
                 unreachable_answer(err, &peer)
             }
         };
         if response.status() == StatusCode::CREATED && is_acquire(&parts) {
-            return confirm_grant(locks, &peer, &parts, &body, response).await;
+            return confirm_grant(locks, &peer, &parts, &body, response, answer_by).await;
         }
         if response.status() != StatusCode::MISDIRECTED_REQUEST {
             return response;
@@ -108,6 +137,27 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
         route = locks.route(&id, false, with_row).await;
     }
     unreachable!("every attempt returns or continues")
+}
+
+/// An acquire's `wait_seconds`, as its handler reads it; a body it refuses
+/// waits nothing.
+fn wait_of(body: &Bytes) -> Duration {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|body| body.get("wait_seconds")?.as_f64())
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds.min(MAX_WAIT_SECONDS)).ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The acquire `body` with its `wait_seconds` cut to `left`, in whole
+/// milliseconds.
+fn with_wait(body: &Bytes, left: Duration) -> Bytes {
+    let Ok(serde_json::Value::Object(mut fields)) = serde_json::from_slice(body) else {
+        return body.clone();
+    };
+    let seconds = left.as_millis() as f64 / 1000.0;
+    fields.insert("wait_seconds".into(), seconds.into());
+    Bytes::from(serde_json::Value::Object(fields).to_string())
 }
 
 /// A pool's requests go by the pools' lock handle, a state_id's by the locks'.
@@ -139,6 +189,7 @@ async fn confirm_grant(
     acquire: &Parts,
     acquire_body: &Bytes,
     granted: Response,
+    answer_by: Instant,
 ) -> Response {
     let Some(lease_id) = lease_id_of(granted).await else {
         return ApiError::AuthorityMoving.into_response();
@@ -163,7 +214,7 @@ async fn confirm_grant(
         locks,
         peer,
         Request::from_parts(renew, body),
-        FORWARD_DEADLINE,
+        answer_by.saturating_duration_since(Instant::now()),
     )
     .await;
     match confirmed.status() {
@@ -202,7 +253,7 @@ fn moving(response: Response, forwarded: bool) -> Response {
 }
 
 async fn send(locks: &LockManager, peer: &Peer, request: Request, deadline: Duration) -> Response {
-    match locks.forward(peer, request, deadline).await {
+    match locks.forward(peer, request, deadline, PATIENCE).await {
         Ok(response) => response,
         Err(err) => unreachable_answer(err, peer),
     }
@@ -227,4 +278,37 @@ fn retry_after(response: &mut Response, wait: Duration) {
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_acquire_tried_again_waits_what_is_left_of_its_wait() {
+        let body = Bytes::from(r#"{"owner":"w","wait_seconds":30,"ttl_seconds":6}"#);
+        assert_eq!(wait_of(&body), Duration::from_secs(30));
+        let left = with_wait(&body, Duration::from_millis(12_345));
+        let fields: serde_json::Value = serde_json::from_slice(&left).unwrap();
+        assert_eq!(fields["wait_seconds"], 12.345);
+        assert_eq!(fields["owner"], "w");
+        assert_eq!(fields["ttl_seconds"], 6);
+    }
+
+    #[test]
+    fn a_body_the_handler_refuses_waits_nothing_and_is_sent_as_it_came() {
+        for raw in [
+            &b"not json"[..],
+            br#"{"wait_seconds":"long"}"#,
+            br#"{"wait_seconds":-1}"#,
+        ] {
+            assert_eq!(wait_of(&Bytes::from_static(raw)), Duration::ZERO);
+        }
+        let bad = Bytes::from_static(b"[1,2]");
+        assert_eq!(with_wait(&bad, Duration::from_secs(1)), bad);
+        assert_eq!(
+            wait_of(&Bytes::from_static(br#"{"wait_seconds":1e9}"#)),
+            Duration::from_secs_f64(MAX_WAIT_SECONDS)
+        );
+    }
 }

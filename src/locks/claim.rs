@@ -170,7 +170,7 @@ mod tests {
     use super::protocol::in_force;
     use super::*;
     use crate::domain::LeaseState;
-    use crate::store::{LeaseRows, StoredLease};
+    use crate::store::StoredLease;
 
     const HOLDER: Uuid = Uuid::from_u128(1);
     const OTHER: Uuid = Uuid::from_u128(2);
@@ -197,39 +197,28 @@ mod tests {
     fn a_lock_delay_runs_from_the_recorded_end_or_the_expiry() {
         // Forced at 4 000 ms: free 5 s later, whatever its expiry says.
         let forced = delayed(LeaseState::Released, true, Some(4_000));
-        assert_eq!(place_end(&forced, LeaseRows::PerId, 6_000), Some(9_000));
-        assert_eq!(place_end(&forced, LeaseRows::PerId, 9_000), None);
+        assert_eq!(place_end(&forced, 6_000), Some(9_000));
+        assert_eq!(place_end(&forced, 9_000), None);
         // Expired at 10 000 ms: free 5 s after that.
         let expired = delayed(LeaseState::Held, false, None);
-        assert_eq!(place_end(&expired, LeaseRows::PerId, 12_000), Some(15_000));
-        assert_eq!(place_end(&expired, LeaseRows::PerId, 15_001), None);
+        assert_eq!(place_end(&expired, 12_000), Some(15_000));
+        assert_eq!(place_end(&expired, 15_001), None);
         // A release row carries no delay.
         let mut released = delayed(LeaseState::Released, true, Some(4_000));
         released.record.lease.lock_delay = Duration::ZERO;
-        assert_eq!(place_end(&released, LeaseRows::PerId, 4_001), None);
+        assert_eq!(place_end(&released, 4_001), None);
     }
 
     #[test]
-    fn an_unexpired_lease_whose_authority_is_gone_ends_at_the_take_over() {
-        // Its holder hears of the loss only from the new authority: the
-        // delay runs from then, not from the crash nor from the expiry.
+    fn a_lease_whose_authority_is_gone_keeps_its_place_until_it_would_have_expired() {
+        // Its holder may run on unaware (its authority may only be frozen):
+        // no other takes its place before its expiry and lock-delay are over.
         let orphaned = delayed(LeaseState::Held, true, None);
-        assert_eq!(place_end(&orphaned, LeaseRows::PerId, 7_000), Some(12_000));
-    }
-
-    #[test]
-    fn a_pool_lease_whose_authority_is_gone_keeps_its_place_until_it_would_have_expired() {
-        // Its holder runs on, unaware: no other takes its place before its
-        // expiry and lock-delay are over.
-        let orphaned = delayed(LeaseState::Held, true, None);
-        assert_eq!(
-            place_end(&orphaned, LeaseRows::PerLease, 7_000),
-            Some(15_000)
-        );
+        assert_eq!(place_end(&orphaned, 7_000), Some(15_000));
         let mut plain = orphaned.clone();
         plain.record.lease.lock_delay = Duration::ZERO;
-        assert_eq!(place_end(&plain, LeaseRows::PerLease, 7_000), Some(10_000));
-        assert_eq!(place_end(&plain, LeaseRows::PerLease, 10_000), None);
+        assert_eq!(place_end(&plain, 7_000), Some(10_000));
+        assert_eq!(place_end(&plain, 10_000), None);
     }
 
     #[test]

@@ -41,10 +41,20 @@ pub enum ForwardError {
         gateway_id: Uuid,
         url: String,
         reason: String,
-        /// It could not be reached at all (not merely slow): it is looked
-        /// up afresh for every id.
-        refused: bool,
+        /// It could not be reached at all (a refused connection, a failed
+        /// handshake), or answered no probe past its claim: not merely slow.
+        /// It is looked up afresh for every id, and not asked first as a
+        /// lapsed holder for a claim TTL.
+        gone: bool,
     },
+}
+
+/// How a peer that keeps a forward waiting was found silent.
+enum Silence {
+    /// Its claim has lapsed and it answers no probe: treated as dead.
+    Gone,
+    /// The answer's time came, and it answered no probe lately.
+    Unanswered,
 }
 
 /// The HTTP client to peers: plain HTTP to `http://` advertise URLs, TLS
@@ -91,6 +101,18 @@ const UNANSWERED_KEPT: Duration = Duration::from_secs(600);
 /// A peer that does not take the connection within this is taken for gone.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// A forward unanswered for this long has its peer probed: most are
+/// answered sooner, and those pay no probe.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a probe of a peer (`GET /healthz`, which touches no ClickHouse)
+/// may take before the peer counts as not answering: a live gateway answers
+/// in milliseconds even beside a slow ClickHouse.
+const PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The pause between two probes of a peer that keeps a forward waiting.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
 /// Headers that belong to one connection, not to the request.
 const HOP_BY_HOP: [HeaderName; 5] = [
     header::CONNECTION,
@@ -106,8 +128,9 @@ pub(super) struct Router {
     peers: PeerClient,
     /// Who the authority for an id is, as looked up lately.
     authorities: Authorities,
-    /// Peers that did not answer a forwarded request lately, and when: a
-    /// lapsed holder among them is not asked first (see [`Router::route`]).
+    /// Peers found gone lately (unreachable, or silent past their claim),
+    /// and when: a lapsed holder among them is not asked first (see
+    /// [`Router::route`]).
     unanswered: Mutex<HashMap<Uuid, Instant>>,
     gateway_id: Uuid,
 }
@@ -141,8 +164,8 @@ impl Router {
     /// (or keeps leases under its lapsed claim) or nobody does; else to the
     /// live authority, if it advertised a URL. With no live claim, a gateway
     /// whose claim lapsed while its leases ran is asked first, as it may
-    /// re-win the claim and keep them, unless it left a forwarded request
-    /// unanswered within the claim TTL (it is gone, and the id is claimed
+    /// re-win the claim and keep them, unless it was found gone within the
+    /// claim TTL (unreachable, or silent past its claim: the id is claimed
     /// here). `remembered` allows an authority looked up lately instead of
     /// asking ClickHouse; `with_row` reads the id's current row with the
     /// authority, for a write served here.
@@ -196,21 +219,35 @@ impl Router {
         self.authorities.forget(id);
     }
 
-    /// Sends `request` to `peer` and answers its response, or fails within `deadline`.
+    /// Sends `request` to `peer` and answers its response. A peer that
+    /// answers no probe fails it by `answer_within`, or as soon as its claim
+    /// has lapsed too (then it is taken for dead, see [`PeerClient::silence`]);
+    /// one that answers its probes is alive and merely slow, and is waited
+    /// for up to `patience`: failing its request earlier would answer "not
+    /// done" for a write that may still land.
     pub async fn forward(
         &self,
         peer: &Peer,
         request: Request<Body>,
-        deadline: Duration,
+        answer_within: Duration,
+        patience: Duration,
     ) -> Result<Response<Body>, ForwardError> {
-        let sent = self
-            .peers
-            .send(self.gateway_id, peer, request, deadline)
-            .await;
-        if let Err(ForwardError::Unreachable { refused, .. }) = &sent {
-            if *refused {
-                self.authorities.forget_peer(peer.gateway_id);
-            }
+        let answer_by = Instant::now() + answer_within;
+        let silent = |reason: &str, gone| ForwardError::Unreachable {
+            gateway_id: peer.gateway_id,
+            url: peer.url.clone(),
+            reason: reason.to_owned(),
+            gone,
+        };
+        let sent = tokio::select! {
+            sent = self.peers.send(self.gateway_id, peer, request, patience.max(answer_within)) => sent,
+            silence = self.peers.silence(peer, answer_by) => Err(match silence {
+                Silence::Gone => silent("its claim lapsed and it answers no probe (frozen, or cut off)", true),
+                Silence::Unanswered => silent(&format!("no answer within {answer_within:?}, nor to a probe"), false),
+            }),
+        };
+        if let Err(ForwardError::Unreachable { gone: true, .. }) = &sent {
+            self.authorities.forget_peer(peer.gateway_id);
             let mut unanswered = self.unanswered.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
             // Entries older than any TTL asked about go with each insert.
@@ -220,7 +257,7 @@ impl Router {
         sent
     }
 
-    /// Whether `gateway_id` left a forwarded request unanswered within `within`.
+    /// Whether `gateway_id` was found gone within `within`.
     fn unanswered_within(&self, gateway_id: Uuid, within: Duration) -> bool {
         self.unanswered
             .lock()
@@ -231,6 +268,56 @@ impl Router {
 }
 
 impl PeerClient {
+    /// Resolves once `peer`, keeping a forward waiting, is found silent: it
+    /// answers no probe, and either its claim has lapsed too (a live
+    /// authority renews it while a request waits on it), so it is taken for
+    /// dead, or `answer_by` has come. A peer that answers its probes is alive
+    /// and never resolves this: it keeps its leases through a coordination
+    /// outage that lapsed its claim (the outage rule, docs/gateways.md).
+    async fn silence(&self, peer: &Peer, answer_by: Instant) -> Silence {
+        let last_answer = Mutex::new(None::<Instant>);
+        let probing = async {
+            tokio::time::sleep(PROBE_AFTER).await;
+            loop {
+                if self.probe(peer).await {
+                    *last_answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                } else if peer.lapses_in().is_zero() {
+                    // While its claim is live nobody else may act on the id.
+                    return Silence::Gone;
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
+        };
+        let judging = async {
+            tokio::time::sleep_until(answer_by.into()).await;
+            loop {
+                let answered = *last_answer.lock().unwrap_or_else(|p| p.into_inner());
+                if answered.is_none_or(|at| at.elapsed() >= PROBE_EVERY + PROBE_DEADLINE) {
+                    return Silence::Unanswered;
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
+        };
+        tokio::select! {
+            silence = probing => silence,
+            silence = judging => silence,
+        }
+    }
+
+    /// Whether `peer` answers `GET /healthz` within [`PROBE_DEADLINE`].
+    async fn probe(&self, peer: &Peer) -> bool {
+        let Ok(uri) = format!("{}/healthz", peer.url).parse::<Uri>() else {
+            return false;
+        };
+        let Ok(request) = Request::get(uri).body(Body::empty()) else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(PROBE_DEADLINE, self.client.request(request)).await,
+            Ok(Ok(response)) if response.status().is_success()
+        )
+    }
+
     /// Sends `request` to `peer` as gateway `me`, one hop: it is marked
     /// forwarded, so the peer never sends it on.
     pub(super) async fn send(
@@ -240,11 +327,11 @@ impl PeerClient {
         request: Request<Body>,
         deadline: Duration,
     ) -> Result<Response<Body>, ForwardError> {
-        let unreachable = |reason: String, refused: bool| ForwardError::Unreachable {
+        let unreachable = |reason: String, gone: bool| ForwardError::Unreachable {
             gateway_id: peer.gateway_id,
             url: peer.url.clone(),
             reason,
-            refused,
+            gone,
         };
         let (mut parts, body) = request.into_parts();
         let path = parts

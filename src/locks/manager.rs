@@ -586,13 +586,18 @@ impl LockManager {
         self.router.forget_authority(id);
     }
 
-    /// Sends `request` to `peer` and answers its response, or fails within `deadline`.
+    /// Sends `request` to `peer` and answers its response; a peer that
+    /// answers no probe fails it within `answer_within`, a slow one that
+    /// does within `patience` (see `forward::Router::forward`).
     pub async fn forward(
         &self,
         peer: &Peer,
         request: Request<Body>,
-        deadline: Duration,
+        answer_within: Duration,
+        patience: Duration,
     ) -> Result<Response<Body>, ForwardError> {
-        self.router.forward(peer, request, deadline).await
+        self.router
+            .forward(peer, request, answer_within, patience)
+            .await
     }
 }

@@ -149,7 +149,7 @@ pub(super) async fn request_ticket(
     let request = request.body(Body::from(body)).expect("a valid request");
     let asked = Instant::now();
     let response = router
-        .forward(peer, request, TICKET_DEADLINE)
+        .forward(peer, request, TICKET_DEADLINE, TICKET_DEADLINE)
         .await
         .map_err(|err| {
             tracing::warn!(error = %err, "could not ask the authority for a ticket");

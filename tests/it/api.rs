@@ -138,7 +138,10 @@ impl Api {
                 .header("content-type", "application/json")
                 .body(body.to_owned());
         }
-        let response = request.send().await.expect("gateway answers");
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: the gateway did not answer: {e:?}"));
         let reply = Reply {
             request: format!("{method} {path}"),
             status: response.status(),

@@ -21,6 +21,9 @@ const CLAIM_TTL_SECONDS: u64 = 3;
 /// second or two, and a 3 s claim would lapse for that alone.
 const PRODUCTION_CLAIM_TTL_SECONDS: u64 = 10;
 const SETTLE_MS: u64 = 200;
+/// The lease a killed authority holds: it keeps its place until it would
+/// have expired, so the survivors grant after it.
+const KILLED_LEASE_TTL_SECONDS: u64 = 3;
 
 struct Cluster {
     schema: String,
@@ -85,14 +88,17 @@ async fn spawn_gateway(schema: &str, claim_ttl_seconds: u64) -> (String, Gateway
     (gateway_id, process)
 }
 
-/// The longest a survivor may take to grant once the authority died: the
-/// claim TTL, the settle and 2 s.
+/// How long a survivor is given to grant once the authority died: by
+/// design the claim TTL, the dead authority's lease and the settle; this
+/// bound only catches a take-over that never comes, on however slow a
+/// machine.
 fn takeover_wait() -> Duration {
-    Duration::from_millis(CLAIM_TTL_SECONDS * 1000 + SETTLE_MS + 2000)
+    Duration::from_secs(10 * (CLAIM_TTL_SECONDS + KILLED_LEASE_TTL_SECONDS))
 }
 
-/// Acquires `id` once the dead authority's claim has lapsed: until then the
-/// answer is 503 with Retry-After, which a client honours.
+/// Acquires `id` once the dead authority's claim has lapsed and its lease
+/// would have expired: until the lapse the answer is 503 with Retry-After,
+/// which a client honours, then 409 while the lease keeps its place.
 async fn lease_after_takeover(api: &Api, id: &str, owner: &str) -> (String, u64) {
     let give_up = tokio::time::Instant::now() + takeover_wait();
     loop {
@@ -109,6 +115,9 @@ async fn lease_after_takeover(api: &Api, id: &str, owner: &str) -> (String, u64)
                     body["lease_id"].as_str().unwrap().to_owned(),
                     body["fencing_token"].as_u64().unwrap(),
                 );
+            }
+            StatusCode::CONFLICT if tokio::time::Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             StatusCode::SERVICE_UNAVAILABLE if tokio::time::Instant::now() < give_up => {
                 assert_eq!(reply.problem_type(), "authority-unreachable");
@@ -174,7 +183,8 @@ async fn a_killed_authority_is_replaced_and_no_acknowledged_increment_is_lost_or
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Take a turn in line, and kill the authority while holding the lease.
-    api.lease("kill", "killer", 30, 30.0).await;
+    api.lease("kill", "killer", KILLED_LEASE_TTL_SECONDS, 30.0)
+        .await;
     cluster.kill_authority_of("kill").await;
 
     let survivor = cluster.gateways[0].1.api();
@@ -293,7 +303,9 @@ async fn fencing_tokens_increase_across_a_killed_authority_and_a_restart_of_ever
     fence.take(&api).await;
     fence.take(&api).await;
 
-    let (lease, token) = api.lease("fenced", "w", 30, 0.0).await;
+    let (lease, token) = api
+        .lease("fenced", "w", KILLED_LEASE_TTL_SECONDS, 0.0)
+        .await;
     assert!(token > fence.last);
     fence.last = token;
     cluster.kill_authority_of("fenced").await;

@@ -22,6 +22,7 @@ mod docs_examples;
 mod feed;
 mod feed_stream;
 mod first_start;
+mod frozen_peer;
 mod gateways;
 mod group_commit;
 mod helpers;

@@ -33,6 +33,9 @@ pub struct Proxy {
 struct Shared {
     upstream: SocketAddr,
     down: AtomicBool,
+    /// Connections are taken and kept, and nothing goes through either way:
+    /// a peer behind it is frozen or cut off, as far as anyone can tell.
+    black_hole: AtomicBool,
     /// A request whose first chunk, percent-decoded, contains this is cut
     /// before ClickHouse sees it: one kind of query fails, the rest pass.
     refuse: std::sync::Mutex<Option<String>>,
@@ -78,6 +81,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             upstream,
             down: AtomicBool::new(false),
+            black_hole: AtomicBool::new(false),
             refuse: std::sync::Mutex::new(None),
             lose_answer: std::sync::Mutex::new(None),
             delay_ms: AtomicU64::new(0),
@@ -105,6 +109,12 @@ impl Proxy {
         if down {
             self.shared.cut.send_modify(|generation| *generation += 1);
         }
+    }
+
+    /// A black hole: every connection, open or new, is kept and answered
+    /// nothing, and what is sent through it is dropped.
+    pub fn set_black_hole(&self, on: bool) {
+        self.shared.black_hole.store(on, Ordering::SeqCst);
     }
 
     /// Cuts every request that contains `text` (in its URL or body, decoded).
@@ -194,6 +204,9 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             if n == 0 {
                 return;
             }
+            if shared.black_hole.load(Ordering::SeqCst) {
+                continue;
+            }
             let (refuse, lose, hold) = (
                 shared.refuse.lock().unwrap().clone(),
                 shared.lose_answer.lock().unwrap().clone(),
@@ -263,6 +276,9 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             // ClickHouse has answered, so it ran the request; the answer is lost.
             if n == 0 || losing.load(Ordering::SeqCst) {
                 return;
+            }
+            if shared.black_hole.load(Ordering::SeqCst) {
+                continue;
             }
             if holding.swap(false, Ordering::SeqCst) {
                 let now = std::time::Instant::now();

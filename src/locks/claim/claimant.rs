@@ -16,7 +16,7 @@ use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::slot::{Delay, HeldClaim, Inherited, Lapsed, LocalLease};
 use crate::locks::timing::ClaimTiming;
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{LeaseRows, LeaseStore, StoreError, StoredLease, now_ms};
+use crate::store::{LeaseStore, StoreError, StoredLease, now_ms};
 
 /// Fencing tokens reserved per ClickHouse write: a claim holder hands out
 /// this many before it writes again.
@@ -139,7 +139,7 @@ impl Claimant {
                         ..record.lease
                     },
                 });
-            } else if let Some(free_at) = place_end(&stored, self.leases.rows(), now_ms) {
+            } else if let Some(free_at) = place_end(&stored, now_ms) {
                 inherited.delays.push(Delay::ending(free_at, now, now_ms));
             }
         }
@@ -149,20 +149,15 @@ impl Claimant {
 
 /// Until when a recorded lease that is not in force keeps its place, if
 /// that is still to come: its lock-delay after its end. A release or
-/// force-unlock recorded its end; an expired lease ended at its expiry. An
-/// unexpired one whose authority lost its claim (it crashed, or its
-/// renewals did not land) ends now on a state_id, as this gateway takes the
-/// claim over and refuses its holder's writes from here on; on a pool,
-/// whose holders write nothing through a gateway, it runs until it would
-/// have expired.
-pub(super) fn place_end(stored: &StoredLease, rows: LeaseRows, now_ms: i64) -> Option<i64> {
+/// force-unlock recorded its end; any other lease ends at its expiry, also
+/// an unexpired one whose authority lost its claim (it crashed, froze, or
+/// its renewals did not land). Its holder may run on unaware until its next
+/// renewal, and its authority may only be frozen: nobody else is granted
+/// the place before the lease would have expired (design.md, "Several
+/// gateways"), though its holder's writes are refused from the take-over on.
+pub(super) fn place_end(stored: &StoredLease, now_ms: i64) -> Option<i64> {
     let record = &stored.record;
-    let ended = match (record.ended_ms, rows) {
-        (Some(ended), _) => ended,
-        (None, LeaseRows::PerId) if stored.unexpired => now_ms,
-        (None, LeaseRows::PerId) => record.lease.expires_ms.min(now_ms),
-        (None, LeaseRows::PerLease) => record.lease.expires_ms,
-    };
+    let ended = record.ended_ms.unwrap_or(record.lease.expires_ms);
     let free_at = record.lease.free_at_ms(ended);
     (free_at > now_ms).then_some(free_at)
 }

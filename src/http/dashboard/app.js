@@ -2,7 +2,7 @@
 // (states, locks). The state page and the Regressions and Pools views are
 // modules of their own.
 
-import { TOKEN_KEY, api, el, problemText, say, show, table, token } from "./common.js";
+import { TOKEN_KEY, api, cardTable, el, problemText, say, show, token } from "./common.js";
 import { onChange, startFollowing } from "./live.js";
 import { renderPools } from "./pools.js";
 import { renderRegressions } from "./regressions.js";
@@ -68,7 +68,7 @@ async function renderStates() {
     el("button", { type: "button", disabled: !next, "data-testid": "next-page", text: "Next page",
       onclick: () => { listing.cursors.push(next); renderStates(); } }));
   show(route, el("section", {}, el("h2", { text: "States" }), filter,
-    table([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
+    cardTable([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
 }
 
 async function renderLocks() {
@@ -79,9 +79,9 @@ async function renderLocks() {
   const rows = reply.body.locks.map((l) => el("tr", { "data-testid": "lock-row" },
     el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(l.state_id), text: l.state_id })),
     el("td", { text: l.owner }), el("td", { text: String(l.fencing_token) }),
-    el("td", { text: l.expires_at }), el("td", { class: "wide", text: l.gateway_id })));
+    el("td", { text: l.expires_at }), el("td", { text: l.gateway_id })));
   show(route, el("section", {}, el("h2", { text: "Locks" }),
-    table([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway", "wide"]], rows, "locks")));
+    cardTable([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway"]], rows, "locks")));
 }
 
 function route() {

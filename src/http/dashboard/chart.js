@@ -5,7 +5,7 @@
 // stream backwards are marked in red, and say so on hover. A table of the
 // same points is the text alternative.
 
-import { el, stored, table } from "./common.js";
+import { cardTable, el, stored } from "./common.js";
 
 /** Saturated, and told apart without red, which marks regressions. */
 const COLOURS = ["#1f6fd1", "#e07000", "#1a9a3a", "#8a3ccf", "#c2187a", "#0096a8", "#7a6a00", "#4b4bd8"];
@@ -117,7 +117,7 @@ function pointsTable(byKind, versions) {
     });
   }
   return el("details", { class: "points" }, el("summary", { text: "The charted points as a table" }),
-    table([["Stream"], ["Version"], ["Value"], [""]], rows, "chart-points"));
+    cardTable([["Stream"], ["Version"], ["Value"], [""]], rows, "chart-points"));
 }
 
 /**

@@ -10,10 +10,17 @@ import { renderState } from "./state.js";
 
 const tokenForm = document.getElementById("token-form");
 
-function showAuth() {
+/**
+ * The token controls: the Token button only on a gateway that asks for
+ * tokens (/v1/whoami says so, or refuses the caller), so that a gateway
+ * without them offers nothing to fill in.
+ */
+async function showAuth() {
   const has = Boolean(token());
   document.getElementById("auth-status").textContent = has ? "token set" : "";
   document.getElementById("forget-token").hidden = !has;
+  const me = await api("/v1/whoami");
+  document.getElementById("token-button").hidden = me.status === 200 && me.body.tokens === false;
 }
 
 function age(seconds) {

@@ -93,3 +93,21 @@ def test_the_token_prompt_works_and_a_read_token_cannot_roll_back(page, token_ga
     expect(old.get_by_test_id("rollback")).to_be_disabled()
     expect(old.get_by_test_id("why-disabled")).to_contain_text("needs a write token")
     assert gateway.call("GET", "/v1/states/guarded").json()["completed"] == {"v": 2}
+
+
+def test_the_token_button_shows_only_on_a_gateway_that_asks_for_tokens(page, gateway: Gateway, token_gateway: Gateway):
+    # Without tokens: /v1/whoami says so, and the page offers no token to fill in.
+    assert gateway.call("GET", "/v1/whoami").json()["tokens"] is False
+    gateway.put("open", {"completed": {}})
+    page.goto(gateway.base + "/")
+    expect(page.get_by_test_id("state-row")).to_have_count(1)
+    expect(page.locator("#token-button")).to_be_hidden()
+    expect(page.locator("#token-form")).to_be_hidden()
+    # With tokens the button is there, before a token and after one is given.
+    token_gateway.put("guarded", {"completed": {}})
+    page.goto(token_gateway.base + "/")
+    expect(page.locator("#token-button")).to_be_visible()
+    use_token(page, token_gateway, READ_TOKEN)
+    expect(page.get_by_test_id("state-row")).to_have_count(1)
+    expect(page.locator("#auth-status")).to_have_text("token set")
+    expect(page.locator("#token-button")).to_be_visible()

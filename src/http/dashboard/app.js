@@ -2,7 +2,7 @@
 // (states, locks). The state page and the Regressions and Pools views are
 // modules of their own.
 
-import { TOKEN_KEY, api, el, problemText, say, show, table, token } from "./common.js";
+import { TOKEN_KEY, api, cardTable, el, problemText, say, show, token } from "./common.js";
 import { onChange, startFollowing } from "./live.js";
 import { renderPools } from "./pools.js";
 import { renderRegressions } from "./regressions.js";
@@ -10,10 +10,17 @@ import { renderState } from "./state.js";
 
 const tokenForm = document.getElementById("token-form");
 
-function showAuth() {
+/**
+ * The token controls: the Token button only on a gateway that asks for
+ * tokens (/v1/whoami says so, or refuses the caller), so that a gateway
+ * without them offers nothing to fill in.
+ */
+async function showAuth() {
   const has = Boolean(token());
   document.getElementById("auth-status").textContent = has ? "token set" : "";
   document.getElementById("forget-token").hidden = !has;
+  const me = await api("/v1/whoami");
+  document.getElementById("token-button").hidden = me.status === 200 && me.body.tokens === false;
 }
 
 function age(seconds) {
@@ -68,7 +75,7 @@ async function renderStates() {
     el("button", { type: "button", disabled: !next, "data-testid": "next-page", text: "Next page",
       onclick: () => { listing.cursors.push(next); renderStates(); } }));
   show(route, el("section", {}, el("h2", { text: "States" }), filter,
-    table([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
+    cardTable([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
 }
 
 async function renderLocks() {
@@ -79,9 +86,9 @@ async function renderLocks() {
   const rows = reply.body.locks.map((l) => el("tr", { "data-testid": "lock-row" },
     el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(l.state_id), text: l.state_id })),
     el("td", { text: l.owner }), el("td", { text: String(l.fencing_token) }),
-    el("td", { text: l.expires_at }), el("td", { class: "wide", text: l.gateway_id })));
+    el("td", { text: l.expires_at }), el("td", { text: l.gateway_id })));
   show(route, el("section", {}, el("h2", { text: "Locks" }),
-    table([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway", "wide"]], rows, "locks")));
+    cardTable([["State"], ["Owner"], ["Fencing token"], ["Expires"], ["Gateway"]], rows, "locks")));
 }
 
 function route() {

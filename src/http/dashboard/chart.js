@@ -5,7 +5,7 @@
 // stream backwards are marked in red, and say so on hover. A table of the
 // same points is the text alternative.
 
-import { el, stored, table } from "./common.js";
+import { cardTable, el, stored } from "./common.js";
 
 /** Saturated, and told apart without red, which marks regressions. */
 const COLOURS = ["#1f6fd1", "#e07000", "#1a9a3a", "#8a3ccf", "#c2187a", "#0096a8", "#7a6a00", "#4b4bd8"];
@@ -40,11 +40,30 @@ function streamsByKind(versions) {
   return byKind;
 }
 
+/** An instant on two lines (the date, then hh:mm UTC), to leave a phone's chart room to plot. */
 function axisLabel(kind) {
   return kind === "time"
-    ? (_u, values) => values.map((v) => new Date(v * 1000).toISOString().slice(0, 16).replace("T", " "))
+    ? (_u, values) => values.map((v) => new Date(v * 1000).toISOString().slice(0, 16).replace("T", "\n"))
     : (_u, values) => values.map((v) => String(v));
 }
+
+/**
+ * uPlot's time axis in UTC and 24-hour ISO dates, as the page shows every
+ * other time: by default it draws the browser's local time, in US 12-hour
+ * stamps ("{M}/{D}/{YY}", "{h}:{mm}{aa}").
+ */
+const UTC_DATES = {
+  tzDate: (ts) => uPlot.tzDate(new Date(Math.round(ts * 1000)), "Etc/UTC"),
+  fmtDate: (template) => uPlot.fmtDate(template
+    .replaceAll("{M}/{D}/{YY}", "{YYYY}-{MM}-{DD}")
+    .replaceAll("{M}/{D}", "{MM}-{DD}")
+    .replaceAll("{h}{aa}", "{HH}:00")
+    .replaceAll("{h}", "{HH}")
+    .replaceAll("{aa}", "")),
+};
+
+/** A version as the page writes it elsewhere: ISO 8601 UTC. */
+function versionText(_u, ts) { return ts === null ? "" : new Date(Math.round(ts * 1000)).toISOString(); }
 
 /** A point's value in the legend, as an instant or a number. */
 function legendValue(kind) {
@@ -78,11 +97,16 @@ function chartOf(kind, streams, versions, width) {
     "data-regressions": String(regressions.length),
   }, el("h3", { text: kind === "time" ? "Bookmarks that are instants" : "Bookmarks that are numbers" }));
   const opts = {
+    ...UTC_DATES,
     width, height: 240,
     scales: { x: { time: true } },
-    axes: [{}, { values: axisLabel(kind), size: kind === "time" ? 130 : 60 }],
+    // The first tick of the time axis names its date and hh:mm below it:
+    // the right padding keeps that label whole when the tick is at the edge.
+    padding: [null, 48, null, null],
+    axes: [{ label: "version (UTC)", space: 70 },
+      kind === "time" ? { values: axisLabel(kind), size: 90, space: 36 } : { values: axisLabel(kind), size: 60 }],
     series: [
-      { label: "version" },
+      { label: "version", value: versionText },
       ...streams.map((stream, i) => ({
         label: stream, stroke: COLOURS[i % COLOURS.length], width: 3,
         points: { show: true, size: 8, fill: COLOURS[i % COLOURS.length] },
@@ -91,11 +115,16 @@ function chartOf(kind, streams, versions, width) {
       { label: "regressed", stroke: REGRESSION, width: 0, paths: () => null, value: legendValue(kind),
         points: { show: true, size: 16, width: 3, stroke: REGRESSION, fill: REGRESSION } },
     ],
-    hooks: { setCursor: [(u) => {
-      const i = u.cursor.idx;
-      const found = i === null || i === undefined ? [] : regressions.filter((r) => r.version === versions[i].version);
-      caption.textContent = found.map((r) => r.stream + " regressed at " + r.version + ": " + stored(r.from) + " → " + stored(r.to)).join("; ");
-    }] },
+    hooks: {
+      // The time axis is drawn on the canvas: the labels uPlot drew (its
+      // axis's _values) are kept as text too, for a test to read.
+      drawAxes: [(u) => { box.dataset.xTicks = u.axes[0]._values.filter((v) => v !== null).join("|"); }],
+      setCursor: [(u) => {
+        const i = u.cursor.idx;
+        const found = i === null || i === undefined ? [] : regressions.filter((r) => r.version === versions[i].version);
+        caption.textContent = found.map((r) => r.stream + " regressed at " + r.version + ": " + stored(r.from) + " → " + stored(r.to)).join("; ");
+      }],
+    },
   };
   const plot = new uPlot(opts, [times, ...series, marks], box);
   box.append(caption);
@@ -117,7 +146,7 @@ function pointsTable(byKind, versions) {
     });
   }
   return el("details", { class: "points" }, el("summary", { text: "The charted points as a table" }),
-    table([["Stream"], ["Version"], ["Value"], [""]], rows, "chart-points"));
+    cardTable([["Stream"], ["Version"], ["Value"], [""]], rows, "chart-points"));
 }
 
 /**

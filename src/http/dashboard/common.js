@@ -19,7 +19,10 @@ export function show(route, ...nodes) {
 export function token() { return sessionStorage.getItem(TOKEN_KEY); }
 export function say(text) { notice.textContent = text || ""; }
 
-/** Calls the public API; answers {status, body}. A 401 asks for a token. */
+/**
+ * Calls the public API; answers {status, body}. A 401 asks for a token, and
+ * shows the Token button (tokens may have been turned on since the page loaded).
+ */
 export async function api(path, options = {}) {
   const headers = Object.assign({}, options.headers || {});
   if (token()) headers["Authorization"] = "Bearer " + token();
@@ -29,6 +32,7 @@ export async function api(path, options = {}) {
   let body = null;
   try { body = text ? JSON.parse(text) : null; } catch (_) { body = text; }
   if (response.status === 401) {
+    document.getElementById("token-button").hidden = false;
     tokenForm.hidden = false;
     document.getElementById("token-input").focus();
   }

@@ -2,7 +2,7 @@
 // stream's bookmark backwards or dropped it, each with the values before and
 // after (from the state's history) and who made the change.
 
-import { api, el, problemText, say, show, statePath, stored, table } from "./common.js";
+import { api, cardTable, el, problemText, say, show, statePath, stored } from "./common.js";
 
 /** How many states' histories the view reads for the values before and after. */
 const STATES_READ = 20;
@@ -31,7 +31,7 @@ export async function renderRegressions() {
         el("td", {}, el("code", { class: "old", text: before ? stored(before[stream]) : "(older than the history read)" })),
         el("td", {}, after),
         el("td", { "data-testid": "actor", text: r.actor }),
-        el("td", { class: "wide", text: r.version }));
+        el("td", { text: r.version }));
     for (const stream of r.regressed_streams) {
       rows.push(row("regression-row", stream, el("span", { class: "regressed", text: " regressed" }),
         el("code", { class: "new", text: now ? stored(now[stream]) : "" })));
@@ -46,5 +46,5 @@ export async function renderRegressions() {
   const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards or dropped one." }) : null;
   show(route, el("section", {}, el("h2", { text: "Regressions" }),
     el("p", { text: "Versions that moved a stream's bookmark backwards (regressed) or dropped it (lost), newest first." }),
-    empty ?? table([["State"], ["Stream"], ["Before"], ["After"], ["Actor"], ["Version", "wide"]], rows, "regressions")));
+    empty ?? cardTable([["State"], ["Stream"], ["Before"], ["After"], ["Actor"], ["Version"]], rows, "regressions")));
 }

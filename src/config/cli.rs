@@ -60,7 +60,9 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct HealthcheckArgs {
-    /// The gateway's listen address (0.0.0.0 and :: are probed on loopback).
+    /// The gateway's listen address (0.0.0.0 and :: are probed on loopback):
+    /// a gateway that listens off 127.0.0.1:8080 needs its --listen here too,
+    /// or the same STATEHOUSE_LISTEN.
     #[arg(long, env = "STATEHOUSE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 

@@ -35,6 +35,15 @@ impl Role {
             Self::Admin => "admin",
         }
     }
+
+    /// The role with its article, as a sentence names it: "an admin token".
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Self::Read => "a read",
+            Self::Write => "a write",
+            Self::Admin => "an admin",
+        }
+    }
 }
 
 /// An entry as written, the token already reduced to its digest.

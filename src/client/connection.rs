@@ -20,7 +20,8 @@ pub struct ConnectionArgs {
     #[arg(long, env = "STATEHOUSE_URL", value_parser = GatewayUrl::parse)]
     pub url: Option<GatewayUrl>,
 
-    /// Bearer token for the gateway (`statehouse lock` needs a write token)
+    /// Bearer token for the gateway, when it has tokens (`statehouse lock`
+    /// needs a write token; for `statehouse wait` a read token is enough)
     /// [default: Meltano's MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN, or
     /// MELTANO_STATE_BACKEND_STATEHOUSES_TOKEN when MELTANO_STATE_BACKEND_URI
     /// is statehouses://]

@@ -33,14 +33,24 @@ pub enum Command {
     /// most its limit of runs go at once: exits with the command's status,
     /// 75 when another holds the lock (or the pool is full) past --wait, 76
     /// when a lease was lost.
-    #[command(arg_required_else_help = true)]
+    // The usage lines are written out: clap's own would show every flag set
+    // from the environment (STATEHOUSE_URL, ...) as if it were required.
+    #[command(
+        arg_required_else_help = true,
+        override_usage = "statehouse lock [OPTIONS] [--pool <NAME=LIMIT>]... [STATE_ID] -- <COMMAND>..."
+    )]
     Lock(Box<crate::run_lease::LockArgs>),
     /// Wait until a stream's bookmark reaches a value (--stream, --until), or
     /// for the state's next change (--changed), through the gateway's
     /// long-poll: exits 0 then (at once if the value is already reached),
     /// 124 when --timeout ends first, 1 when the gateway refuses (a token, a
-    /// scope) or the command line is bad.
-    #[command(arg_required_else_help = true)]
+    /// scope), when it cannot be reached for 20s in a row (asked again
+    /// meanwhile; or until --timeout, if that ends first) or when the command
+    /// line is bad.
+    #[command(
+        arg_required_else_help = true,
+        override_usage = "statehouse wait [OPTIONS] <--stream <STREAM> --until <VALUE>|--changed> <STATE_ID>"
+    )]
     Wait(Box<crate::waiter::WaitArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
@@ -50,7 +60,9 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct HealthcheckArgs {
-    /// The gateway's listen address (0.0.0.0 and :: are probed on loopback).
+    /// The gateway's listen address (0.0.0.0 and :: are probed on loopback):
+    /// a gateway that listens off 127.0.0.1:8080 needs its --listen here too,
+    /// or the same STATEHOUSE_LISTEN.
     #[arg(long, env = "STATEHOUSE_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 

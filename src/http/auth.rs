@@ -125,9 +125,9 @@ pub async fn guard(
         return problem(
             ProblemType::Forbidden,
             &format!(
-                "this needs a {} token; yours is {}",
-                needed.as_str(),
-                grant.role.as_str()
+                "this needs {} token; yours is {} token",
+                needed.with_article(),
+                grant.role.with_article()
             ),
         );
     }

@@ -85,7 +85,9 @@ impl Readiness {
         let started = Instant::now();
         let outcome = match self.clickhouse.ping().await {
             Ok(()) => Outcome::Ready {
-                latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+                // Whole microseconds: at most 3 decimals, not the 15 a
+                // float's nanoseconds print with.
+                latency_ms: started.elapsed().as_micros() as f64 / 1000.0,
             },
             Err(err) => {
                 let error = err.to_string();

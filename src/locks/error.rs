@@ -8,7 +8,7 @@ use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    #[error("{state_id} is locked and the wait ran out")]
+    #[error("{state_id} is locked by another holder")]
     Held {
         state_id: StateId,
         holder: Option<Box<Lease>>,

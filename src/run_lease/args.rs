@@ -3,14 +3,20 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgGroup, Args};
 
 use crate::client::ConnectionArgs;
 
 use super::info;
 use super::target::Target;
 
+// What to hold: a state_id, pools, or both (a run that holds nothing would
+// guard nothing). One group, so that a command line with neither names both
+// in its error.
 #[derive(Debug, Clone, Args)]
+#[command(group(
+    ArgGroup::new("held").required(true).multiple(true).args(["pools", "state_id"])
+))]
 pub struct LockArgs {
     /// Where the gateway is and how to reach it: URL, token and TLS files.
     #[command(flatten)]
@@ -53,8 +59,6 @@ pub struct LockArgs {
 
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
     /// May be left out when --pool is given.
-    // A run that holds nothing would guard nothing.
-    #[arg(required_unless_present = "pools")]
     pub state_id: Option<String>,
 
     /// The command and its arguments, after `--`.

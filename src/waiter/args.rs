@@ -2,13 +2,16 @@
 
 use std::time::Duration;
 
-use clap::Args;
+use clap::{ArgGroup, Args};
 
 use super::until::Until;
 use crate::client::ConnectionArgs;
 use crate::domain::parse_duration;
 
+// What to wait for: a bookmark (--stream with --until) or the next change.
+// One group, so that a command line with neither names both in its error.
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("goal").required(true).args(["stream", "changed"])))]
 pub struct WaitArgs {
     /// Where the gateway is and how to reach it: the same flags and
     /// variables as `statehouse lock`.
@@ -17,7 +20,7 @@ pub struct WaitArgs {
 
     /// Wait for this stream's bookmark, in the effective state (partial over
     /// completed), to reach --until.
-    #[arg(long, requires = "until", required_unless_present = "changed")]
+    #[arg(long, requires = "until")]
     pub stream: Option<String>,
 
     /// The value --stream's replication_key_value must reach: a number (by
@@ -30,8 +33,9 @@ pub struct WaitArgs {
     #[arg(long, conflicts_with_all = ["stream", "until"])]
     pub changed: bool,
 
-    /// Give up after this long and exit 124: 500ms, 30s, 2m, 1h or plain
-    /// seconds. Without it, wait for ever.
+    /// Give up after this long and exit 124 (1 if the gateway was not
+    /// answering then): 500ms, 30s, 2m, 1h or plain seconds. Without it,
+    /// wait for ever.
     #[arg(long, value_name = "D", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 

@@ -7,13 +7,16 @@
 //! It asks `GET /v1/states/{id}?wait=` in a loop, each answer's ETag sent
 //! back as `If-None-Match`, so that the gateway answers when the state
 //! changes; it never sleeps between calls but to back off from an
-//! unreachable or overloaded gateway. The command line is in `args`, the
-//! request in `poll`, whether a value is reached in `until`.
+//! unreachable or overloaded gateway. A gateway that stays unreachable for
+//! [`GIVE_UP`] is a failure (exit 1), not a "not yet": a typo in the URL must
+//! not look like a bookmark that never comes. The command line is in
+//! `args`, the request in `poll`, whether a value is reached in `until`.
 
 mod args;
 mod poll;
 mod until;
 
+use std::cell::Cell;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,8 +30,8 @@ use crate::domain::MAX_WAIT;
 
 /// The goal was reached, or the state changed.
 pub const EXIT_DONE: u8 = 0;
-/// Refused by the gateway, or a client that could not be set up (as
-/// `statehouse lock`, and as a bad command line).
+/// Refused by the gateway, a gateway that cannot be reached, or a client
+/// that could not be set up (as `statehouse lock`, and as a bad command line).
 pub const EXIT_FAILED: u8 = 1;
 /// `--timeout` ran out first, as coreutils' `timeout` answers.
 pub const EXIT_TIMED_OUT: u8 = 124;
@@ -37,6 +40,10 @@ pub const EXIT_TIMED_OUT: u8 = 124;
 /// the gateway stays unreachable (it names its own with `Retry-After`).
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a gateway may go without answering before the wait gives up on
+/// it: longer than a gateway's restart, short enough that a sensor on a
+/// wrong URL fails its task rather than waiting for ever.
+pub const GIVE_UP: Duration = Duration::from_secs(20);
 
 /// Runs `statehouse wait` and answers its exit status.
 pub fn run(args: WaitArgs) -> ExitCode {
@@ -54,12 +61,12 @@ pub fn run(args: WaitArgs) -> ExitCode {
 }
 
 async fn wait(args: WaitArgs) -> u8 {
-    let poller = match args
+    let asker = match args
         .connection
         .resolve()
         .and_then(|connection| Poller::new(&connection, &args.state_id))
     {
-        Ok(poller) => poller,
+        Ok(poller) => Asker::new(poller),
         Err(err) => {
             say(format_args!("{err}"));
             return EXIT_FAILED;
@@ -69,12 +76,12 @@ async fn wait(args: WaitArgs) -> u8 {
     let waiting = async {
         match args.goal() {
             Goal::Reach { stream, until } => {
-                reach(&poller, deadline, |state| {
+                reach(&asker, deadline, |state| {
                     until::standing(state, &stream, &until)
                 })
                 .await
             }
-            Goal::Change => change(&poller, deadline).await,
+            Goal::Change => change(&asker, deadline).await,
         }
     };
     let outcome = match deadline {
@@ -85,6 +92,14 @@ async fn wait(args: WaitArgs) -> u8 {
     };
     match outcome {
         Ok(()) => EXIT_DONE,
+        // Not reached is not what it saw: it saw no gateway.
+        Err(Stop::TimedOut) if asker.unreachable.get().is_some() => {
+            say(format_args!(
+                "--timeout ended while the gateway did not answer; {}",
+                asker.last_failure.take()
+            ));
+            EXIT_FAILED
+        }
         Err(Stop::TimedOut) => {
             say(format_args!(
                 "{} did not come within --timeout",
@@ -112,14 +127,14 @@ enum Stop {
 
 /// Long-polls until `standing` says the state reached the value.
 async fn reach(
-    poller: &Poller,
+    asker: &Asker,
     deadline: Option<Instant>,
     standing: impl Fn(&crate::domain::StateDocument) -> Standing,
 ) -> Result<(), Stop> {
     let mut etag: Option<String> = None;
     let mut told: Option<String> = None;
     loop {
-        match ask(poller, etag.as_deref(), deadline).await? {
+        match asker.ask(etag.as_deref(), deadline).await? {
             Seen::State { etag: now, body } => {
                 let state = until::state_of(&body).map_err(Stop::Failed)?;
                 match standing(&state) {
@@ -145,14 +160,14 @@ async fn reach(
 }
 
 /// Long-polls until the state is no longer as the first answer found it.
-async fn change(poller: &Poller, deadline: Option<Instant>) -> Result<(), Stop> {
+async fn change(asker: &Asker, deadline: Option<Instant>) -> Result<(), Stop> {
     // The first read waits for nothing: it is what a change is a change from.
-    let first = match ask_once(poller, None, Duration::ZERO).await? {
+    let first = match asker.ask_once(None, Duration::ZERO).await? {
         Seen::State { etag, .. } => Some(etag),
         Seen::Absent | Seen::Unchanged => None,
     };
     loop {
-        match (ask(poller, first.as_deref(), deadline).await?, &first) {
+        match (asker.ask(first.as_deref(), deadline).await?, &first) {
             // A 200 to If-None-Match is another version; to none, a create.
             (Seen::State { .. }, _) | (Seen::Absent, Some(_)) => return Ok(()),
             (Seen::Unchanged | Seen::Absent, _) => {}
@@ -160,34 +175,74 @@ async fn change(poller: &Poller, deadline: Option<Instant>) -> Result<(), Stop> 
     }
 }
 
-/// One long-poll of as long as the timeout leaves (at most [`MAX_WAIT`]),
-/// asked again after a pause while the gateway cannot answer.
-async fn ask(poller: &Poller, etag: Option<&str>, deadline: Option<Instant>) -> Result<Seen, Stop> {
-    let wait = deadline.map_or(MAX_WAIT, |deadline| {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .min(MAX_WAIT)
-    });
-    ask_once(poller, etag, wait).await
+/// The [`Poller`], asked again while the gateway cannot answer, with what
+/// the asking saw of an unreachable gateway, read once the timeout ends.
+struct Asker {
+    poller: Poller,
+    /// Since when the gateway has not answered, while it does not.
+    unreachable: Cell<Option<Instant>>,
+    /// The last failure, for the line that gives up.
+    last_failure: Cell<String>,
 }
 
-/// `poller.poll`, asked again after [`Failure::Retry`]: after the gateway's
-/// `Retry-After`, else after a backoff. The caller's deadline bounds it.
-async fn ask_once(poller: &Poller, etag: Option<&str>, wait: Duration) -> Result<Seen, Stop> {
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        match poller.poll(etag, wait).await {
-            Ok(seen) => return Ok(seen),
-            Err(Failure::Refused(why)) => return Err(Stop::Failed(why)),
-            Err(Failure::Retry { after, why }) => {
-                let pause = after.unwrap_or(backoff);
-                say(format_args!(
-                    "{why}; asking again in {}",
-                    humantime::format_duration(pause)
-                ));
-                tokio::time::sleep(pause).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
+impl Asker {
+    fn new(poller: Poller) -> Self {
+        Self {
+            poller,
+            unreachable: Cell::new(None),
+            last_failure: Cell::new(String::new()),
+        }
+    }
+
+    /// One long-poll of as long as the timeout leaves (at most [`MAX_WAIT`]).
+    async fn ask(&self, etag: Option<&str>, deadline: Option<Instant>) -> Result<Seen, Stop> {
+        let wait = deadline.map_or(MAX_WAIT, |deadline| {
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(MAX_WAIT)
+        });
+        self.ask_once(etag, wait).await
+    }
+
+    /// `poller.poll`, asked again after a failure: a busy gateway after its
+    /// `Retry-After` (else a backoff) for as long as it answers so; an
+    /// unreachable one after a backoff, until [`GIVE_UP`] without an answer.
+    /// The caller's deadline bounds it.
+    async fn ask_once(&self, etag: Option<&str>, wait: Duration) -> Result<Seen, Stop> {
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let (pause, why) = match self.poller.poll(etag, wait).await {
+                Ok(seen) => {
+                    self.unreachable.set(None);
+                    return Ok(seen);
+                }
+                Err(Failure::Refused(why)) => return Err(Stop::Failed(why)),
+                Err(Failure::Busy { after, why }) => {
+                    self.unreachable.set(None);
+                    (after.unwrap_or(backoff), why)
+                }
+                Err(Failure::Unreachable(why)) => {
+                    let since = self.unreachable.get().unwrap_or_else(Instant::now);
+                    self.unreachable.set(Some(since));
+                    let left = (since + GIVE_UP).saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Stop::Failed(format!(
+                            "{why}; gave up after {} without an answer",
+                            humantime::format_duration(GIVE_UP)
+                        )));
+                    }
+                    self.last_failure.set(why.clone());
+                    (backoff.min(left), why)
+                }
+            };
+            say(format_args!(
+                "{why}; asking again in {}",
+                // Whole milliseconds: the rest of a backoff cut short by
+                // GIVE_UP would print down to its nanoseconds.
+                humantime::format_duration(Duration::from_millis(pause.as_millis() as u64))
+            ));
+            tokio::time::sleep(pause).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 }

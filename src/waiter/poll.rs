@@ -37,12 +37,16 @@ pub enum Seen {
 /// Why a long-poll saw nothing.
 #[derive(Debug)]
 pub enum Failure {
-    /// Worth asking again: no answer, or 503 or 429, after `after` when the
-    /// gateway said (`Retry-After`).
-    Retry {
+    /// No answer: no connection, or one that broke off or timed out. Worth
+    /// asking again for a while (a gateway restarting), not for ever (a
+    /// typo in the URL): why, naming the gateway.
+    Unreachable(String),
+    /// The gateway answered 503 or 429: asked again after `after` when it
+    /// said (`Retry-After`), for as long as it keeps answering so.
+    Busy {
         /// The gateway's `Retry-After`, when it sent one.
         after: Option<Duration>,
-        /// What went wrong, for the line on stderr.
+        /// What it answered, for the line on stderr.
         why: String,
     },
     /// Asking again would get the same (a bad token, a scope, a bad id).
@@ -55,6 +59,8 @@ pub struct Poller {
     client: reqwest::Client,
     /// The state's URL, without the query.
     url: String,
+    /// The gateway's base URL, as a failure names it.
+    gateway: String,
     /// The bearer token, if any.
     token: Option<String>,
 }
@@ -74,6 +80,7 @@ impl Poller {
                 connection.base.as_str(),
                 path_segment(state_id)
             ),
+            gateway: connection.base.as_str().to_owned(),
             token: connection.token.clone(),
         })
     }
@@ -93,11 +100,10 @@ impl Poller {
         if let Some(etag) = etag {
             request = request.header(IF_NONE_MATCH, etag);
         }
-        let retry = |why: String| Failure::Retry { after: None, why };
         let response = request.send().await.map_err(|e| {
-            retry(format!(
+            Failure::Unreachable(format!(
                 "cannot reach the gateway at {}: {}",
-                self.url,
+                self.gateway,
                 error_chain(&e)
             ))
         })?;
@@ -110,7 +116,9 @@ impl Poller {
         let answer = Answer {
             status,
             retry_after: retry_after(response.headers()),
-            body: read_body(response, MAX_ANSWER_BYTES).await.map_err(retry)?,
+            body: read_body(response, MAX_ANSWER_BYTES).await.map_err(|why| {
+                Failure::Unreachable(format!("{why} (the gateway at {})", self.gateway))
+            })?,
         };
         match (status, etag) {
             (StatusCode::OK, Some(etag)) => Ok(Seen::State {
@@ -120,7 +128,7 @@ impl Poller {
             (StatusCode::NOT_MODIFIED, _) => Ok(Seen::Unchanged),
             (StatusCode::NOT_FOUND, _) => Ok(Seen::Absent),
             (StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS, _) => {
-                Err(Failure::Retry {
+                Err(Failure::Busy {
                     after: answer.retry_after,
                     why: format!(
                         "the gateway answered {status} ({})",

@@ -94,7 +94,15 @@ async fn refusals_are_problems_that_say_how_to_authenticate() {
         .call(Method::PUT, "/v1/states/x", Some("{}"), READ)
         .await;
     assert_eq!(weak.problem_type(), "forbidden");
-    assert!(weak.json()["detail"].as_str().unwrap().contains("write"));
+    assert_eq!(
+        weak.json()["detail"],
+        "this needs a write token; yours is a read token"
+    );
+    let admin_only = app.call(Method::DELETE, "/v1/locks/x", None, WRITE).await;
+    assert_eq!(
+        admin_only.json()["detail"],
+        "this needs an admin token; yours is a write token"
+    );
     assert_eq!(
         app.table_snapshot().await,
         Vec::new(),

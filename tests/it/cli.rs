@@ -269,3 +269,43 @@ async fn allow_unauthenticated_serves_the_address_it_was_given() {
         .unwrap();
     assert_eq!(local.status(), 200);
 }
+
+/// A command line missing what it needs says what would do, and its usage
+/// line shows as required only what is: flags set from the environment are
+/// options, however they were given.
+#[test]
+fn a_missing_argument_names_every_way_to_give_it() {
+    let from_env = [
+        ("STATEHOUSE_URL", "http://gateway.internal:8080"),
+        ("STATEHOUSE_LOCK_OWNER", "cron"),
+        ("STATEHOUSE_TOKEN", "token-from-the-environment"),
+    ];
+    for (args, names) in [
+        (&["lock", "--", "true"][..], &["--pool", "STATE_ID"][..]),
+        (&["wait", "dev:id"], &["--stream", "--changed"]),
+        (&["wait", "--stream=s", "dev:id"], &["--until"]),
+    ] {
+        let (code, stderr) = run(args, &from_env);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        let (missing, usage) = stderr.split_once("Usage:").expect("a usage line");
+        for name in names {
+            assert!(missing.contains(name), "{args:?} names {name}: {stderr}");
+        }
+        for flag in ["--url", "--owner", "--token"] {
+            assert!(!usage.contains(flag), "{args:?}: {flag} in {usage}");
+        }
+    }
+}
+
+/// `wait --help` asks for the token a wait needs, and says when it gives up
+/// on a gateway that does not answer.
+#[test]
+fn wait_help_asks_for_a_read_token_and_names_its_exits() {
+    let output = Command::new(BIN).args(["wait", "--help"]).output().unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.contains("a read token is enough"), "{help}");
+    for said in ["124", "cannot be reached"] {
+        assert!(help.contains(said), "{said} missing from {help}");
+    }
+}

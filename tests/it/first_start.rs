@@ -67,7 +67,18 @@ async fn a_new_database_named_in_the_environment_is_created_and_serves() {
 
     let gateway = spawn_gateway_process(&url, &["--schema", &schema]).await;
     let api = gateway.api();
-    api.get("/readyz").await.expect(StatusCode::OK);
+    let ready = api.get("/readyz").await;
+    ready.expect(StatusCode::OK);
+    // In whole microseconds: at most 3 decimals, not a float's 15.
+    let latency = ready.json()["components"]["clickhouse"]["latency_ms"]
+        .as_f64()
+        .unwrap();
+    assert_eq!(
+        (latency * 1000.0).round() / 1000.0,
+        latency,
+        "{}",
+        ready.text
+    );
     let put = api
         .put_state("fresh", &json!({"completed": {"n": 1}}))
         .await;

@@ -71,6 +71,8 @@ async fn a_held_lock_answers_409_with_the_holder_after_the_wait() {
     now.expect(StatusCode::CONFLICT);
     assert_eq!(now.problem_type(), "lock-held");
     assert_eq!(now.json()["holder"]["owner"], "first");
+    // No wait was asked for, so none is said to have run out.
+    assert_eq!(now.json()["detail"], "busy is locked by another holder");
     let waited = app
         .acquire("busy", &json!({"owner": "third", "wait_seconds": 0.5}))
         .await;

@@ -17,6 +17,7 @@ mod contract;
 mod coordination_start;
 mod dashboard_api;
 mod dashboards;
+mod doc_loops;
 mod docs;
 mod docs_examples;
 mod feed;

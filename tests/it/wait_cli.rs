@@ -1,7 +1,8 @@
 //! `statehouse wait` (issue 42, acceptance 11): the binary against real
 //! gateways. It waits through gateway B on writes made through gateway A,
 //! compares as the regression guard compares, exits 0 at once when the value
-//! is already reached, 124 at `--timeout`, and `--changed` at the next change.
+//! is already reached, 124 at `--timeout`, `--changed` at the next change,
+//! and 1 for a gateway that cannot be reached (issue 53).
 //!
 //! Timing: the acceptance's 2 s from the write through A to the exit is
 //! asserted as it is; one gateway's answers are allowed 1 s, as in `watch`.
@@ -13,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::helpers::{Api, peer_config, spawn_app, spawn_configured, unique_schema};
+use crate::helpers::{Api, free_port, peer_config, spawn_app, spawn_configured, unique_schema};
 use crate::run_lease::BIN;
 
 /// From a write through another gateway to the exit: the acceptance's bound.
@@ -24,6 +25,9 @@ const SETTLE: Duration = Duration::from_millis(1500);
 /// A bound that only a hang reaches: the command's own --timeout is longer
 /// than any test waits for an exit it expects.
 const HANG: Duration = Duration::from_secs(20);
+/// The acceptance's bound for giving up on a closed port (the command's own
+/// is 20 s without an answer; a refused connection takes no time).
+const CLOSED_PORT: Duration = Duration::from_secs(30);
 
 /// A state with stream `s`'s bookmark at `value` (JSON).
 fn at(value: Value) -> Value {
@@ -57,9 +61,14 @@ fn wait_at(base: &str, args: &[&str]) -> tokio::process::Child {
 }
 
 /// The exit status and stderr of `child`, which must end within [`HANG`].
-async fn ended(mut child: tokio::process::Child) -> (ExitStatus, String) {
+async fn ended(child: tokio::process::Child) -> (ExitStatus, String) {
+    ended_within(child, HANG).await
+}
+
+/// The exit status and stderr of `child`, which must end within `bound`.
+async fn ended_within(mut child: tokio::process::Child, bound: Duration) -> (ExitStatus, String) {
     let mut stderr = child.stderr.take().unwrap();
-    let status = tokio::time::timeout(HANG, child.wait())
+    let status = tokio::time::timeout(bound, child.wait())
         .await
         .expect("statehouse wait ends")
         .unwrap();
@@ -218,7 +227,8 @@ async fn changed_exits_at_the_next_write_create_or_delete() {
 }
 
 /// A gateway that is not up yet is asked again, after a backoff, until it
-/// answers: the command outlives a gateway's restart.
+/// answers within the command's 20 s: the command outlives a gateway's
+/// restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreachable_gateway_is_asked_again_until_it_answers() {
     let config = peer_config(&unique_schema());
@@ -236,6 +246,42 @@ async fn an_unreachable_gateway_is_asked_again_until_it_answers() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("cannot reach the gateway"), "{stderr}");
     assert!(stderr.contains("asking again"), "{stderr}");
+}
+
+/// A gateway that never answers (a closed port: a typo in the URL) is a
+/// failure naming it, not a "not yet": exit 1 after the bounded retry, and
+/// at a --timeout that ends first too, never 124.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_that_cannot_be_reached_exits_1_naming_it() {
+    let base = format!("http://127.0.0.1:{}", free_port());
+    let (status, stderr) = ended_within(
+        wait_at(&base, &["--changed", &fresh_id("closed")]),
+        CLOSED_PORT,
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&format!("cannot reach the gateway at {base}")) && last.contains("gave up"),
+        "{stderr}"
+    );
+
+    let (status, stderr) = ended(wait_at(
+        &base,
+        &[
+            "--stream=s",
+            "--until=5",
+            "--timeout=1s",
+            &fresh_id("closed"),
+        ],
+    ))
+    .await;
+    assert_eq!(status.code(), Some(1), "not 124: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("--timeout") && last.contains(&base),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,6 +11,7 @@
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod batch;
 mod clear;
 mod error;
 mod feed;
@@ -43,6 +44,7 @@ use crate::domain::{
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
+use crate::retry::{ATTEMPTS, retried};
 use crate::store::{
     ChangesStore, HistoryStore, StateStore, StateSummary, StoreError, StoredRow, StoredState,
     now_ms,
@@ -421,13 +423,7 @@ impl States {
             }
         }
         let ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
-        let mut sorted = ids.clone();
-        sorted.sort();
-        // In one order for every batch, so two batches never wait on each other.
-        let mut writing = Vec::with_capacity(sorted.len());
-        for id in &sorted {
-            writing.push(self.writers.lock(id).await);
-        }
+        let writing = self.batch_writers(&ids).await;
         let checks: Vec<(&StateId, Option<Uuid>)> =
             entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
         let admitted = self
@@ -437,54 +433,18 @@ impl States {
             .map_err(|(index, err)| {
                 StateError::in_batch(index, entries[index].0.as_str(), err.into())
             })?;
-        let current: HashMap<StateId, StoredRow> = self
-            .store
-            .get_many(&sorted)
-            .await?
+        let changes = entries
             .into_iter()
-            .map(|row| (row.id.clone(), row))
+            .zip(admitted)
+            .map(|((id, doc, _), admitted)| (id, Change::Import(doc), admitted))
             .collect();
-        let policy = Policy {
-            if_match: None,
-            guard: self.guard,
-            allowed,
-            history: self.history.is_some(),
-        };
-        let now = now_ms();
-        let mut changes = Vec::with_capacity(entries.len());
-        for (index, ((id, doc, _), admitted)) in entries.into_iter().zip(&admitted).enumerate() {
-            let decided = prepare(
-                &id,
-                current.get(&id),
-                Change::Import(doc),
-                &policy,
-                self.memory.failed_version(&id),
-                now,
-            );
-            let Some(prepared) = self
-                .guarded(&id, decided)
-                .map_err(|err| StateError::in_batch(index, id.as_str(), err))?
-            else {
-                unreachable!("an import replaces, it never deletes");
-            };
-            // Not checked: the batch's rows were read for it; a batch
-            // refused for another write's check sends the import again.
-            changes.push(outgoing(id, prepared, admitted, None));
-        }
-        let created = changes.iter().filter(|c| c.prepared.created).count();
-        let submission = Submission {
-            changes,
-            admitted,
-            provenance: provenance.clone(),
-            writing,
-        };
-        let written = self
-            .commits
-            .commit(submission)
-            .await
-            .map_err(|err| batch_error(err, &ids))?
-            .len();
-        Ok(Imported { written, created })
+        let batched = self
+            .write_batch(changes, writing, allowed, provenance)
+            .await?;
+        Ok(Imported {
+            written: batched.sent,
+            created: batched.created,
+        })
     }
 
     /// As the authority of every id of `writes`, admits them for another
@@ -510,25 +470,24 @@ impl States {
     }
 }
 
-/// How many times a write is decided before a stale check answers 503.
-const STALE_ATTEMPTS: u32 = 3;
-
 /// Runs `attempt` again while ClickHouse refused its INSERT for the check
 /// (a state it was decided against changed meanwhile, and nothing of it
-/// landed), `STALE_ATTEMPTS` times in all, with `before_again` in between.
+/// landed), `retry::ATTEMPTS` times in all, with `before_again` in between.
 async fn decided_again<T, F: Future<Output = Result<T, StateError>>>(
-    mut attempt: impl FnMut() -> F,
+    attempt: impl FnMut() -> F,
     mut before_again: impl FnMut(),
 ) -> Result<T, StateError> {
-    for _ in 1..STALE_ATTEMPTS {
-        match attempt().await {
-            Err(StateError::Stale { .. }) => before_again(),
-            other => return other,
+    retried(attempt, |outcome| {
+        let again = matches!(outcome, Err(StateError::Stale { .. }));
+        if again {
+            before_again();
         }
-    }
-    attempt().await.map_err(|err| match err {
+        again
+    })
+    .await
+    .map_err(|err| match err {
         StateError::Stale { .. } => StateError::Stale {
-            attempts: STALE_ATTEMPTS,
+            attempts: ATTEMPTS as u32,
         },
         other => other,
     })

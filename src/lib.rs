@@ -193,7 +193,7 @@ impl App {
             ctx: AppContext {
                 states: Arc::new(States::new(
                     store.states,
-                    store.history,
+                    store.journal.clone(),
                     store.changes,
                     locks.clone(),
                     metrics.clone(),
@@ -205,7 +205,7 @@ impl App {
                 locks,
                 pools,
                 readiness: Arc::new(Readiness::new(clickhouse.clone())),
-                lease_history: store.lease_history,
+                journal: store.journal,
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use tokio::sync::OwnedMutexGuard;
 
 use super::group_commit::Submission;
-use super::prepare::{Change, Policy, prepare};
+use super::prepare::{Change, prepare};
 use super::{StateError, States, batch_error, outgoing};
 use crate::domain::{Allowed, Provenance, StateId};
 use crate::locks::Admitted;
@@ -58,12 +58,7 @@ impl States {
             .into_iter()
             .map(|row| (row.id.clone(), row))
             .collect();
-        let policy = Policy {
-            if_match: None,
-            guard: self.guard,
-            allowed,
-            history: self.history.is_some(),
-        };
+        let policy = self.policy(None, allowed);
         let now = now_ms();
         let (mut outgoing_changes, mut admitted, mut sent_ids) =
             (Vec::new(), Vec::new(), Vec::new());

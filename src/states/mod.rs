@@ -46,8 +46,7 @@ use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
 use crate::retry::{ATTEMPTS, retried};
 use crate::store::{
-    ChangesStore, HistoryStore, StateStore, StateSummary, StoreError, StoredRow, StoredState,
-    now_ms,
+    ChangesStore, Journal, StateStore, StateSummary, StoreError, StoredRow, StoredState, now_ms,
 };
 use crate::telemetry::ClientText;
 
@@ -68,8 +67,8 @@ pub struct Written {
 
 pub struct States {
     store: StateStore,
-    /// None when history is off.
-    history: Option<HistoryStore>,
+    /// Each state's versions, unless history is off.
+    journal: Journal,
     locks: Arc<LockManager>,
     /// One write of an id at a time on this gateway: its read-decide-write
     /// sees no other, and the lock stays with the change until it landed.
@@ -99,16 +98,16 @@ pub struct WriteConditions {
 impl States {
     pub fn new(
         store: StateStore,
-        history: Option<HistoryStore>,
+        journal: Journal,
         changes: ChangesStore,
         locks: Arc<LockManager>,
         metrics: Arc<Metrics>,
         guard: GuardModes,
     ) -> Self {
-        let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
+        let memory = Arc::new(Memory::new(journal.is_kept(), locks.clone()));
         let feed = Feed::new(changes.clone(), metrics.clone());
         let target = Target {
-            history: history.clone(),
+            history: journal.versions().cloned(),
             states: store.clone(),
             changes,
         };
@@ -125,7 +124,7 @@ impl States {
             feed,
             metrics,
             store,
-            history,
+            journal,
             locks,
             writers: KeyedMutex::default(),
             memory,
@@ -289,12 +288,7 @@ impl States {
             }
             _ => self.current(id, admitted.claim()).await?,
         };
-        let policy = Policy {
-            if_match: conditions.if_match.as_ref(),
-            guard: self.guard,
-            allowed: &conditions.allowed,
-            history: self.history.is_some(),
-        };
+        let policy = self.policy(conditions.if_match.as_ref(), &conditions.allowed);
         let decided = prepare(
             id,
             current.as_ref(),
@@ -336,6 +330,17 @@ impl States {
             regressed,
             lost,
         }))
+    }
+
+    /// The rules a change is decided under: the request's precondition and
+    /// the streams it allows, this gateway's guard, whether history is kept.
+    fn policy<'a>(&self, if_match: Option<&'a IfMatch>, allowed: &'a Allowed) -> Policy<'a> {
+        Policy {
+            if_match,
+            guard: self.guard,
+            allowed,
+            history: self.journal.is_kept(),
+        }
     }
 
     /// Counts and logs what the bookmark guard found in a decision.

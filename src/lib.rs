@@ -15,6 +15,7 @@ pub mod http;
 mod keyed_mutex;
 pub mod locks;
 pub mod metrics;
+mod retry;
 pub mod run_lease;
 pub mod states;
 pub mod store;
@@ -192,7 +193,7 @@ impl App {
             ctx: AppContext {
                 states: Arc::new(States::new(
                     store.states,
-                    store.history,
+                    store.journal.clone(),
                     store.changes,
                     locks.clone(),
                     metrics.clone(),
@@ -204,7 +205,7 @@ impl App {
                 locks,
                 pools,
                 readiness: Arc::new(Readiness::new(clickhouse.clone())),
-                lease_history: store.lease_history,
+                journal: store.journal,
                 clickhouse,
                 metrics,
                 body_limit: config.body_limit,

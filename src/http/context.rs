@@ -12,7 +12,7 @@ use crate::auth::live::LiveTokens;
 use crate::locks::LockManager;
 use crate::metrics::Metrics;
 use crate::states::States;
-use crate::store::{ClickHouse, LeaseHistoryStore};
+use crate::store::{ClickHouse, Journal};
 
 /// What every handler shares; cheap to clone.
 #[derive(Clone)]
@@ -21,8 +21,8 @@ pub struct AppContext {
     pub locks: Arc<LockManager>,
     /// The pools' leases: the same lock core over the pool tables.
     pub pools: Arc<LockManager>,
-    /// Each id's leases; none when history is off.
-    pub lease_history: Option<LeaseHistoryStore>,
+    /// Each id's past leases, unless history is off.
+    pub journal: Journal,
     pub clickhouse: ClickHouse,
     /// The newest readiness check, which every `/readyz` probe shares.
     pub readiness: Arc<Readiness>,

@@ -68,7 +68,7 @@ pub async fn list(
     ApiQuery(params): ApiQuery<LeaseHistoryParams>,
 ) -> Result<Response, ApiError> {
     let limit = page_limit(params.limit)?;
-    let Some(store) = &ctx.lease_history else {
+    let Some(store) = ctx.journal.leases() else {
         return Err(ApiError::HistoryOff(
             "the gateway runs with --history=false: it keeps no lease history".to_owned(),
         ));

@@ -1,9 +1,13 @@
 //! Lease-style locks, on two levels (see docs/locks.md):
 //!
 //! 1. The gateway claim, in ClickHouse ([`claim`]): before this gateway
-//!    grants the first lease on a state_id it proposes a candidate row, waits
-//!    the settle time, and holds the claim only if its candidate is the
-//!    earliest live one. The claim holder is the id's authority: other
+//!    grants the first lease on a state_id it wins the id's claim, by one of
+//!    two protocols chosen with `--coordination`. In table mode it proposes
+//!    a candidate row in the lease table, waits the settle time, and holds
+//!    the claim only if its candidate is the earliest live one. In keeper
+//!    mode the claim is the id's key in a KeeperMap table, won by one
+//!    conditional write (created, or taken over once released or lapsed),
+//!    with no settle. The claim holder is the id's authority: other
 //!    gateways forward the id's lock operations and lock-checked writes to it
 //!    ([`forward`]). Held claims are renewed in the background
 //!    ([`maintain`]), dropped when idle, and handed back at shutdown; a
@@ -18,13 +22,15 @@
 //! - One authority per state_id: a gateway grants, renews and releases leases
 //!   on an id only while it holds the claim, and stops at `valid_until`, a
 //!   tenth of the claim TTL before the claim can lapse in ClickHouse. Another
-//!   gateway wins the claim only once this one's candidate has lapsed or been
-//!   withdrawn.
+//!   gateway wins the claim only once this one's has lapsed or been given up:
+//!   its candidate row withdrawn (table mode), or its key released (keeper
+//!   mode).
 //! - No lease dead on arrival: a grant needs at least half the claim TTL of
 //!   validity left; a claim with less is renewed first. These fractions of
 //!   the TTL, and every other wait they imply, are kept in [`timing`].
 //! - Fencing tokens strictly increase per state_id: a new authority reserves
-//!   a block of tokens above every token reserved or recorded before, and the
+//!   a block of tokens above every token reserved or recorded before (in the
+//!   lease table, and in keeper mode in the id's key as well), and the
 //!   reservation is written before any token from it is handed out.
 //! - A lease lives as long as its authority's claim: a lapse (a crash, or
 //!   ClickHouse out of reach for most of the claim TTL) ends it, and the next
@@ -41,10 +47,12 @@
 //!   gateway confirms it reached its client: an answer lost on the way does
 //!   not hold the id for the whole TTL (`http::forward`).
 //! - An acquire abandoned at any await point (its client hung up) leaves the
-//!   line, clears its claim attempt and withdraws its candidate: guards in
-//!   [`slot`] and [`claim`]. A pool's grant is answered only once its row has
-//!   landed; one dropped before that is taken back ([`acquire`]). A write abandoned in flight keeps its id from
-//!   the next grant until its time budget is spent, since it may still land.
+//!   line, clears its claim attempt and withdraws the claim it was making
+//!   (its candidate row, or its key): guards in [`slot`] and [`claim`]. A
+//!   pool's grant is answered only once its row has landed; one dropped
+//!   before that is taken back ([`acquire`]). A write abandoned in flight
+//!   keeps its id from the next grant until its time budget is spent, since
+//!   it may still land.
 //! - What a waiter does next is decided by a pure function of the slot's
 //!   state and the time (`SlotState::next_step`); its effects (grants' rows,
 //!   withdrawals) are carried out by the caller, outside the slot's lock.

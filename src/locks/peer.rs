@@ -46,7 +46,7 @@ pub enum Route {
 
 /// The lease in force on a state_id that no gateway holds a claim on, as a
 /// request's routing read it: its lock check need not read it again (see
-/// `LockManager::recorded_lease`). A write's routing read brings the id's
+/// `Coordinator::recorded_lease`). A write's routing read brings the id's
 /// current row along (see `LockManager::seen_row`).
 #[derive(Clone, Debug)]
 pub struct SeenLease {

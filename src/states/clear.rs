@@ -4,18 +4,13 @@
 //! left as it is, and named. So `meltano state clear --all` never erases the
 //! bookmark of a run in progress.
 
-use std::collections::HashMap;
-
 use axum::http::HeaderValue;
 
-use super::group_commit::Submission;
-use super::prepare::{Change, Policy, prepare};
-use super::{States, batch_error, outgoing};
+use super::prepare::Change;
+use super::{StateError, States};
 use crate::domain::{Allowed, PageCursor, PageLimit, Provenance, Scope, StateId, StatePattern};
 use crate::locks::LockError;
-use crate::store::{StoredRow, now_ms};
-
-use super::StateError;
+use crate::retry::retried;
 
 /// How many matches go through the door at once: one read of their leases
 /// and rows, one ticket per authority, one DELETE.
@@ -42,11 +37,6 @@ struct Chunk {
     locked: Vec<StateId>,
 }
 
-/// How often a chunk is tried again when a lease was granted on one of its
-/// ids between its admission and its sending (its batch then goes unsent),
-/// or it shared a batch that another write's check refused (nothing landed).
-const ATTEMPTS: usize = 3;
-
 impl States {
     /// Deletes every match of `pattern` within `scope` whose lease no one
     /// holds; peers that are the authority for some admit theirs by ticket,
@@ -68,13 +58,11 @@ impl States {
                 .await?;
             let ids: Vec<StateId> = page.into_iter().map(|summary| summary.id).collect();
             cursor = ids.last().cloned().map(PageCursor::after);
-            let mut attempt = 1;
-            let chunk = loop {
-                match self.delete_chunk(&ids, provenance, authorization).await {
-                    Err(err) if attempt < ATTEMPTS && worth_another_try(&err) => attempt += 1,
-                    done => break done?,
-                }
-            };
+            let chunk = retried(
+                || self.delete_chunk(&ids, provenance, authorization),
+                |outcome| outcome.as_ref().is_err_and(worth_another_try),
+            )
+            .await?;
             cleared.deleted += chunk.deleted;
             cleared.skipped_locked += chunk.locked.len() as u64;
             let room = NAMED_LOCKED - cleared.locked.len().min(NAMED_LOCKED);
@@ -97,11 +85,7 @@ impl States {
         if ids.is_empty() {
             return Ok(chunk);
         }
-        // Listed in byte order: the order every batch takes its writers in.
-        let mut writing = Vec::with_capacity(ids.len());
-        for id in ids {
-            writing.push(self.writers.lock(id).await);
-        }
+        let writing = self.batch_writers(ids).await;
         let refs: Vec<&StateId> = ids.iter().collect();
         let admissions = self
             .locks
@@ -111,51 +95,14 @@ impl States {
         let mut free = Vec::with_capacity(ids.len());
         for (id, admitted) in ids.iter().zip(admissions) {
             match admitted {
-                Some(admitted) => free.push((id.clone(), admitted)),
+                Some(admitted) => free.push((id.clone(), Change::DeleteByPattern, admitted)),
                 None => chunk.locked.push(id.clone()),
             }
         }
-        let free_ids: Vec<StateId> = free.iter().map(|(id, _)| id.clone()).collect();
-        let current: HashMap<StateId, StoredRow> = self
-            .store
-            .get_many(&free_ids)
-            .await?
-            .into_iter()
-            .map(|row| (row.id.clone(), row))
-            .collect();
-        let allowed = Allowed::default();
-        let policy = Policy {
-            if_match: None,
-            guard: self.guard,
-            allowed: &allowed,
-            history: self.history.is_some(),
-        };
-        let now = now_ms();
-        let (mut changes, mut admitted, mut deleting) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, admission) in free {
-            let row = current.get(&id);
-            // A delete is never refused; None: gone meanwhile, nothing to do.
-            if let Some(prepared) = prepare(&id, row, Change::DeleteByPattern, &policy, None, now)?
-            {
-                changes.push(outgoing(id.clone(), prepared, &admission, None));
-                admitted.push(admission);
-                deleting.push(id);
-            }
-        }
-        chunk.deleted = changes.len() as u64;
-        if changes.is_empty() {
-            return Ok(chunk);
-        }
-        let submission = Submission {
-            changes,
-            admitted,
-            provenance: provenance.clone(),
-            writing,
-        };
-        self.commits
-            .commit(submission)
-            .await
-            .map_err(|err| batch_error(err, &deleting))?;
+        let batched = self
+            .write_batch(free, writing, &Allowed::default(), provenance)
+            .await?;
+        chunk.deleted = batched.sent as u64;
         Ok(chunk)
     }
 }

@@ -11,6 +11,7 @@
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod batch;
 mod clear;
 mod error;
 mod feed;
@@ -43,9 +44,9 @@ use crate::domain::{
 use crate::keyed_mutex::KeyedMutex;
 use crate::locks::{Admitted, LockManager, SeenLease, TicketGrant};
 use crate::metrics::Metrics;
+use crate::retry::{ATTEMPTS, retried};
 use crate::store::{
-    ChangesStore, HistoryStore, StateStore, StateSummary, StoreError, StoredRow, StoredState,
-    now_ms,
+    ChangesStore, Journal, StateStore, StateSummary, StoreError, StoredRow, StoredState, now_ms,
 };
 use crate::telemetry::ClientText;
 
@@ -66,8 +67,8 @@ pub struct Written {
 
 pub struct States {
     store: StateStore,
-    /// None when history is off.
-    history: Option<HistoryStore>,
+    /// Each state's versions, unless history is off.
+    journal: Journal,
     locks: Arc<LockManager>,
     /// One write of an id at a time on this gateway: its read-decide-write
     /// sees no other, and the lock stays with the change until it landed.
@@ -97,16 +98,16 @@ pub struct WriteConditions {
 impl States {
     pub fn new(
         store: StateStore,
-        history: Option<HistoryStore>,
+        journal: Journal,
         changes: ChangesStore,
         locks: Arc<LockManager>,
         metrics: Arc<Metrics>,
         guard: GuardModes,
     ) -> Self {
-        let memory = Arc::new(Memory::new(history.is_some(), locks.clone()));
+        let memory = Arc::new(Memory::new(journal.is_kept(), locks.clone()));
         let feed = Feed::new(changes.clone(), metrics.clone());
         let target = Target {
-            history: history.clone(),
+            history: journal.versions().cloned(),
             states: store.clone(),
             changes,
         };
@@ -123,7 +124,7 @@ impl States {
             feed,
             metrics,
             store,
-            history,
+            journal,
             locks,
             writers: KeyedMutex::default(),
             memory,
@@ -287,12 +288,7 @@ impl States {
             }
             _ => self.current(id, admitted.claim()).await?,
         };
-        let policy = Policy {
-            if_match: conditions.if_match.as_ref(),
-            guard: self.guard,
-            allowed: &conditions.allowed,
-            history: self.history.is_some(),
-        };
+        let policy = self.policy(conditions.if_match.as_ref(), &conditions.allowed);
         let decided = prepare(
             id,
             current.as_ref(),
@@ -334,6 +330,17 @@ impl States {
             regressed,
             lost,
         }))
+    }
+
+    /// The rules a change is decided under: the request's precondition and
+    /// the streams it allows, this gateway's guard, whether history is kept.
+    fn policy<'a>(&self, if_match: Option<&'a IfMatch>, allowed: &'a Allowed) -> Policy<'a> {
+        Policy {
+            if_match,
+            guard: self.guard,
+            allowed,
+            history: self.journal.is_kept(),
+        }
     }
 
     /// Counts and logs what the bookmark guard found in a decision.
@@ -421,13 +428,7 @@ impl States {
             }
         }
         let ids: Vec<StateId> = entries.iter().map(|(id, _, _)| id.clone()).collect();
-        let mut sorted = ids.clone();
-        sorted.sort();
-        // In one order for every batch, so two batches never wait on each other.
-        let mut writing = Vec::with_capacity(sorted.len());
-        for id in &sorted {
-            writing.push(self.writers.lock(id).await);
-        }
+        let writing = self.batch_writers(&ids).await;
         let checks: Vec<(&StateId, Option<Uuid>)> =
             entries.iter().map(|(id, _, lease)| (id, *lease)).collect();
         let admitted = self
@@ -437,54 +438,18 @@ impl States {
             .map_err(|(index, err)| {
                 StateError::in_batch(index, entries[index].0.as_str(), err.into())
             })?;
-        let current: HashMap<StateId, StoredRow> = self
-            .store
-            .get_many(&sorted)
-            .await?
+        let changes = entries
             .into_iter()
-            .map(|row| (row.id.clone(), row))
+            .zip(admitted)
+            .map(|((id, doc, _), admitted)| (id, Change::Import(doc), admitted))
             .collect();
-        let policy = Policy {
-            if_match: None,
-            guard: self.guard,
-            allowed,
-            history: self.history.is_some(),
-        };
-        let now = now_ms();
-        let mut changes = Vec::with_capacity(entries.len());
-        for (index, ((id, doc, _), admitted)) in entries.into_iter().zip(&admitted).enumerate() {
-            let decided = prepare(
-                &id,
-                current.get(&id),
-                Change::Import(doc),
-                &policy,
-                self.memory.failed_version(&id),
-                now,
-            );
-            let Some(prepared) = self
-                .guarded(&id, decided)
-                .map_err(|err| StateError::in_batch(index, id.as_str(), err))?
-            else {
-                unreachable!("an import replaces, it never deletes");
-            };
-            // Not checked: the batch's rows were read for it; a batch
-            // refused for another write's check sends the import again.
-            changes.push(outgoing(id, prepared, admitted, None));
-        }
-        let created = changes.iter().filter(|c| c.prepared.created).count();
-        let submission = Submission {
-            changes,
-            admitted,
-            provenance: provenance.clone(),
-            writing,
-        };
-        let written = self
-            .commits
-            .commit(submission)
-            .await
-            .map_err(|err| batch_error(err, &ids))?
-            .len();
-        Ok(Imported { written, created })
+        let batched = self
+            .write_batch(changes, writing, allowed, provenance)
+            .await?;
+        Ok(Imported {
+            written: batched.sent,
+            created: batched.created,
+        })
     }
 
     /// As the authority of every id of `writes`, admits them for another
@@ -510,25 +475,24 @@ impl States {
     }
 }
 
-/// How many times a write is decided before a stale check answers 503.
-const STALE_ATTEMPTS: u32 = 3;
-
 /// Runs `attempt` again while ClickHouse refused its INSERT for the check
 /// (a state it was decided against changed meanwhile, and nothing of it
-/// landed), `STALE_ATTEMPTS` times in all, with `before_again` in between.
+/// landed), `retry::ATTEMPTS` times in all, with `before_again` in between.
 async fn decided_again<T, F: Future<Output = Result<T, StateError>>>(
-    mut attempt: impl FnMut() -> F,
+    attempt: impl FnMut() -> F,
     mut before_again: impl FnMut(),
 ) -> Result<T, StateError> {
-    for _ in 1..STALE_ATTEMPTS {
-        match attempt().await {
-            Err(StateError::Stale { .. }) => before_again(),
-            other => return other,
+    retried(attempt, |outcome| {
+        let again = matches!(outcome, Err(StateError::Stale { .. }));
+        if again {
+            before_again();
         }
-    }
-    attempt().await.map_err(|err| match err {
+        again
+    })
+    .await
+    .map_err(|err| match err {
         StateError::Stale { .. } => StateError::Stale {
-            attempts: STALE_ATTEMPTS,
+            attempts: ATTEMPTS as u32,
         },
         other => other,
     })

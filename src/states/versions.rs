@@ -26,7 +26,7 @@ pub struct ListedVersion {
 
 impl States {
     pub(super) fn history(&self) -> Result<&HistoryStore, StateError> {
-        self.history.as_ref().ok_or(StateError::HistoryOff)
+        self.journal.versions().ok_or(StateError::HistoryOff)
     }
 
     /// Versions of `id`, newest first, each marked whether it is current,
@@ -72,10 +72,7 @@ impl States {
         &self,
         states: &[(&StateId, Version)],
     ) -> Result<Vec<LastChange>, StoreError> {
-        match &self.history {
-            Some(history) => history.last_changes_regressed(states).await,
-            None => Ok(Vec::new()),
-        }
+        self.journal.last_changes_regressed(states).await
     }
 
     /// One version of `id` with its document, and whether it is current.

@@ -12,6 +12,7 @@ mod error;
 mod gateways_table;
 mod history_table;
 mod http_client;
+mod journal;
 mod keeper_claims;
 mod lease_history;
 mod lease_rows;
@@ -34,6 +35,7 @@ pub use history_table::{
     History, HistoryStore, LastChange, NewVersion, Operation, RegressedVersion, StoredVersion,
     VersionMeta,
 };
+pub use journal::Journal;
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, LeaseRows, StoredLease};
@@ -81,9 +83,8 @@ pub struct Store {
     /// The pools' leases: the lock tables over again, one row per lease.
     pub pool_leases: LeaseStore,
     pub pool_claims: KeeperClaimStore,
-    pub history: Option<HistoryStore>,
-    /// Each id's leases, kept as long as `history` keeps versions; none when history is off.
-    pub lease_history: Option<LeaseHistoryStore>,
+    /// Each state's versions and each id's leases, unless history is off.
+    pub journal: Journal,
     pub gateways: GatewayStore,
     pub claims: KeeperClaimStore,
     /// Every change, in insert order, for the change feed.
@@ -109,16 +110,7 @@ impl Store {
         ch.sequential_reads = layout.cluster.is_some();
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
         let claims_table = companion(table, "claims");
-        let lease_history = match history {
-            History::Off => None,
-            History::Kept(retention) => Some(LeaseHistoryStore::new(
-                ch.clone(),
-                qualified(&companion(table, "lease_history")),
-                qualified(&companion(table, "lease_history_writes")),
-                qualified(&companion(table, "lease")),
-                retention,
-            )),
-        };
+        let journal = Journal::new(&ch, history, table, qualified);
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str())),
             leases: LeaseStore::new(
@@ -143,17 +135,6 @@ impl Store {
                 qualified(&claims_table),
                 keeper_claims::keeper_path(schema.as_str(), &claims_table),
             ),
-            history: match history {
-                History::Off => None,
-                History::Kept(retention) => Some(HistoryStore::new(
-                    ch.clone(),
-                    qualified(&companion(table, "history")),
-                    qualified(&companion(table, "history_writes")),
-                    qualified(table.as_str()),
-                    retention,
-                )),
-            },
-            lease_history,
             changes: ChangesStore::new(
                 ch.clone(),
                 ChangesTables {
@@ -161,13 +142,13 @@ impl Store {
                     writes_view: qualified(&companion(table, "changes_writes")),
                     deletes_view: qualified(&companion(table, "changes_deletes")),
                     state_table: qualified(table.as_str()),
-                    history_table: match history {
-                        History::Off => None,
-                        History::Kept(_) => Some(qualified(&companion(table, "history"))),
-                    },
+                    history_table: journal
+                        .is_kept()
+                        .then(|| qualified(&companion(table, "history"))),
                 },
                 layout.watch_retention,
             ),
+            journal,
             clickhouse: ch,
             schema,
             table: table.clone(),
@@ -239,19 +220,14 @@ impl Store {
         if engine_of(&pool_lease_table).is_none() {
             self.pool_leases.ensure_table(&placement).await?;
         }
-        if let Some(history) = &self.history {
-            match engine_of(&history_table) {
-                None => history.ensure_table(&placement).await?,
-                Some(engine) => {
-                    history.ensure_retention(engine, &placement).await?;
-                    let columns = ch.columns(self.schema.as_str(), &history_table).await?;
-                    history.upgrade_table(&columns, &placement).await?;
-                }
-            }
-            if engine_of(&history_view).is_none() {
-                history.ensure_view(&placement).await?;
-            }
-        }
+        self.journal
+            .ensure(
+                ch,
+                (self.schema.as_str(), &self.table),
+                &present,
+                &placement,
+            )
+            .await?;
         if engine_of(&gateways_table).is_none() {
             self.gateways.ensure_table(&placement).await?;
         }
@@ -263,15 +239,6 @@ impl Store {
                 &placement,
             )
             .await?;
-        if let Some(lease_history) = &self.lease_history {
-            lease_history
-                .ensure(
-                    engine_of(&lease_history_table),
-                    engine_of(&lease_history_view).is_some(),
-                    &placement,
-                )
-                .await?;
-        }
         Ok(())
     }
 

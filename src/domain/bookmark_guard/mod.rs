@@ -20,6 +20,7 @@ use std::cmp::Ordering;
 
 use serde::Serialize;
 
+use super::json::Text;
 use super::{Json, JsonObject, StateDocument};
 
 pub use order::compare_values;
@@ -215,21 +216,21 @@ impl Findings {
         };
         if was.get("replication_key").is_some()
             && now.get("replication_key") == was.get("replication_key")
-            && compare_values(from, to) == Some(Ordering::Greater)
+            && compare_values(from.get(), to.get()) == Some(Ordering::Greater)
         {
             self.regressions.push(Regression {
                 stream: stream.to_owned(),
-                from: raw(from),
-                to: raw(to),
+                from: from.to_raw(),
+                to: to.to_raw(),
                 context: context.cloned(),
             });
         }
     }
 
-    fn lost(&mut self, stream: &str, from: &str, context: Option<&Json>) {
+    fn lost(&mut self, stream: &str, from: &Text, context: Option<&Json>) {
         self.losses.push(Loss {
             stream: stream.to_owned(),
-            from: raw(from),
+            from: from.to_raw(),
             context: context.cloned(),
         });
     }
@@ -259,9 +260,9 @@ fn partitions(bookmark: &JsonObject) -> Option<Vec<Json>> {
 }
 
 /// A bookmark's `replication_key_value` as written; a null one is none.
-fn value(bookmark: &JsonObject) -> Option<&str> {
+fn value(bookmark: &JsonObject) -> Option<&Text> {
     match bookmark.get("replication_key_value")? {
-        Json::Raw(text) if text.get() != "null" => Some(text.get()),
+        Json::Raw(text) if text.get() != "null" => Some(text),
         _ => None,
     }
 }
@@ -273,8 +274,4 @@ fn has_bookmark(bookmark: &JsonObject) -> bool {
             all.iter()
                 .any(|p| matches!(p, Json::Object(p) if value(p).is_some()))
         })
-}
-
-fn raw(text: &str) -> Raw {
-    serde_json::value::RawValue::from_string(text.to_owned()).expect("a stored value is valid JSON")
 }

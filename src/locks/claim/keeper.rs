@@ -17,6 +17,7 @@
 //! gateway takes a leftover of its own over at once.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use uuid::Uuid;
@@ -28,11 +29,18 @@ use crate::domain::{Lease, StateId};
 use crate::locks::peer::Peer;
 use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock, WonClaim};
 use crate::metrics::LockEvent;
+use crate::retry::{ATTEMPTS, retried};
 use crate::store::{Candidate, KeeperClaim, KeeperClaimStore, NewClaim, Outcome, StoreError};
 
-/// How many times a conditional write that raced another is tried again
-/// before the attempt gives up for now.
-const RACES: usize = 3;
+/// What one attempt to reserve a block of tokens in a key found.
+enum Reserved {
+    Block(TokenBlock),
+    /// The mark was not where the attempt expected: the next goes on above
+    /// this one.
+    Again(u64),
+    /// The claim is not this gateway's any more.
+    Lost,
+}
 
 /// The claim protocol of KeeperMap keys.
 pub(super) struct KeeperClaims {
@@ -171,8 +179,10 @@ impl KeeperClaims {
                 // write: read again and decide again.
                 Outcome::Refused | Outcome::Raced => {
                     making.settle();
+                    // Races beyond the retry rule's attempts are paced by
+                    // the poll, as a wait for a held key is.
                     raced += 1;
-                    if raced >= RACES {
+                    if raced >= ATTEMPTS {
                         let Some(poll) = claimant.next_poll(deadline) else {
                             return Ok(claimant.lost());
                         };
@@ -190,51 +200,68 @@ impl KeeperClaims {
         claim_id: Uuid,
         first: u64,
     ) -> Result<Option<TokenBlock>, StoreError> {
-        let mut seen = first.saturating_sub(1);
-        for _ in 0..RACES {
-            let last = seen + TOKENS_PER_BLOCK;
-            let (reserved, in_table) = tokio::join!(
-                self.store.reserve_tokens(id, claim_id, seen, last),
-                self.claimant.leases.reserve_tokens(id, last)
-            );
-            in_table?;
-            match reserved? {
-                Outcome::Done => {
-                    return Ok(Some(TokenBlock {
-                        next: seen + 1,
-                        last,
-                    }));
+        // Shared by the attempts and the rule that readies the next; atomic
+        // so that the claim's future may move between threads.
+        let seen = AtomicU64::new(first.saturating_sub(1));
+        let reserved = retried(
+            || self.reserve_above(id, claim_id, seen.load(Ordering::Relaxed)),
+            |outcome| match outcome {
+                Ok(Reserved::Again(mark)) => {
+                    seen.store(*mark, Ordering::Relaxed);
+                    true
                 }
-                Outcome::Raced => {}
-                // The mark is not where this gateway left it: an earlier
-                // reservation landed after its request gave up. Go on above
-                // it while the claim is still ours.
-                Outcome::Refused => {
-                    let read = self.store.read(id).await?;
-                    match read.claim.filter(|key| key.holder_claim_id() == claim_id) {
-                        Some(key) => seen = key.last_token,
-                        None => return Ok(None),
-                    }
+                _ => false,
+            },
+        )
+        .await?;
+        Ok(match reserved {
+            Reserved::Block(block) => Some(block),
+            Reserved::Again(_) | Reserved::Lost => None,
+        })
+    }
+
+    /// One attempt of [`KeeperClaims::reserve`]: the block above `seen`, if
+    /// the key's mark is still there.
+    async fn reserve_above(
+        &self,
+        id: &StateId,
+        claim_id: Uuid,
+        seen: u64,
+    ) -> Result<Reserved, StoreError> {
+        let last = seen + TOKENS_PER_BLOCK;
+        let (reserved, in_table) = tokio::join!(
+            self.store.reserve_tokens(id, claim_id, seen, last),
+            self.claimant.leases.reserve_tokens(id, last)
+        );
+        in_table?;
+        Ok(match reserved? {
+            Outcome::Done => Reserved::Block(TokenBlock {
+                next: seen + 1,
+                last,
+            }),
+            Outcome::Raced => Reserved::Again(seen),
+            // The mark is not where this gateway left it: an earlier
+            // reservation landed after its request gave up. Go on above it
+            // while the claim is still ours.
+            Outcome::Refused => {
+                let read = self.store.read(id).await?;
+                match read.claim.filter(|key| key.holder_claim_id() == claim_id) {
+                    Some(key) => Reserved::Again(key.last_token),
+                    None => Reserved::Lost,
                 }
             }
-        }
-        Ok(None)
+        })
     }
 
     /// Renews each held claim in its key; answers those found lost.
     async fn renew(&self, held: &[(StateId, Uuid)]) -> Result<Vec<Uuid>, StoreError> {
         let mut lost = Vec::new();
         for (id, claim_id) in held {
-            let mut outcome = Outcome::Raced;
-            for _ in 0..RACES {
-                outcome = self
-                    .store
-                    .renew(id, *claim_id, self.claimant.timing.ttl())
-                    .await?;
-                if outcome != Outcome::Raced {
-                    break;
-                }
-            }
+            let outcome = retried(
+                || self.store.renew(id, *claim_id, self.claimant.timing.ttl()),
+                |outcome| matches!(outcome, Ok(Outcome::Raced)),
+            )
+            .await?;
             if outcome != Outcome::Done {
                 lost.push(*claim_id);
             }

@@ -32,11 +32,16 @@
 //!   a block of tokens above every token reserved or recorded before (in the
 //!   lease table, and in keeper mode in the id's key as well), and the
 //!   reservation is written before any token from it is handed out.
-//! - A lease lives as long as its authority's claim: a lapse (a crash, or
-//!   ClickHouse out of reach for most of the claim TTL) ends it, and the next
-//!   authority does not adopt it. A gateway that shuts down hands its leases
-//!   on (their rows marked handed over, written before its claims are
-//!   withdrawn) and the next authority adopts them.
+//! - A lease lives as long as its authority's claim: a lapse (a crash, a
+//!   freeze, or ClickHouse out of reach for most of the claim TTL) ends it
+//!   for writes, and the next authority does not adopt it, but its recorded
+//!   place is kept until it would have expired (`claim::claimant::place_end`).
+//!   A gateway that shuts down hands its leases on (their rows marked handed
+//!   over, written before its claims are withdrawn) and the next authority
+//!   adopts them.
+//! - A peer that answers nothing is treated as a dead one: a forward to it
+//!   fails once its claim has lapsed and it answers no probe, and every
+//!   client request is answered within its wait and 5 s ([`forward`]).
 //! - A lease's end waits for its admitted writes: a write is checked again
 //!   as it goes out, and refused (409) if its lease ended meanwhile; one
 //!   that went out in time keeps the next grant here, and the hand-over of

@@ -23,6 +23,7 @@ pub mod telemetry;
 pub mod tls;
 pub mod traces;
 pub mod waiter;
+mod worker;
 
 pub use http::AppContext;
 

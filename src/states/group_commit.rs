@@ -40,7 +40,7 @@
 //! block: all of it, or none. An import is never split.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedMutexGuard, oneshot};
@@ -59,6 +59,7 @@ use crate::store::{
     StoredState,
 };
 use crate::traces::{self, Caller};
+use crate::worker::{Running, Worker};
 
 /// The most rows one INSERT carries.
 const MAX_ROWS: usize = 1000;
@@ -162,17 +163,11 @@ pub(super) struct GroupCommit {
     metrics: Arc<Metrics>,
     /// Told of every id a batch wrote, or may have written.
     watches: Watches,
-    /// Submissions waiting for the next INSERT, and whether a task is
-    /// sending; held only to push or take, never across an `.await`.
-    queue: Mutex<Queue>,
+    /// Submissions waiting for the next INSERT, and the task sending them
+    /// while any wait.
+    queue: Worker<VecDeque<Entry>>,
     /// Told of every submission, for the sending task's `gather`.
     arrived: Notify,
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<Entry>,
-    sending: bool,
 }
 
 impl GroupCommit {
@@ -187,45 +182,36 @@ impl GroupCommit {
             memory,
             metrics,
             watches,
-            queue: Mutex::default(),
+            queue: Worker::new(VecDeque::new()),
             arrived: Notify::new(),
         }
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands `submission` over and waits for the batch that carries it;
     /// answers the states written, in the order of its changes.
     pub async fn commit(self: &Arc<Self>, submission: Submission) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let start = {
-            let mut queue = self.queue();
-            queue.waiting.push_back(Entry {
-                submission,
-                answer,
-                caller: Caller::current(),
-            });
-            !std::mem::replace(&mut queue.sending, true)
+        let entry = Entry {
+            submission,
+            answer,
+            caller: Caller::current(),
         };
-        if start {
-            tokio::spawn(self.clone().send_all());
-        } else {
+        let ((), started) = self.queue.add(
+            |waiting| waiting.push_back(entry),
+            |running| self.clone().send_all(running),
+        );
+        if !started {
             self.arrived.notify_waiters();
         }
-        // An error here: the task was stopped with the runtime (a shutdown).
+        // An error here: the task was stopped with the runtime (a shutdown)
+        // or died holding the batch.
         answered
             .await
             .unwrap_or_else(|_| Err(CommitError::Store(Arc::new(StoreError::Abandoned))))
     }
 
     /// Sends batches until none is waiting.
-    async fn send_all(self: Arc<Self>) {
-        let mut stopped = Stopped {
-            commits: &self,
-            armed: true,
-        };
+    async fn send_all(self: Arc<Self>, mut running: Running<VecDeque<Entry>>) {
         // The requests of the batch before, and how long its INSERT took.
         let mut before: Option<(usize, Duration)> = None;
         loop {
@@ -233,16 +219,10 @@ impl GroupCommit {
                 self.gather(requests, Instant::now() + (took / 4).min(GATHER_AT_MOST))
                     .await;
             }
-            let batch = {
-                let mut queue = self.queue();
-                if queue.waiting.is_empty() {
-                    // Under the same lock as the look: a submission after it
-                    // finds no task and starts one.
-                    queue.sending = false;
-                    stopped.armed = false;
-                    return;
-                }
-                take_batch(&mut queue.waiting)
+            let Some(batch) =
+                running.next(|waiting| (!waiting.is_empty()).then(|| take_batch(waiting)))
+            else {
+                return;
             };
             let (requests, started) = (batch.len(), Instant::now());
             self.send(batch).await;
@@ -257,7 +237,7 @@ impl GroupCommit {
             tokio::pin!(arrived);
             // Registered before the look: a submission after it wakes us.
             arrived.as_mut().enable();
-            if self.queue().waiting.len() >= requests {
+            if self.queue.lock().len() >= requests {
                 return;
             }
             if tokio::time::timeout_at(deadline, arrived).await.is_err() {
@@ -431,22 +411,6 @@ impl GroupCommit {
     }
 }
 
-/// Marks the sending task gone when it is stopped midway (a shutdown, a
-/// panic), so that the next submission starts another rather than waiting
-/// for one that will not come.
-struct Stopped<'a> {
-    commits: &'a GroupCommit,
-    armed: bool,
-}
-
-impl Drop for Stopped<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.commits.queue().sending = false;
-        }
-    }
-}
-
 /// The next batch: submissions first come, first served, up to the limits,
 /// and at least one whatever its size.
 fn take_batch(waiting: &mut VecDeque<Entry>) -> Vec<Entry> {
@@ -462,4 +426,59 @@ fn take_batch(waiting: &mut VecDeque<Entry>) -> Vec<Entry> {
         batch.extend(waiting.pop_front());
     }
     batch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::feed::Feed;
+    use super::super::feed::tests::{counted, nowhere, surely};
+    use super::*;
+    use crate::locks::LockManager;
+
+    /// A submission of no change: its batch sends no statement, and with no
+    /// admission it has no budget, so it is answered as timed out at once.
+    fn nothing() -> Submission {
+        Submission {
+            changes: Vec::new(),
+            admitted: Vec::new(),
+            provenance: Provenance::default(),
+            writing: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sending_task_that_dies_is_replaced_for_the_next_submission() {
+        let metrics = Arc::new(Metrics::default());
+        let (config, store) = nowhere(&metrics);
+        let locks = LockManager::new(
+            config.locks,
+            config.query_timeout,
+            store.leases,
+            store.claims,
+            metrics.clone(),
+        );
+        let feed = Feed::new(store.changes.clone(), metrics.clone());
+        let watches = Watches::new(store.states.clone(), metrics.clone(), feed);
+        let target = Target {
+            history: None,
+            states: store.states,
+            changes: store.changes,
+        };
+        let memory = Arc::new(Memory::new(false, Arc::new(locks)));
+        let commits = Arc::new(GroupCommit::new(target, memory, metrics.clone(), watches));
+        let batches = || counted(&metrics, "statehouse_write_batch_rows_count");
+        commits.queue.fail_next_task();
+        let died = commits.commit(nothing()).await;
+        assert!(
+            matches!(&died, Err(CommitError::Store(err)) if matches!(**err, StoreError::Abandoned)),
+            "its task died holding it"
+        );
+        assert_eq!(batches(), 0);
+        let served = surely("served", commits.commit(nothing())).await;
+        assert!(
+            matches!(&served, Err(CommitError::Store(err)) if matches!(**err, StoreError::Timeout(_))),
+            "answered by its batch"
+        );
+        assert_eq!(batches(), 1, "sent by a fresh task");
+    }
 }

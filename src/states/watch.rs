@@ -15,11 +15,12 @@
 //! it changed.
 //!
 //! As in mini-redis's `db.rs`, the handle ([`Watches`]), the state it
-//! shares ([`Shared`], its registry under a std mutex never held across an
-//! `.await`) and the background task ([`poll`]) are kept apart.
+//! shares ([`Shared`], its registry in a [`Worker`], under a std mutex never
+//! held across an `.await`) and the background task ([`poll`]) are kept
+//! apart. Waiters are woken after the registry's lock is released.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio::sync::{Notify, watch};
 
@@ -27,6 +28,7 @@ use super::feed::{Feed, POLL_EVERY};
 use crate::domain::StateId;
 use crate::metrics::Metrics;
 use crate::store::StateStore;
+use crate::worker::{Running, Worker};
 
 /// The most bytes of ids one poll statement names: the ids travel in the
 /// URL, and ClickHouse refuses one longer than `http_max_uri_size` (1 MiB by
@@ -46,8 +48,8 @@ pub struct Watches {
 
 /// What the handle, the waiters' guards and the poller share.
 struct Shared {
-    /// Who waits on what; never held across an `.await`.
-    registry: Mutex<Registry>,
+    /// Who waits on what, and the poller that runs while anyone does.
+    registry: Worker<Registry>,
     /// Where the poller reads versions.
     store: StateStore,
     /// Turns true once, when the gateway stops: every waiter answers then.
@@ -66,8 +68,6 @@ struct Registry {
     ids: HashMap<StateId, Vec<Waiter>>,
     /// The key of the next waiter, unique for the gateway's life.
     next_key: u64,
-    /// Whether a poller task runs; it stops when no one waits.
-    polling: bool,
 }
 
 /// One waiting request.
@@ -83,9 +83,8 @@ struct Waiter {
 }
 
 impl Registry {
-    /// Adds a waiter on `id`; answers its key and wake, and whether a poller
-    /// must be started (none runs).
-    fn add(&mut self, id: &StateId) -> (u64, Arc<Notify>, bool) {
+    /// Adds a waiter on `id`; answers its key and wake.
+    fn add(&mut self, id: &StateId) -> (u64, Arc<Notify>) {
         let key = self.next_key;
         self.next_key += 1;
         let wake = Arc::new(Notify::new());
@@ -94,8 +93,7 @@ impl Registry {
             known: None,
             wake: wake.clone(),
         });
-        let start = !std::mem::replace(&mut self.polling, true);
-        (key, wake, start)
+        (key, wake)
     }
 
     fn remove(&mut self, id: &StateId, key: u64) {
@@ -117,19 +115,19 @@ impl Registry {
         }
     }
 
-    /// Wakes every waiter of `id` (a change through this gateway).
-    fn wake_all(&self, id: &StateId) {
-        for waiter in self.ids.get(id).into_iter().flatten() {
-            waiter.wake.notify_one();
-        }
+    /// Every waiter of `id`, to wake (a change through this gateway).
+    fn waiters_of<'a>(&'a self, id: &StateId) -> impl Iterator<Item = Arc<Notify>> + 'a {
+        self.ids
+            .get(id)
+            .into_iter()
+            .flatten()
+            .map(|waiter| waiter.wake.clone())
     }
 
     /// The ids to read: those with a waiter that knows what it read. None
-    /// when no one waits at all: the poller stops, under the same lock as
-    /// the look, so a waiter added after it starts another.
-    fn ids_to_poll(&mut self) -> Option<Vec<StateId>> {
+    /// when no one waits at all: the poller stops.
+    fn ids_to_poll(&self) -> Option<Vec<StateId>> {
         if self.ids.is_empty() {
-            self.polling = false;
             return None;
         }
         let ids = self
@@ -142,35 +140,47 @@ impl Registry {
     }
 
     /// What the poller read of `polled` (`found`: the versions of those that
-    /// exist): wakes each waiter whose known version is not the current one.
-    /// Answers how many it woke.
-    fn observed(&self, polled: &[StateId], found: &HashMap<StateId, i64>) -> usize {
+    /// exist): the waiters to wake, each whose known version is not the
+    /// current one.
+    fn observed(&self, polled: &[StateId], found: &HashMap<StateId, i64>) -> Vec<Arc<Notify>> {
         polled
             .iter()
-            .map(|id| self.moved(id, found.get(id).copied()))
-            .sum()
+            .flat_map(|id| self.moved(id, found.get(id).copied()))
+            .collect()
     }
 
     /// What the feed's poller read (`seen`: the ids changed lately, each
-    /// with its version, None when gone): wakes each waiter of one of them
-    /// whose known version is not that one; an id not seen has not moved.
-    fn observed_changes(&self, polled: &[StateId], seen: &HashMap<StateId, Option<i64>>) -> usize {
+    /// with its version, None when gone): the waiters to wake, each of one
+    /// of them whose known version is not that one; an id not seen has not
+    /// moved.
+    fn observed_changes(
+        &self,
+        polled: &[StateId],
+        seen: &HashMap<StateId, Option<i64>>,
+    ) -> Vec<Arc<Notify>> {
         polled
             .iter()
             .filter_map(|id| Some(self.moved(id, *seen.get(id)?)))
-            .sum()
+            .flatten()
+            .collect()
     }
 
-    /// Wakes the waiters of `id` that read another version than `current`.
-    fn moved(&self, id: &StateId, current: Known) -> usize {
-        let mut woken = 0;
-        for waiter in self.ids.get(id).into_iter().flatten() {
-            if waiter.known.is_some_and(|known| known != current) {
-                waiter.wake.notify_one();
-                woken += 1;
-            }
-        }
-        woken
+    /// The waiters of `id` that read another version than `current`.
+    fn moved<'a>(&'a self, id: &StateId, current: Known) -> impl Iterator<Item = Arc<Notify>> + 'a {
+        self.ids
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter(move |waiter| waiter.known.is_some_and(|known| known != current))
+            .map(|waiter| waiter.wake.clone())
+    }
+}
+
+/// Wakes `waiters`, once the registry's lock is released: a woken waiter
+/// that runs at once on another thread does not find it held.
+fn wake(waiters: impl IntoIterator<Item = Arc<Notify>>) {
+    for waiter in waiters {
+        waiter.notify_one();
     }
 }
 
@@ -178,7 +188,7 @@ impl Watches {
     pub fn new(store: StateStore, metrics: Arc<Metrics>, feed: Feed) -> Self {
         Self {
             shared: Arc::new(Shared {
-                registry: Mutex::default(),
+                registry: Worker::new(Registry::default()),
                 store,
                 metrics,
                 feed,
@@ -190,11 +200,11 @@ impl Watches {
     /// Starts waiting on `id`: from now on, no change of it is missed. Read
     /// the state after this, then tell the guard what was read.
     pub fn watch(&self, id: &StateId) -> Watching {
-        let (key, wake, start) = self.shared.registry().add(id);
+        let ((key, wake), _) = self.shared.registry.add(
+            |registry| registry.add(id),
+            |running| poll(self.shared.clone(), running),
+        );
         self.shared.metrics.long_polls(1);
-        if start {
-            tokio::spawn(poll(self.shared.clone()));
-        }
         Watching {
             shared: self.shared.clone(),
             id: id.clone(),
@@ -209,13 +219,16 @@ impl Watches {
     /// reads at once.
     pub fn changed<'a>(&self, ids: impl IntoIterator<Item = &'a StateId>) {
         self.shared.feed.poke();
-        let registry = self.shared.registry();
-        if registry.ids.is_empty() {
-            return;
-        }
-        for id in ids {
-            registry.wake_all(id);
-        }
+        let waiters: Vec<Arc<Notify>> = {
+            let registry = self.shared.registry.lock();
+            if registry.ids.is_empty() {
+                return;
+            }
+            ids.into_iter()
+                .flat_map(|id| registry.waiters_of(id))
+                .collect()
+        };
+        wake(waiters);
     }
 
     /// The gateway stops: every waiter answers now, and so does every one
@@ -223,12 +236,6 @@ impl Watches {
     pub fn close(&self) {
         self.shared.closed.send_replace(true);
         self.shared.feed.close();
-    }
-}
-
-impl Shared {
-    fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -255,7 +262,10 @@ pub enum WaitEnd {
 impl Watching {
     /// What the waiter read of its id, for the poller to compare with.
     pub fn read(&self, known: Known) {
-        self.shared.registry().set_known(&self.id, self.key, known);
+        self.shared
+            .registry
+            .lock()
+            .set_known(&self.id, self.key, known);
     }
 
     /// Until the id may have changed or the gateway stops. The caller bounds
@@ -278,7 +288,7 @@ impl Watching {
 
 impl Drop for Watching {
     fn drop(&mut self) {
-        self.shared.registry().remove(&self.id, self.key);
+        self.shared.registry.lock().remove(&self.id, self.key);
         self.shared.metrics.long_polls(-1);
     }
 }
@@ -288,7 +298,7 @@ impl Drop for Watching {
 /// every change, wake the waiters instead, so the two cost one statement. A
 /// failed read is logged and tried again at the next tick: the waiters keep
 /// waiting until their deadlines.
-async fn poll(shared: Arc<Shared>) {
+async fn poll(shared: Arc<Shared>, mut running: Running<Registry>) {
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut feed = shared.feed.reads();
@@ -299,21 +309,23 @@ async fn poll(shared: Arc<Shared>) {
             _ = tick.tick() => {}
             () = feed.changed() => {}
         }
-        let Some(ids) = shared.registry().ids_to_poll() else {
+        let Some(ids) = running.next(|registry| registry.ids_to_poll()) else {
             return;
         };
         if ids.is_empty() {
             continue;
         }
         if let Some(seen) = feed.versions() {
-            shared.registry().observed_changes(&ids, &seen);
+            let moved = shared.registry.lock().observed_changes(&ids, &seen);
+            wake(moved);
             continue;
         }
         for ids in statements(&ids) {
             match shared.store.versions(ids).await {
                 Ok(found) => {
                     let found: HashMap<StateId, i64> = found.into_iter().collect();
-                    shared.registry().observed(ids, &found);
+                    let moved = shared.registry.lock().observed(ids, &found);
+                    wake(moved);
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, ids = ids.len(), "watch: reading the versions of watched states failed; trying again");
@@ -344,6 +356,7 @@ fn statements(ids: &[StateId]) -> Vec<&[StateId]> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::feed::tests::{nowhere, sent, statements_sent, stopped};
     use super::*;
 
     fn id(name: &str) -> StateId {
@@ -361,12 +374,11 @@ mod tests {
     }
 
     #[test]
-    fn the_first_waiter_starts_the_poller_and_it_stops_when_none_is_left() {
+    fn the_poller_has_work_while_anyone_waits() {
         let mut registry = Registry::default();
-        let (a, _, start) = registry.add(&id("a"));
-        assert!(start);
-        let (b, _, start) = registry.add(&id("a"));
-        assert!(!start, "one poller per gateway");
+        assert_eq!(registry.ids_to_poll(), None);
+        let (a, _) = registry.add(&id("a"));
+        let (b, _) = registry.add(&id("a"));
         registry.remove(&id("a"), a);
         assert_eq!(
             registry.ids_to_poll(),
@@ -374,19 +386,16 @@ mod tests {
             "b waits, but has not read yet"
         );
         registry.remove(&id("a"), b);
-        assert_eq!(registry.ids_to_poll(), None);
-        assert!(!registry.polling);
-        let (_, _, start) = registry.add(&id("b"));
-        assert!(start, "a waiter after the poller stopped starts another");
+        assert_eq!(registry.ids_to_poll(), None, "the poller stops");
     }
 
     #[test]
     fn the_poller_reads_every_id_once_and_wakes_only_the_waiters_it_moved_past() {
         let mut registry = Registry::default();
-        let (a1, wake_a1, _) = registry.add(&id("a"));
-        let (a2, wake_a2, _) = registry.add(&id("a"));
-        let (b, wake_b, _) = registry.add(&id("b"));
-        let (_, wake_c, _) = registry.add(&id("c"));
+        let (a1, wake_a1) = registry.add(&id("a"));
+        let (a2, wake_a2) = registry.add(&id("a"));
+        let (b, wake_b) = registry.add(&id("b"));
+        let (_, wake_c) = registry.add(&id("c"));
         registry.set_known(&id("a"), a1, Some(10));
         registry.set_known(&id("a"), a2, Some(20));
         registry.set_known(&id("b"), b, None);
@@ -394,46 +403,50 @@ mod tests {
         polled.sort();
         assert_eq!(polled, vec![id("a"), id("b")], "c has not read yet");
         let found = HashMap::from([(id("a"), 20)]);
-        assert_eq!(registry.observed(&polled, &found), 1);
+        let moved = registry.observed(&polled, &found);
+        assert_eq!(moved.len(), 1);
+        wake(moved);
         assert!(woken(&wake_a1), "a moved past what a1 read");
         assert!(!woken(&wake_a2), "a2 read the current version");
         assert!(!woken(&wake_b), "b is still absent");
         assert!(!woken(&wake_c));
         let created = HashMap::from([(id("a"), 20), (id("b"), 5)]);
-        registry.observed(&polled, &created);
+        wake(registry.observed(&polled, &created));
         assert!(woken(&wake_b), "b was created");
         let deleted = HashMap::new();
-        registry.observed(&polled, &deleted);
+        wake(registry.observed(&polled, &deleted));
         assert!(woken(&wake_a2), "a was deleted");
     }
 
     #[test]
     fn the_feeds_reads_wake_only_the_waiters_of_ids_it_saw_move() {
         let mut registry = Registry::default();
-        let (a, wake_a, _) = registry.add(&id("a"));
-        let (b, wake_b, _) = registry.add(&id("b"));
-        let (c, wake_c, _) = registry.add(&id("c"));
+        let (a, wake_a) = registry.add(&id("a"));
+        let (b, wake_b) = registry.add(&id("b"));
+        let (c, wake_c) = registry.add(&id("c"));
         registry.set_known(&id("a"), a, Some(10));
         registry.set_known(&id("b"), b, Some(10));
         registry.set_known(&id("c"), c, None);
         let polled = [id("a"), id("b"), id("c")];
         let seen = HashMap::from([(id("a"), Some(10)), (id("b"), None), (id("c"), Some(3))]);
-        assert_eq!(registry.observed_changes(&polled, &seen), 2);
+        let moved = registry.observed_changes(&polled, &seen);
+        assert_eq!(moved.len(), 2);
+        wake(moved);
         assert!(!woken(&wake_a), "a is where its waiter read it");
         assert!(woken(&wake_b), "b was deleted");
         assert!(woken(&wake_c), "c was created");
-        let (d, wake_d, _) = registry.add(&id("d"));
+        let (d, wake_d) = registry.add(&id("d"));
         registry.set_known(&id("d"), d, Some(1));
-        assert_eq!(registry.observed_changes(&[id("d")], &seen), 0);
+        assert!(registry.observed_changes(&[id("d")], &seen).is_empty());
         assert!(!woken(&wake_d), "an id the feed did not see has not moved");
     }
 
     #[test]
     fn a_local_change_wakes_every_waiter_of_its_id_even_before_it_waits() {
         let mut registry = Registry::default();
-        let (_, wake_a, _) = registry.add(&id("a"));
-        let (_, wake_b, _) = registry.add(&id("b"));
-        registry.wake_all(&id("a"));
+        let (_, wake_a) = registry.add(&id("a"));
+        let (_, wake_b) = registry.add(&id("b"));
+        wake(registry.waiters_of(&id("a")));
         assert!(woken(&wake_a), "kept as a permit until the waiter waits");
         assert!(!woken(&wake_b));
     }
@@ -457,10 +470,31 @@ mod tests {
     #[test]
     fn a_waiter_that_left_is_not_polled_for() {
         let mut registry = Registry::default();
-        let (a, _, _) = registry.add(&id("a"));
+        let (a, _) = registry.add(&id("a"));
         registry.set_known(&id("a"), a, Some(1));
         registry.remove(&id("a"), a);
         registry.set_known(&id("a"), a, Some(2));
         assert!(registry.ids.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_poller_that_dies_is_replaced_for_the_next_waiter() {
+        let metrics = Arc::new(Metrics::default());
+        let (_, store) = nowhere(&metrics);
+        let feed = Feed::new(store.changes, metrics.clone());
+        let watches = Watches::new(store.states, metrics.clone(), feed);
+        watches.shared.registry.fail_next_task();
+        let first = watches.watch(&id("a"));
+        first.read(Some(1));
+        stopped(&watches.shared.registry).await;
+        assert_eq!(
+            statements_sent(&metrics, "watch"),
+            0,
+            "it died before it read"
+        );
+        let second = watches.watch(&id("b"));
+        second.read(Some(1));
+        sent(&metrics, "watch").await;
+        assert!(watches.shared.registry.running(), "it reads for both");
     }
 }

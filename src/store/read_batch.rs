@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -22,6 +22,7 @@ use tracing::Instrument;
 use super::error::StoreError;
 use crate::metrics::Metrics;
 use crate::traces::{self, Caller};
+use crate::worker::{Running, Worker};
 
 /// The most keys one query asks for; more wait for the next.
 const MAX_KEYS: usize = 500;
@@ -36,19 +37,14 @@ pub struct ReadBatch<K, V> {
     name: &'static str,
     read_many: Box<dyn Fn(Vec<K>) -> ManyRead<K, V> + Send + Sync>,
     metrics: Arc<Metrics>,
-    /// Reads waiting for the next query, and whether a task is reading;
-    /// held only to push or take, never across an `.await`.
-    queue: Mutex<Queue<K, V>>,
+    /// Reads waiting for the next query, and the task reading them while
+    /// any wait.
+    queue: Worker<Vec<Waiting<K, V>>>,
 }
 
 /// A read waiting for its query: its key, where its answer goes, and the
 /// span of the request that asked (the query's span links to it).
 type Waiting<K, V> = (K, oneshot::Sender<Answer<V>>, Caller);
-
-struct Queue<K, V> {
-    waiting: Vec<Waiting<K, V>>,
-    reading: bool,
-}
 
 impl<K, V> ReadBatch<K, V>
 where
@@ -64,56 +60,29 @@ where
             name,
             read_many: Box::new(read_many),
             metrics,
-            queue: Mutex::new(Queue {
-                waiting: Vec::new(),
-                reading: false,
-            }),
+            queue: Worker::new(Vec::new()),
         }
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, Queue<K, V>> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What ClickHouse holds for `key` now, read with others asked for meanwhile.
     pub async fn read(self: &Arc<Self>, key: K) -> Result<Option<V>, StoreError> {
         let (answer, answered) = oneshot::channel();
-        let start = {
-            let mut queue = self.queue();
-            queue.waiting.push((key, answer, Caller::current()));
-            !std::mem::replace(&mut queue.reading, true)
-        };
-        if start {
-            tokio::spawn(self.clone().read_all());
-        }
+        let waiting = (key, answer, Caller::current());
+        self.queue.add(
+            |queue| queue.push(waiting),
+            |running| self.clone().read_all(running),
+        );
         match answered.await {
             Ok(answer) => answer.map_err(StoreError::InBatch),
-            // The task was stopped with the runtime (a shutdown).
+            // The task was stopped with the runtime (a shutdown), or died
+            // holding this read.
             Err(_) => Err(StoreError::Abandoned),
         }
     }
 
     /// Sends queries until no read is waiting.
-    async fn read_all(self: Arc<Self>) {
-        let mut stopped = Stopped {
-            batch: &self,
-            armed: true,
-        };
-        loop {
-            let taken = {
-                let mut queue = self.queue();
-                if queue.waiting.is_empty() {
-                    // Under the same lock as the look: a read after it finds
-                    // no task and starts one.
-                    queue.reading = false;
-                    stopped.armed = false;
-                    return;
-                }
-                // The oldest reads go first; the rest wait for the next query.
-                let first = MAX_KEYS.min(queue.waiting.len());
-                let rest = queue.waiting.split_off(first);
-                std::mem::replace(&mut queue.waiting, rest)
-            };
+    async fn read_all(self: Arc<Self>, mut running: Running<Vec<Waiting<K, V>>>) {
+        while let Some(taken) = running.next(take_oldest) {
             self.answer(taken).await;
         }
     }
@@ -151,28 +120,19 @@ where
     }
 }
 
-/// Marks the reading task gone when it is stopped midway (a shutdown, a
-/// panic), so that the next read starts another rather than waiting for
-/// one that will not come.
-struct Stopped<'a, K, V> {
-    batch: &'a ReadBatch<K, V>,
-    armed: bool,
-}
-
-impl<K, V> Drop for Stopped<'_, K, V> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.batch
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .reading = false;
-        }
+/// The next query's reads: the oldest, up to `MAX_KEYS`; the rest wait for
+/// the query after. None when no read waits.
+fn take_oldest<K, V>(waiting: &mut Vec<Waiting<K, V>>) -> Option<Vec<Waiting<K, V>>> {
+    if waiting.is_empty() {
+        return None;
     }
+    let rest = waiting.split_off(MAX_KEYS.min(waiting.len()));
+    Some(std::mem::replace(waiting, rest))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::time::Duration;
 
     use tokio::sync::Semaphore;
@@ -181,11 +141,14 @@ mod tests {
 
     /// A reader over `0..100` (a key's value is its double) whose queries
     /// each wait for a permit of `gate`, recording the keys they asked for.
+    /// A query for [`PANICS`] panics.
     struct Fake {
         batch: Arc<ReadBatch<u32, u32>>,
         gate: Arc<Semaphore>,
         queries: Arc<Mutex<Vec<Vec<u32>>>>,
     }
+
+    const PANICS: u32 = 666;
 
     fn fake(fail_when: Option<u32>) -> Fake {
         let gate = Arc::new(Semaphore::new(0));
@@ -197,6 +160,7 @@ mod tests {
                 keys.sort_unstable();
                 queries.lock().unwrap().push(keys.clone());
                 gate.acquire().await.unwrap().forget();
+                assert!(!keys.contains(&PANICS), "a query the test kills");
                 if fail_when.is_some_and(|k| keys.contains(&k)) {
                     return Err(StoreError::Timeout(Duration::from_secs(1)));
                 }
@@ -272,6 +236,17 @@ mod tests {
             assert!(matches!(read.await.unwrap(), Err(StoreError::InBatch(_))));
         }
         assert_eq!(fake.batch.read(6).await.unwrap(), Some(12));
+    }
+
+    #[tokio::test]
+    async fn a_reading_task_that_dies_is_replaced_for_the_next_read() {
+        let fake = fake(None);
+        fake.gate.add_permits(2);
+        let died = fake.batch.read(PANICS).await;
+        assert!(matches!(died, Err(StoreError::Abandoned)), "{died:?}");
+        let served = tokio::time::timeout(Duration::from_secs(30), fake.batch.read(7));
+        assert_eq!(served.await.expect("served").unwrap(), Some(14));
+        assert_eq!(fake.queries(), vec![vec![PANICS], vec![7]]);
     }
 
     #[tokio::test]

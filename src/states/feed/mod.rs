@@ -17,7 +17,7 @@ mod cursor;
 mod window;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -29,6 +29,7 @@ use self::window::{RE_READ, Window, deliver};
 use crate::domain::{Scope, StateId, StatePattern};
 use crate::metrics::Metrics;
 use crate::store::{ChangesStore, Selection, StoreError, now_ms};
+use crate::worker::{Running, Worker};
 
 /// How often the poller reads: twice a second, so that a change made
 /// elsewhere is heard within the contract's 1 s at the 90th percentile (a
@@ -69,8 +70,9 @@ struct Shared {
     store: ChangesStore,
     /// The newest window; None while no poller runs.
     window: watch::Sender<Option<Arc<Window>>>,
-    /// How many follow, and whether a poller runs; never held across an `.await`.
-    followers: Mutex<Followers>,
+    /// How many follow (requests, streams included), and the poller that
+    /// runs while anyone does.
+    followers: Worker<usize>,
     /// A local commit: the poller reads at once.
     poke: Notify,
     /// Turns true once, when the gateway stops: every follower answers then.
@@ -79,21 +81,20 @@ struct Shared {
     metrics: Arc<Metrics>,
 }
 
-#[derive(Default)]
-struct Followers {
-    /// Requests following now, streams included.
-    count: usize,
-    /// Whether a poller task runs; it stops when no one follows.
-    polling: bool,
-}
-
 impl Feed {
     pub fn new(store: ChangesStore, metrics: Arc<Metrics>) -> Self {
+        let window = watch::channel(None).0;
+        let emptied = window.clone();
+        // Under the lock as the poller ends, however it ends: a poller
+        // started after it keeps its window.
+        let followers = Worker::ending(0, move |_| {
+            emptied.send_replace(None);
+        });
         Self {
             shared: Arc::new(Shared {
                 store,
-                window: watch::channel(None).0,
-                followers: Mutex::default(),
+                window,
+                followers,
                 poke: Notify::new(),
                 closed: watch::channel(false).0,
                 metrics,
@@ -109,7 +110,7 @@ impl Feed {
     /// Something changed through this gateway: the poller, if one runs,
     /// reads at once.
     pub fn poke(&self) {
-        if self.shared.followers().polling {
+        if self.shared.followers.running() {
             self.shared.poke.notify_one();
         }
     }
@@ -144,6 +145,8 @@ impl Feed {
         let Some(mut cursor) = follow.since else {
             return self.first(follow).await;
         };
+        // A poller that died while this follower followed is replaced.
+        self.polled(|_| ());
         let mut windows = self.shared.window.subscribe();
         let mut closed = self.shared.closed.subscribe();
         // At most one read of its own: the window covers the cursor after it.
@@ -255,24 +258,18 @@ impl Feed {
 
     /// One more follower: starts the poller if none runs.
     pub fn follow(&self) -> Follower {
-        let start = {
-            let mut followers = self.shared.followers();
-            followers.count += 1;
-            !std::mem::replace(&mut followers.polling, true)
-        };
+        self.polled(|count| *count += 1);
         self.shared.metrics.feeds(1);
-        if start {
-            tokio::spawn(poll(self.shared.clone()));
-        }
         Follower {
             shared: self.shared.clone(),
         }
     }
-}
 
-impl Shared {
-    fn followers(&self) -> MutexGuard<'_, Followers> {
-        self.followers.lock().unwrap_or_else(|p| p.into_inner())
+    /// Changes the count of followers, and starts the poller if none runs.
+    fn polled(&self, change: impl FnOnce(&mut usize)) {
+        self.shared
+            .followers
+            .add(change, |running| poll(self.shared.clone(), running));
     }
 }
 
@@ -310,31 +307,25 @@ pub struct Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
-        self.shared.followers().count -= 1;
+        *self.shared.followers.lock() -= 1;
         self.shared.metrics.feeds(-1);
     }
 }
 
-/// The poller: a read at once, then one a second or at a poke, while anyone
-/// follows. A failed read is logged and tried again at the next tick; the
-/// followers keep waiting until their deadlines.
-async fn poll(shared: Arc<Shared>) {
+/// The poller: a read at once, then one every [`POLL_EVERY`] (500 ms) or at
+/// a poke, while anyone follows. A failed read is logged and tried again at
+/// the next tick; the followers keep waiting until their deadlines.
+async fn poll(shared: Arc<Shared>, mut running: Running<usize>) {
     let mut tick = tokio::time::interval(POLL_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is at once, and so is the first read.
     tick.tick().await;
     let every_id = StatePattern::parse("*").expect("* is a glob");
     let everything = Selection::Matching(every_id, Scope::everything());
-    loop {
-        {
-            let mut followers = shared.followers();
-            if followers.count == 0 {
-                followers.polling = false;
-                // Under the lock: a poller started after this keeps its window.
-                shared.window.send_replace(None);
-                return;
-            }
-        }
+    while running
+        .next(|followers| (*followers > 0).then_some(()))
+        .is_some()
+    {
         let previous = shared.window.borrow().clone();
         let from_us = previous.as_ref().map_or_else(
             || now_ms() * 1000 - micros(SPAN),
@@ -354,12 +345,101 @@ async fn poll(shared: Arc<Shared>) {
                 shared.window.send_replace(Some(Arc::new(window)));
             }
             Err(err) => {
-                tracing::warn!(error = %err, "feed: reading the changes failed; trying again in a second");
+                tracing::warn!(error = %err, "feed: reading the changes failed; trying again at the next tick");
             }
         }
         tokio::select! {
             _ = tick.tick() => {}
             () = shared.poke.notified() => {}
         }
+    }
+}
+
+#[cfg(test)]
+pub(in crate::states) mod tests {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::store::{ClickHouse, History, Store};
+
+    /// A gateway's configuration, and its tables on a ClickHouse at a closed
+    /// port: every statement fails at once, and is counted in `metrics`.
+    pub fn nowhere(metrics: &Arc<Metrics>) -> (Config, Store) {
+        let mut config =
+            Config::from_serve_args(&["--clickhouse-url=clickhouse://127.0.0.1:1"]).unwrap();
+        // Whatever the environment says.
+        config.clickhouse.host = "127.0.0.1".to_owned();
+        config.clickhouse.port = 1;
+        let ch = ClickHouse::new(&config.clickhouse, config.query_timeout, metrics.clone());
+        let store = Store::new(ch, config.schema.clone(), &config.table, History::Off);
+        (config, store)
+    }
+
+    /// The count of `series` (a histogram's `_count` with its labels).
+    pub fn counted(metrics: &Metrics, series: &str) -> u64 {
+        metrics
+            .render()
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// How many statements `operation` has sent.
+    pub fn statements_sent(metrics: &Metrics, operation: &str) -> u64 {
+        counted(
+            metrics,
+            &format!(
+                "statehouse_clickhouse_query_duration_seconds_count{{operation=\"{operation}\"}}"
+            ),
+        )
+    }
+
+    /// `until`, in a test that fails rather than hangs when it never comes.
+    pub async fn surely<T>(what: &str, until: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(30), until)
+            .await
+            .unwrap_or_else(|_| panic!("never {what}"))
+    }
+
+    /// Until `operation` has sent a statement.
+    pub async fn sent(metrics: &Metrics, operation: &str) {
+        surely("sent", async {
+            while statements_sent(metrics, operation) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
+    /// Until `worker`'s task has ended.
+    pub async fn stopped<S: Send + 'static>(worker: &Worker<S>) {
+        surely("stopped", async {
+            while worker.running() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_poller_that_dies_is_replaced_for_the_next_follower() {
+        let metrics = Arc::new(Metrics::default());
+        let (_, store) = nowhere(&metrics);
+        let feed = Feed::new(store.changes, metrics.clone());
+        feed.shared.followers.fail_next_task();
+        let first = feed.follow();
+        stopped(&feed.shared.followers).await;
+        assert_eq!(
+            statements_sent(&metrics, "watch"),
+            0,
+            "it died before it read"
+        );
+        assert!(feed.shared.window.borrow().is_none());
+        let second = feed.follow();
+        sent(&metrics, "watch").await;
+        assert!(feed.shared.followers.running(), "it reads for both");
+        drop((first, second));
     }
 }

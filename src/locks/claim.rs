@@ -126,7 +126,8 @@ impl Coordinator {
     }
 
     /// Who holds `id`'s claim, with the lease row recorded for it; with its
-    /// current state row too when `with_row` (one statement all the same).
+    /// current state row too when `with_row` (one statement all the same),
+    /// which the store keeps for the write.
     pub(super) async fn authority(
         &self,
         id: &StateId,
@@ -266,7 +267,6 @@ mod tests {
             claims: vec![candidate(OTHER), candidate(HOLDER)],
             leases: vec![stored(LeaseState::Held, true)],
             lapsed: None,
-            row: None,
         };
         assert_eq!(read.holder().map(|c| c.gateway_id), Some(OTHER));
         assert!(read.lease_in_force().is_some(), "its gateway is in line");

@@ -135,13 +135,12 @@ pub(super) struct Router {
     gateway_id: Uuid,
 }
 
-/// What a routing read saw, for a write served here: the lease in
-/// force, when, and the current row (taken, not copied).
+/// What a routing read saw, for a request served here: the lease in
+/// force, and when.
 fn seen(authority: Authority, at: Instant) -> SeenLease {
     SeenLease {
         lease: authority.lease_in_force().cloned(),
         at,
-        row: authority.row,
     }
 }
 

@@ -29,7 +29,7 @@ use super::write_claim::{RecentWrites, claim_for_writes};
 use crate::config::LockSettings;
 use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
-use crate::store::{KeeperClaimStore, LeaseStore, StoredRow, now_ms};
+use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
 
 /// Who holds an id and how many wait for it.
 #[derive(Debug)]
@@ -555,7 +555,7 @@ impl LockManager {
     /// Where requests about `id` go (see `forward`). `remembered` allows an
     /// authority looked up lately instead of asking ClickHouse; `with_row`
     /// reads the id's current row in the same statement, for a write that
-    /// may be served here (see [`LockManager::seen_row`]).
+    /// may be served here (see [`LockManager::seen_at`]).
     pub async fn route(
         &self,
         id: &StateId,
@@ -567,13 +567,13 @@ impl LockManager {
             .await
     }
 
-    /// The current row a write's routing read found, and when that read was
-    /// asked for, while it is as fresh as the lease it saw (see
-    /// [`LockManager::check_write`]); None when it read no row.
-    pub fn seen_row(&self, seen: Option<&SeenLease>) -> Option<(Instant, Option<StoredRow>)> {
-        let seen =
-            seen.filter(|s| s.at.elapsed() < self.coordinator.timing().seen_lease_fresh())?;
-        Some((seen.at, seen.row.clone()?))
+    /// When the routing read that saw `seen` was asked for, while what it
+    /// found stands in for a fresh read (see [`LockManager::check_write`]):
+    /// a write may then take the current row that read found, which the
+    /// store keeps (`StateStore::take_read_ahead`).
+    pub fn seen_at(&self, seen: Option<&SeenLease>) -> Option<Instant> {
+        seen.map(|s| s.at)
+            .filter(|at| at.elapsed() < self.coordinator.timing().seen_lease_fresh())
     }
 
     /// How long a routing read's findings stand in for a fresh read.

@@ -7,7 +7,7 @@ use axum::http::HeaderName;
 use uuid::Uuid;
 
 use crate::domain::Lease;
-use crate::store::{Candidate, StoredRow, now_ms};
+use crate::store::{Candidate, now_ms};
 
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
 
@@ -46,14 +46,12 @@ pub enum Route {
 
 /// The lease in force on a state_id that no gateway holds a claim on, as a
 /// request's routing read it: its lock check need not read it again (see
-/// `Coordinator::recorded_lease`). A write's routing read brings the id's
-/// current row along (see `LockManager::seen_row`).
+/// `Coordinator::recorded_lease`). A write's routing read also reads the
+/// id's current row, which the store keeps for the write (see
+/// `LockManager::seen_at`).
 #[derive(Clone, Debug)]
 pub struct SeenLease {
     pub(super) lease: Option<Lease>,
     /// When the read was asked for: it sees every write acknowledged before.
     pub(super) at: Instant,
-    /// The id's state row, if the read was a write's: `Some(None)` when it
-    /// has none.
-    pub(super) row: Option<Option<StoredRow>>,
 }

@@ -278,9 +278,16 @@ impl States {
             .locks
             .check_write(id, conditions.lease_id, conditions.seen_lease.as_ref())
             .await?;
-        let current = match self.locks.seen_row(conditions.seen_lease.as_ref()) {
-            // Read with the routing read, after every write of this gateway
-            // to the id had settled, and none since: as a read now would be.
+        // The row this request's routing read found (or one asked for
+        // later), taken: a retry reads afresh, and a later write takes
+        // only a row read after it began.
+        let read_ahead = self
+            .locks
+            .seen_at(conditions.seen_lease.as_ref())
+            .and_then(|since| self.store.take_read_ahead(id, since));
+        let current = match read_ahead {
+            // Read after every write of this gateway to the id had settled,
+            // and none since: as a read now would be.
             Some((at, row))
                 if admitted.claim().is_none() && self.memory.untouched_since(id, at) =>
             {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -15,9 +15,9 @@ use super::lease_rows::{
     Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LeaseRows,
     LockRowIn, NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
 };
+use super::read_ahead::ReadAhead;
 use super::read_batch::ReadBatch;
 use super::route_read::{RouteRows, route_reads};
-use super::state_table::StoredRow;
 use crate::domain::{Lease, StateId};
 
 #[derive(Clone)]
@@ -32,10 +32,17 @@ pub struct LeaseStore {
     /// Point reads of one id's lock rows, coalesced: every routing read and
     /// lock check is one.
     lock_reads: Arc<ReadBatch<String, Vec<LockRowIn>>>,
-    /// Routing reads of writes to the states of this table's ids: the lock
-    /// rows with the current row (see `route_read`); None on a table whose
-    /// ids name no state (a pool's).
-    route_reads: Option<Arc<ReadBatch<String, RouteRows>>>,
+    /// Routing reads of writes to the states of this table's ids; None on
+    /// a table whose ids name no state (a pool's).
+    route_reads: Option<RouteReads>,
+}
+
+/// A write's routing reads: the lock rows with the current row (see
+/// `route_read`), and where that row is filed for the write.
+#[derive(Clone)]
+struct RouteReads {
+    reads: Arc<ReadBatch<String, RouteRows>>,
+    read_ahead: Arc<ReadAhead>,
 }
 
 impl LeaseStore {
@@ -69,11 +76,12 @@ impl LeaseStore {
     }
 
     /// The store whose routing reads of a write also read the id's current
-    /// row in `state_table`, in the same statement.
-    pub fn routing_writes_to(self, state_table: String) -> Self {
-        let route_reads = route_reads(self.ch.clone(), self.table.clone(), state_table, self.rows);
+    /// row in `state_table`, in the same statement, and file it in
+    /// `read_ahead` for the write.
+    pub(super) fn routing_writes_to(self, state_table: String, read_ahead: Arc<ReadAhead>) -> Self {
+        let reads = route_reads(self.ch.clone(), self.table.clone(), state_table, self.rows);
         Self {
-            route_reads: Some(route_reads),
+            route_reads: Some(RouteReads { reads, read_ahead }),
             ..self
         }
     }
@@ -409,33 +417,25 @@ impl LeaseStore {
         IdLocks::assemble(rows.unwrap_or_default())
     }
 
-    /// [`LeaseStore::id_locks`] with the id's current row read in the same
-    /// statement: `Some(None)` when it has none, None when this table's
-    /// ids name no state (the row is not read then).
-    pub async fn id_locks_and_row(
-        &self,
-        id: &StateId,
-    ) -> Result<(IdLocks, Option<Option<StoredRow>>), StoreError> {
-        let Some(route_reads) = &self.route_reads else {
-            return Ok((self.id_locks(id).await?, None));
-        };
-        let found = route_reads.read(id.as_str().to_owned()).await?;
-        let RouteRows { locks, row } = found.unwrap_or_default();
-        Ok((IdLocks::assemble(locks)?, Some(row)))
-    }
-
-    /// [`LeaseStore::id_locks_and_row`] when `with_row`, else
-    /// [`LeaseStore::id_locks`] (the row not read).
+    /// [`LeaseStore::id_locks`], for a write when `with_row`: the id's
+    /// current row is read in the same statement and filed for the write
+    /// (see `read_ahead`), where this table's ids name states.
     pub async fn id_locks_or_with_row(
         &self,
         id: &StateId,
         with_row: bool,
-    ) -> Result<(IdLocks, Option<Option<StoredRow>>), StoreError> {
-        if with_row {
-            self.id_locks_and_row(id).await
-        } else {
-            Ok((self.id_locks(id).await?, None))
-        }
+    ) -> Result<IdLocks, StoreError> {
+        let Some(RouteReads { reads, read_ahead }) = self.route_reads.as_ref().filter(|_| with_row)
+        else {
+            return self.id_locks(id).await;
+        };
+        // Before the statement is sent: it holds every write acknowledged
+        // before this instant.
+        let asked_at = Instant::now();
+        let found = reads.read(id.as_str().to_owned()).await?;
+        let RouteRows { locks, row } = found.unwrap_or_default();
+        read_ahead.file(id, asked_at, row);
+        IdLocks::assemble(locks)
     }
 
     /// Every id with an unexpired lease row, in state_id order, with its

@@ -18,6 +18,7 @@ mod lease_history;
 mod lease_rows;
 mod lease_table;
 mod ping;
+mod read_ahead;
 mod read_batch;
 mod route_read;
 mod state_table;
@@ -111,14 +112,16 @@ impl Store {
         let qualified = |name: &str| format!("`{}`.`{name}`", schema.as_str());
         let claims_table = companion(table, "claims");
         let journal = Journal::new(&ch, history, table, qualified);
+        // A write's routing read files the id's row here for its write.
+        let read_ahead = std::sync::Arc::new(read_ahead::ReadAhead::default());
         Self {
-            states: StateStore::new(ch.clone(), qualified(table.as_str())),
+            states: StateStore::new(ch.clone(), qualified(table.as_str()), read_ahead.clone()),
             leases: LeaseStore::new(
                 ch.clone(),
                 qualified(&companion(table, "lease")),
                 LeaseRows::PerId,
             )
-            .routing_writes_to(qualified(table.as_str())),
+            .routing_writes_to(qualified(table.as_str()), read_ahead),
             pool_leases: LeaseStore::new(
                 ch.clone(),
                 qualified(&companion(table, "pool_lease")),

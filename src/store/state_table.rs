@@ -3,11 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::checked_insert::{CheckedInsert, Expected};
 use super::client::ClickHouse;
 use super::ddl::Placement;
 use super::error::StoreError;
+use super::read_ahead::ReadAhead;
 use super::read_batch::ReadBatch;
 use crate::domain::{
     ETag, PageCursor, PageLimit, Scope, StateDocument, StateId, StatePattern, Version,
@@ -191,10 +193,12 @@ pub struct StateStore {
     table: String,
     /// Point reads of current rows, coalesced.
     gets: Arc<ReadBatch<StateId, StoredRow>>,
+    /// Current rows that writes' routing reads found.
+    read_ahead: Arc<ReadAhead>,
 }
 
 impl StateStore {
-    pub fn new(ch: ClickHouse, table: String) -> Self {
+    pub(super) fn new(ch: ClickHouse, table: String, read_ahead: Arc<ReadAhead>) -> Self {
         let gets = {
             let (ch, table) = (ch.clone(), table.clone());
             ReadBatch::new("state", ch.metrics.clone(), move |ids: Vec<StateId>| {
@@ -209,6 +213,7 @@ impl StateStore {
             ch,
             table,
             gets: Arc::new(gets),
+            read_ahead,
         }
     }
 
@@ -223,6 +228,18 @@ impl StateStore {
     /// while a read was on its way (see `read_batch`).
     pub async fn get(&self, id: &StateId) -> Result<Option<StoredRow>, StoreError> {
         self.gets.read(id.clone()).await
+    }
+
+    /// The row of `id` that a write's routing read found, if that read was
+    /// asked for at `since` or later (see `read_ahead`): taken, so only one
+    /// write uses it. With when the read was asked for; None when there is
+    /// no such row, and the write reads it.
+    pub fn take_read_ahead(
+        &self,
+        id: &StateId,
+        since: Instant,
+    ) -> Option<(Instant, Option<StoredRow>)> {
+        self.read_ahead.take(id, since)
     }
 
     /// The stored rows of `ids` (those that exist), in one round trip.

@@ -362,12 +362,11 @@ impl ClaimProtocol for KeeperClaims {
                 Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
                 lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
             };
-            let (locks, row) = locks?;
+            let locks = locks?;
             Ok(Authority {
                 claims: live.into_iter().collect(),
                 leases: locks.leases,
                 lapsed,
-                row,
             })
         })
     }

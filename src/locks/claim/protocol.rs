@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
 use crate::locks::slot::{Lapsed, TokenBlock, WonClaim};
-use crate::store::{Candidate, IdLocks, StoreError, StoredLease, StoredRow};
+use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 
 /// A protocol operation under way: boxed, as the futures of a trait
 /// object's methods must be.
@@ -58,8 +58,8 @@ pub(super) trait ClaimProtocol: Send + Sync {
     fn contested<'a>(&'a self, ids: &'a [StateId]) -> Step<'a, HashSet<StateId>>;
 
     /// Who holds `id`'s claim, with the lease row recorded for it; `with_row`
-    /// reads its current state row in the same statement (see
-    /// [`Authority::row`]).
+    /// reads its current state row in the same statement, for a write (the
+    /// store keeps it for the write: see `store::LeaseStore::id_locks_or_with_row`).
     fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority>;
 
     /// Every lease ClickHouse records as in force, through any gateway.
@@ -95,9 +95,6 @@ pub(in crate::locks) struct Authority {
     /// re-win the claim and keep them (see `locks::slot::Lapsed`), so it is
     /// asked first.
     pub lapsed: Option<Candidate>,
-    /// The id's current state row, when it was read with the lock rows:
-    /// `Some(None)` when it has none.
-    pub row: Option<Option<StoredRow>>,
 }
 
 impl Authority {

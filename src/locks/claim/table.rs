@@ -275,7 +275,7 @@ impl ClaimProtocol for TableClaims {
 
     fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority> {
         Box::pin(async move {
-            let (locks, row) = self
+            let locks = self
                 .claimant
                 .leases
                 .id_locks_or_with_row(id, with_row)
@@ -305,7 +305,6 @@ impl ClaimProtocol for TableClaims {
                 claims: locks.candidates,
                 leases: locks.leases,
                 lapsed,
-                row,
             })
         })
     }

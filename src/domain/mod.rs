@@ -17,7 +17,8 @@ mod version;
 mod wait;
 
 pub use bookmark_guard::{
-    Allowed, AllowedStreams, Findings, GuardMode, GuardModes, Loss, Regression, compare_values,
+    Allowed, AllowedStreams, Findings, GuardMode, GuardModes, Loss, PartitionValue, Regression,
+    compare_values, partition_values,
 };
 pub use coordination::Coordination;
 pub use document::{BatchEntry, BatchError, CorruptState, DocumentError, StateDocument};

@@ -12,7 +12,9 @@ use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, OptionalJson, StatePath, page_limit};
 use super::states::written_response;
-use crate::domain::{self, JsonObject, Provenance, StateDocument, StateId, Version, VersionCursor};
+use crate::domain::{
+    self, JsonObject, PartitionValue, Provenance, StateDocument, StateId, Version, VersionCursor,
+};
 use crate::states::WriteConditions;
 use crate::store::VersionMeta;
 
@@ -46,6 +48,12 @@ struct VersionView<'a> {
     /// tombstone), for charts and diffs.
     #[serde(skip_serializing_if = "Option::is_none")]
     bookmarks: Option<IndexMap<&'a str, Option<&'a domain::Json>>>,
+    /// With `bookmarks=true`: each partitioned stream's partitions, each
+    /// with its `context` and `replication_key_value`, as the bookmark
+    /// guard pairs them (a partitioned stream's value in `bookmarks` is
+    /// null: Meltano keeps its values in the partitions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<IndexMap<&'a str, Vec<PartitionValue>>>,
 }
 
 impl<'a> VersionView<'a> {
@@ -64,6 +72,7 @@ impl<'a> VersionView<'a> {
             request_id: &meta.request_id,
             user_agent: &meta.user_agent,
             bookmarks: None,
+            partitions: None,
         }
     }
 }
@@ -75,6 +84,16 @@ fn bookmark_values(bookmarks: Option<&JsonObject>) -> IndexMap<&str, Option<&dom
         .iter()
         .flat_map(|streams| streams.iter())
         .map(|(stream, bookmark)| (stream, bookmark.member("replication_key_value")))
+        .collect()
+}
+
+/// Each partitioned stream's partitions in `bookmarks` (a version's
+/// effective `singer_state.bookmarks`).
+fn partition_values_of(bookmarks: Option<&JsonObject>) -> IndexMap<&str, Vec<PartitionValue>> {
+    bookmarks
+        .iter()
+        .flat_map(|streams| streams.iter())
+        .filter_map(|(stream, bookmark)| Some((stream, domain::partition_values(bookmark)?)))
         .collect()
 }
 
@@ -141,6 +160,7 @@ pub async fn list(
             .zip(&bookmarks)
             .map(|(v, streams)| VersionView {
                 bookmarks: with_bookmarks.then(|| bookmark_values(streams.as_ref())),
+                partitions: with_bookmarks.then(|| partition_values_of(streams.as_ref())),
                 ..VersionView::of(&v.meta, v.current)
             })
             .collect(),

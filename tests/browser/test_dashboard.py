@@ -3,6 +3,7 @@ desktop-sized viewport; every outcome is checked over REST."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from playwright.sync_api import expect
@@ -32,6 +33,18 @@ def test_the_list_loads_and_filters(page, gateway: Gateway):
     page.get_by_test_id("stale-hours").fill("0")
     page.get_by_role("button", name="Filter").click()
     expect(page.get_by_test_id("age").first).to_contain_text("stale")
+
+
+def test_a_row_stamped_ahead_of_the_browsers_clock_is_ahead_not_a_negative_age(page, gateway: Gateway):
+    written = gateway.put("dev:shop", {"completed": {"n": 1}})
+    # The browser's clock a day behind the gateway's: the row is stamped a day ahead.
+    stamped = datetime.fromisoformat(written["updated_at"].replace("Z", "+00:00"))
+    page.clock.set_fixed_time(stamped - timedelta(days=1))
+    page.goto(gateway.base + "/")
+    age = page.locator('[data-testid="state-row"][data-state-id="dev:shop"]').get_by_test_id("age")
+    expect(age).to_have_text("ahead")
+    expect(age).to_have_attribute("title", "stamped 24 h after this browser's clock")
+    expect(age).to_have_class("fresh")
 
 
 def test_a_state_shows_its_bookmarks_document_and_history(page, gateway: Gateway):

@@ -39,12 +39,47 @@ async fn history_with_bookmarks_shows_each_versions_values_as_stored() {
     );
     assert_eq!(versions[1]["regressed_streams"], json!(["orders"]));
     assert_eq!(versions[2]["bookmarks"]["customers"], json!(41));
+    assert_eq!(versions[1]["partitions"], json!({"partitioned": []}));
 
     let plain = app.get("/v1/states/shop/history").await.json();
     assert!(plain["versions"][1].get("bookmarks").is_none());
+    assert!(plain["versions"][1].get("partitions").is_none());
     let bad = app.get("/v1/states/shop/history?bookmarks=yes").await;
     bad.expect(StatusCode::BAD_REQUEST);
     assert_eq!(bad.problem_type(), "invalid-query");
+}
+
+#[tokio::test]
+async fn history_with_bookmarks_shows_a_partitioned_streams_values_as_a_loss_names_them() {
+    let app = spawn_app().await;
+    let partitioned = json!({"completed": {"singer_state": {"bookmarks": {"orders": {"partitions": [
+        {"context": {"shop": "a"}, "replication_key": "id", "replication_key_value": 9},
+        {"context": {"shop": "b"}, "replication_key": "id", "replication_key_value": "2026-11-01T00:00:00Z"},
+    ]}}}}});
+    assert!(
+        app.put_state("shop", &partitioned)
+            .await
+            .status
+            .is_success()
+    );
+    let dropped = app.put_state("shop", &json!({"completed": {}})).await;
+    assert!(dropped.status.is_success(), "{}", dropped.text);
+
+    let versions = app
+        .get("/v1/states/shop/history?bookmarks=true")
+        .await
+        .json()["versions"]
+        .clone();
+    assert_eq!(versions[0]["lost_streams"], json!(["orders"]));
+    assert_eq!(versions[0]["partitions"], json!({}));
+    assert_eq!(versions[1]["bookmarks"], json!({"orders": null}));
+    assert_eq!(
+        versions[1]["partitions"],
+        json!({"orders": [
+            {"context": {"shop": "a"}, "replication_key_value": 9},
+            {"context": {"shop": "b"}, "replication_key_value": "2026-11-01T00:00:00Z"},
+        ]})
+    );
 }
 
 #[tokio::test]

@@ -133,6 +133,36 @@ pub struct Loss {
     pub context: Option<Json>,
 }
 
+/// One partition of a partitioned bookmark as the guard pairs it: its
+/// `context` and its `replication_key_value` as stored (None when it has
+/// none), what a 409 `bookmark-loss` names for a lost partition.
+#[derive(Clone, Debug, Serialize)]
+pub struct PartitionValue {
+    pub context: Option<Json>,
+    pub replication_key_value: Option<Json>,
+}
+
+/// A stream's partitions, each with its context and value, when its
+/// bookmark (`bookmark`, the stream's object) is partitioned; None when it
+/// is not. Items that are no object are passed over, as the guard does.
+pub fn partition_values(bookmark: &Json) -> Option<Vec<PartitionValue>> {
+    let Json::Object(bookmark) = bookmark else {
+        return None;
+    };
+    let all = partitions(bookmark)?;
+    Some(
+        all.into_iter()
+            .filter_map(|p| match p {
+                Json::Object(p) => Some(PartitionValue {
+                    context: p.get("context").cloned(),
+                    replication_key_value: value(&p).map(|v| Json::Raw(v.clone())),
+                }),
+                Json::Raw(_) => None,
+            })
+            .collect(),
+    )
+}
+
 /// What the guard found in a write, each list in stream byte order.
 #[derive(Debug, Default)]
 pub struct Findings {

@@ -221,3 +221,37 @@ fn the_effective_state_is_what_loses() {
     );
     assert!(losses(&both, &bookmark("s", "k", "2")).is_empty());
 }
+
+#[test]
+fn partition_values_are_what_a_loss_names() {
+    let before = doc(
+        r#"{"completed": {"singer_state": {"bookmarks": {"orders": {"partitions": [
+        {"context": {"shop": "a"}, "replication_key": "id", "replication_key_value": 9},
+        {"context": {"shop": "b"}, "replication_key_value": null}, 7]}, "flat": {"replication_key_value": 1}}}}}"#,
+    );
+    let bookmarks = before.bookmarks().unwrap();
+    let shown = serde_json::to_value(partition_values(bookmarks.get("orders").unwrap())).unwrap();
+    assert_eq!(
+        shown,
+        serde_json::json!([
+            {"context": {"shop": "a"}, "replication_key_value": 9},
+            {"context": {"shop": "b"}, "replication_key_value": null},
+        ]),
+        "a null value is none, and an item that is no object is passed over"
+    );
+    assert!(partition_values(bookmarks.get("flat").unwrap()).is_none());
+    let lost: Vec<Loss> = Findings::of(&before, &doc("{}"))
+        .losses
+        .into_iter()
+        .filter(|l| l.stream == "orders")
+        .collect();
+    assert_eq!(lost.len(), 1);
+    assert_eq!(
+        serde_json::to_value(&lost[0]).unwrap()["from"],
+        shown[0]["replication_key_value"]
+    );
+    assert_eq!(
+        serde_json::to_value(&lost[0]).unwrap()["context"],
+        shown[0]["context"]
+    );
+}

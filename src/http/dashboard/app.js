@@ -23,7 +23,12 @@ async function showAuth() {
   document.getElementById("token-button").hidden = me.status === 200 && me.body.tokens === false;
 }
 
+/**
+ * An age in words. A row stamped later than this browser's clock (the
+ * browser's or the gateway's clock is off) is "ahead", never a negative age.
+ */
 function age(seconds) {
+  if (seconds < 0) return "ahead";
   if (seconds < 90) return Math.round(seconds) + " s";
   if (seconds < 5400) return Math.round(seconds / 60) + " min";
   if (seconds < 172800) return Math.round(seconds / 3600) + " h";
@@ -56,7 +61,8 @@ async function renderStates() {
     return el("tr", { "data-testid": "state-row", "data-state-id": s.state_id },
       el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(s.state_id), text: s.state_id })),
       el("td", { class: "wide", text: s.updated_at }),
-      el("td", { class: stale ? "stale" : "fresh", "data-testid": "age", text: age(seconds) + (stale ? " (stale)" : "") }),
+      el("td", { class: stale ? "stale" : "fresh", "data-testid": "age", text: age(seconds) + (stale ? " (stale)" : ""),
+        title: seconds < 0 ? "stamped " + age(-seconds) + " after this browser's clock" : undefined }),
       el("td", { "data-testid": "lock", text: lock ? lock.owner + " until " + lock.expires_at : "" }));
   });
   const filter = el("form", { class: "row", "data-testid": "filter", onsubmit: (e) => {

@@ -97,6 +97,20 @@ export function statePath(id) { return "/v1/states/" + encodeURIComponent(id); }
 export function stored(value) { return value === undefined ? "(none)" : JSON.stringify(value); }
 
 /**
+ * A stream's bookmark in a history version read with `bookmarks=true`, as
+ * stored: its value, or for a partitioned stream (whose own value is null)
+ * each partition's context and value, as a 409 `bookmark-loss` names them.
+ * "(none)" when the version has no bookmark for the stream, or no version.
+ */
+export function bookmarkText(version, stream) {
+  if (!version) return stored(undefined);
+  const value = (version.bookmarks || {})[stream];
+  const partitions = (version.partitions || {})[stream] || [];
+  if (value !== null || partitions.length === 0) return stored(value);
+  return partitions.map((p) => stored(p.context) + ": " + stored(p.replication_key_value)).join("; ");
+}
+
+/**
  * Why the caller may not change state, or null when it may: the gateway's
  * answer to /v1/whoami. Without tokens everyone may.
  */

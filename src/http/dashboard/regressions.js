@@ -2,7 +2,7 @@
 // stream's bookmark backwards or dropped it, each with the values before and
 // after (from the state's history) and who made the change.
 
-import { api, cardTable, el, problemText, say, show, statePath, stored } from "./common.js";
+import { api, bookmarkText, cardTable, el, problemText, say, show, statePath } from "./common.js";
 
 /** How many states' histories the view reads for the values before and after. */
 const STATES_READ = 20;
@@ -22,25 +22,24 @@ export async function renderRegressions() {
   for (const r of found) {
     const versions = histories.get(r.state_id) || [];
     const at = versions.findIndex((v) => v.version === r.version);
-    const now = at >= 0 ? versions[at].bookmarks : undefined;
-    const before = at >= 0 && at + 1 < versions.length ? versions[at + 1].bookmarks : undefined;
+    const now = at >= 0 ? versions[at] : undefined;
+    const before = at >= 0 ? versions[at + 1] : undefined;
     const row = (testid, stream, mark, after) =>
       el("tr", { "data-testid": testid, "data-state-id": r.state_id },
         el("td", { class: "id" }, el("a", { href: "#/state/" + encodeURIComponent(r.state_id), text: r.state_id })),
         el("td", {}, stream, mark),
-        el("td", {}, el("code", { class: "old", text: before ? stored(before[stream]) : "(older than the history read)" })),
+        el("td", {}, el("code", { class: "old", text: before ? bookmarkText(before, stream) : "(older than the history read)" })),
         el("td", {}, after),
         el("td", { "data-testid": "actor", text: r.actor }),
         el("td", { text: r.version }));
     for (const stream of r.regressed_streams) {
       rows.push(row("regression-row", stream, el("span", { class: "regressed", text: " regressed" }),
-        el("code", { class: "new", text: now ? stored(now[stream]) : "" })));
+        el("code", { class: "new", text: now ? bookmarkText(now, stream) : "" })));
     }
     for (const stream of r.lost_streams || []) {
       // A stream gone whole has no value after; a lost partition leaves the stream's other ones.
-      const after = now && now[stream] !== undefined ? stored(now[stream]) : "(none)";
       rows.push(row("loss-row", stream, el("span", { class: "lost", "data-testid": "lost", text: " lost" }),
-        el("code", { class: "new", text: after })));
+        el("code", { class: "new", text: bookmarkText(now, stream) })));
     }
   }
   const empty = rows.length === 0 ? el("p", { text: "No version has moved a bookmark backwards or dropped one." }) : null;

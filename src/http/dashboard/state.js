@@ -2,7 +2,7 @@
 // bookmarks (each with a reset), the charts of its bookmarks over time, its
 // document, and its versions, each with what it changed and a way back to it.
 
-import { api, cardTable, el, infoList, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
+import { api, bookmarkText, cardTable, el, infoList, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
 
 /** A glob that matches `id` itself (and maybe a few more, filtered out after). */
@@ -44,7 +44,7 @@ function lockSection(id, lock, readOnly) {
 /** The word "lost" next to a stream's name, for a stream whose newest version dropped a bookmark. */
 function lostMark() { return el("span", { class: "lost", "data-testid": "lost", text: " lost" }); }
 
-/** The streams the newest version dropped: `lost` names them, `before` has the values they had. */
+/** The streams the newest version dropped: `lost` names them, `before` (the version before) has the values they had. */
 function bookmarksSection(id, marks, regressed, lost, before, readOnly) {
   const current = marks.body.bookmarks.filter((b) => b.state_id === id && b.stream !== null);
   const rows = current.map((b) =>
@@ -64,7 +64,7 @@ function bookmarksSection(id, marks, regressed, lost, before, readOnly) {
     rows.push(el("tr", { "data-testid": "bookmark-row", "data-stream": stream },
       el("td", {}, stream, lostMark()),
       el("td", { class: "wide" }),
-      el("td", {}, el("code", { class: "old", text: stored((before || {})[stream]) })),
+      el("td", {}, el("code", { class: "old", text: bookmarkText(before, stream) })),
       el("td", { class: "wide" }),
       el("td")));
   }
@@ -74,17 +74,14 @@ function bookmarksSection(id, marks, regressed, lost, before, readOnly) {
 
 /** What `version` changed, stream by stream: the value before and after, as stored. */
 function diffOf(version, before) {
-  const items = version.changed_streams.map((stream) => {
-    const old = before ? (before.bookmarks || {})[stream] : undefined;
-    const now = (version.bookmarks || {})[stream];
-    return el("li", { "data-testid": "diff-stream" },
+  const items = version.changed_streams.map((stream) =>
+    el("li", { "data-testid": "diff-stream" },
       el("span", { text: stream + ": " }),
-      el("code", { class: "old", "data-testid": "old", text: stored(old) }),
+      el("code", { class: "old", "data-testid": "old", text: bookmarkText(before, stream) }),
       el("span", { "aria-hidden": "true", text: " → " }),
-      el("code", { class: "new", "data-testid": "new", text: stored(now) }),
+      el("code", { class: "new", "data-testid": "new", text: bookmarkText(version, stream) }),
       version.regressed_streams.includes(stream) ? el("span", { class: "regressed", text: " regressed" }) : null,
-      (version.lost_streams || []).includes(stream) ? lostMark() : null);
-  });
+      (version.lost_streams || []).includes(stream) ? lostMark() : null));
   return el("ul", { class: "diff", "data-testid": "diff" }, ...items);
 }
 
@@ -145,8 +142,7 @@ export async function renderState(id) {
   const charts = bookmarkCharts(versions, width);
   const regressed = new Set(charts.regressions.filter((r) => versions[0] && r.version === versions[0].version).map((r) => r.stream));
   const lost = new Set(versions[0] ? versions[0].lost_streams || [] : []);
-  const before = versions[1] ? versions[1].bookmarks : undefined;
-  if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, lost, before, readOnly));
+  if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, lost, versions[1], readOnly));
   if (versions.length > 0) out.push(charts.section);
   if (state.status === 200) {
     out.push(el("section", {}, el("h2", { text: "Document" }),

@@ -6,7 +6,9 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::helpers::{metric, spawn_app};
-use crate::run_lease::{BIN, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until};
+use crate::run_lease::{
+    BIN, STARTS, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until,
+};
 
 /// A command that records when it ran, as `START END` in seconds, in `interval-N`.
 fn recorded_second(n: usize) -> String {
@@ -149,7 +151,7 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
         &scratch.0,
         script,
     );
-    until("the command starts", Duration::from_secs(20), || {
+    until("the command starts", STARTS, || {
         scratch.path("ready").exists()
     })
     .await;
@@ -202,7 +204,7 @@ async fn a_pool_shows_who_holds_it_and_what_it_runs() {
         &scratch.0,
         WAIT_FOR_GO,
     );
-    until("the command starts", Duration::from_secs(20), || {
+    until("the command starts", STARTS, || {
         scratch.path("ready").exists()
     })
     .await;
@@ -300,7 +302,9 @@ async fn a_pool_taken_first_is_renewed_while_the_run_waits_for_the_next() {
         r#"statehouse_http_requests_total{method="PUT",route="/v1/pools/{name}/{lease_id}",status="200"}"#,
     )
     .unwrap_or(0.0);
-    assert!(renewals >= 4.0, "{renewals} renewals in about 3 s");
+    // A lived three of its TTLs: it was renewed twice at least. (How many
+    // times, every third of the TTL, is a figure a loaded machine lowers.)
+    assert!(renewals >= 2.0, "{renewals} renewals in about 3 s");
 }
 
 #[tokio::test]

@@ -33,10 +33,12 @@ async fn kill_9_of_the_runner_ends_the_whole_tree() {
     let app = spawn_app().await;
     for stubborn in [false, true] {
         let scratch = Scratch::new();
-        // The second round takes the id at once: no lock-delay in its way.
+        // The second round takes the id once the first's lease lapsed: no
+        // lock-delay in its way. The TTL leaves a loaded machine's renewals
+        // room; the waits below are bounds only a hang reaches.
         let mut run = lock(
             &app.base,
-            &["--ttl", "2s", "--lock-delay", "0s"],
+            &["--ttl", "6s", "--lock-delay", "0s", "--wait", "30s"],
             "job",
             &scratch.0,
             &tree(stubborn),
@@ -58,13 +60,13 @@ async fn kill_9_of_the_runner_ends_the_whole_tree() {
         }
         until(
             "nothing of the tree runs",
-            Duration::from_secs(10).saturating_sub(killed.elapsed()),
+            Duration::from_secs(30).saturating_sub(killed.elapsed()),
             || pids.iter().all(|&pid| !running(pid)),
         )
         .await;
         // Nobody renews it now: it lapses, and the next run may go.
         let mut lapsed = false;
-        while killed.elapsed() < Duration::from_secs(12) && !lapsed {
+        while killed.elapsed() < Duration::from_secs(30) && !lapsed {
             lapsed = lock_status(&app, "job").await == StatusCode::NOT_FOUND;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -78,7 +80,7 @@ async fn a_lost_lease_ends_the_grandchild_too() {
     let scratch = Scratch::new();
     let run = lock(
         &app.base,
-        &["--ttl", "3s", "--grace", "1s"],
+        &["--ttl", "9s", "--grace", "1s"],
         "job",
         &scratch.0,
         &tree(true),
@@ -88,7 +90,9 @@ async fn a_lost_lease_ends_the_grandchild_too() {
         .request(Method::DELETE, "/v1/locks/job", None, &[])
         .await;
     unlocked.expect(StatusCode::NO_CONTENT);
-    let (status, stderr) = ended(run, Duration::from_secs(10)).await;
+    // The next renewal (every 3 s) finds the lease gone: a bound only a
+    // hang reaches.
+    let (status, stderr) = ended(run, Duration::from_secs(30)).await;
     assert_eq!(status, Some(76), "{stderr}");
     assert!(stderr.contains("process group"), "{stderr}");
     // The runner ended after its 1 s grace: a bound only a hang reaches.

@@ -255,17 +255,32 @@ async fn a_signal_while_waiting_in_line_leaves_the_id_free() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
     // The holder lets go just before the signal (the runner may be granted
-    // the lease as it is interrupted) and just after (it must not be).
+    // the lease as it is interrupted) and just after (it must not be). On a
+    // loaded machine the grant may even start the command before the
+    // signal comes: the signal then ends the command too, before it could
+    // write anything, so the outcome is the same (143, nothing done, the id
+    // free), however the two raced.
+    let waits = async || {
+        let text = app.get("/metrics").await.text;
+        metric(&text, r#"statehouse_lock_events_total{event="wait"}"#).unwrap_or(0.0)
+    };
     for release_first in [true, false] {
         let (lease_id, _) = app.lease("job", "first", 60, 0.0).await;
+        let before = waits().await;
         let run = lock(
             &app.base,
             &["--wait", "30s"],
             "job",
             &scratch.0,
-            "touch ran",
+            "sleep 10; touch ran",
         );
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // The signal comes once the runner waits in line, however long it
+        // took to start.
+        let give_up = Instant::now() + STARTS;
+        while waits().await == before {
+            assert!(Instant::now() < give_up, "the runner never waited in line");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let pid = i32::try_from(run.id().unwrap()).unwrap();
         // SAFETY: kill(2) on the runner this test started.
         let interrupt = || assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);

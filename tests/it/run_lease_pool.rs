@@ -143,7 +143,17 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
     let script = "trap 'touch terminated' TERM; touch ready; while :; do sleep 0.02; done";
     let run = lock_with(
         &app.base,
-        &["--pool", "P=1", "--ttl", "9s", "--grace", "1s", "job"],
+        &[
+            "--pool",
+            "P=1",
+            "--ttl",
+            "9s",
+            "--grace",
+            "1s",
+            "--lock-delay",
+            "60s",
+            "job",
+        ],
         &scratch.0,
         script,
     );
@@ -172,8 +182,10 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
         StatusCode::NOT_FOUND,
         "the state lease, still current, was released"
     );
-    // The ended lease's lock-delay (--grace + 5 s) keeps its slot: the next
-    // run is busy, told when the slot is free.
+    // The ended lease's lock-delay keeps its slot: the next run is busy,
+    // told when the slot is free. (The delay is a minute, not the default
+    // --grace + 5 s, so that a loaded machine's slower steps above still
+    // end inside it.)
     let next = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "touch ran");
     let (status, stderr) = ended(next, Duration::from_secs(20)).await;
     assert_eq!(status, Some(75), "{stderr}");

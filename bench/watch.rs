@@ -3,7 +3,8 @@
 //! 200 ms, through each gateway in turn. First as long-polls
 //! (`?wait=30s` with `If-None-Match`), then as clients that GET once a
 //! second. Prints, side by side from one run, the delay from a write's
-//! answer to each client seeing its ETag (p50, p99) and the ClickHouse
+//! answer to each client seeing its ETag (p50, p90, p99; the contract says
+//! 1 s at p90 across gateways, which no test asserts) and the ClickHouse
 //! statements per second of the three gateways together (the writer's
 //! included, the same in both).
 //!
@@ -278,17 +279,18 @@ async fn main() {
          a write every {WRITE_EVERY:?} for {FOR:?}, on {endpoint}"
     );
     println!(
-        "{:<28} {:>10} {:>10} {:>10} {:>11} {:>7}",
-        "clients", "sightings", "p50 ms", "p99 ms", "stmts/s", "errors"
+        "{:<28} {:>10} {:>10} {:>10} {:>10} {:>11} {:>7}",
+        "clients", "sightings", "p50 ms", "p90 ms", "p99 ms", "stmts/s", "errors"
     );
     for (name, run) in [
         ("long-poll (?wait=)", &watched),
         ("GET once a second", &polled),
     ] {
         println!(
-            "{name:<28} {:>10} {:>10.0} {:>10.0} {:>11.1} {:>7}",
+            "{name:<28} {:>10} {:>10.0} {:>10.0} {:>10.0} {:>11.1} {:>7}",
             run.delays.len(),
             percentile_ms(&run.delays, 0.5),
+            percentile_ms(&run.delays, 0.9),
             percentile_ms(&run.delays, 0.99),
             run.statements,
             run.errors

@@ -14,13 +14,18 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 import gateway_process  # noqa: E402  (shared with the shim's suite)
 
 CHROMIUM = os.environ.get("STATEHOUSE_CHROMIUM", "/usr/bin/chromium")
+
+# An `expect` passes as soon as the page shows what it asks for; its bound
+# only catches a page that never does. Playwright's 5 s default is short for
+# Chromium beside a loaded machine's other work (`SCRIPTS_TEST_STRESS=1`).
+expect.set_options(timeout=30_000)
 
 
 @dataclass

@@ -208,7 +208,8 @@ async fn logs_a_ready_line_as_json_and_drains_in_flight_requests_on_sigterm() {
 #[test]
 fn an_open_address_without_tokens_is_refused_at_once_naming_both_ways_out() {
     // Nothing listens at this ClickHouse: a start that went on to it would
-    // retry for the startup timeout, not end within seconds.
+    // retry for the 30 s startup timeout. The bound below it only catches
+    // that; a refusal takes a process start.
     let clickhouse = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
     for listen in ["0.0.0.0:8080", "[::]:8080"] {
         let started = std::time::Instant::now();
@@ -216,7 +217,7 @@ fn an_open_address_without_tokens_is_refused_at_once_naming_both_ways_out() {
             &["serve", "--listen", listen],
             &[("STATEHOUSE_CLICKHOUSE_URL", &clickhouse)],
         );
-        assert!(started.elapsed() < Duration::from_secs(5), "at once");
+        assert!(started.elapsed() < Duration::from_secs(20), "at once");
         assert_eq!(code, Some(2), "{listen}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(listen), "{stderr}");

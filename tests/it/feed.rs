@@ -22,8 +22,10 @@ use crate::helpers::{
 };
 
 /// A row INSERTed straight into the state table, as the ClickHouse plugin
-/// writes: "a few seconds".
-const FEW_SECONDS: Duration = Duration::from_secs(5);
+/// writes, is in the feed "within a few seconds". How few is a figure a
+/// loaded machine moves; following stops as soon as the row is there, and
+/// this bound only catches a feed that never delivers it.
+const FEW_SECONDS: Duration = Duration::from_secs(30);
 
 fn doc(n: u64) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {"s": {"replication_key_value": n}}}}, "partial": {}})
@@ -282,8 +284,10 @@ async fn a_cursor_of_another_glob_or_made_up_is_400_and_an_old_one_410() {
     renewed.expect(StatusCode::GONE);
 }
 
-/// 200 long-polls and 20 feed waiters, idle for 5 s, cost at most 15
-/// ClickHouse statements: one poller each, about one statement a second.
+/// 200 long-polls and 20 feed waiters, idle for 5 s, cost a poller's
+/// statements, two a second, not one each: the bound follows the seconds
+/// that passed (more than 5 on a loaded machine), with room for the
+/// poller's phase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_watchers_cost_a_statement_a_second_not_one_each() {
     let app = spawn_app().await;
@@ -319,11 +323,13 @@ async fn idle_watchers_cost_a_statement_a_second_not_one_each() {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = statements(&app.get("/metrics").await.text);
+    let idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = statements(&app.get("/metrics").await.text);
+    let seconds = idle.elapsed().as_secs_f64();
     assert!(
-        after - before <= 15.0,
-        "{} statements in 5 s for 200 long-polls and 20 feed waiters",
+        after - before <= 2.0 * seconds.ceil() + 5.0,
+        "{} statements in {seconds:.1} s for 200 long-polls and 20 feed waiters",
         after - before
     );
     let feeds = metric(

@@ -1,12 +1,14 @@
 //! `statehouse lock --pool NAME=LIMIT [STATE_ID] -- COMMAND`: the binary
 //! against a real gateway's pools, with small shell scripts as the command.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 
-use crate::helpers::{metric, spawn_app};
-use crate::run_lease::{BIN, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until};
+use crate::helpers::{Api, metric, spawn_app};
+use crate::run_lease::{
+    BIN, STARTS, Scratch, WAIT_FOR_GO, ended, lock_status, lock_with, running, until,
+};
 
 /// A command that records when it ran, as `START END` in seconds, in `interval-N`.
 fn recorded_second(n: usize) -> String {
@@ -32,7 +34,8 @@ fn most_at_once(intervals: &[(f64, f64)]) -> usize {
 async fn four_runs_of_a_pool_of_two_go_two_at_a_time_and_all_finish() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
-    let flags = ["--pool", "P=2", "--wait", "10s"];
+    // Each holds 1 s; the wait is a bound only a hang reaches.
+    let flags = ["--pool", "P=2", "--wait", "60s"];
     let runs: Vec<_> = [None, None, Some("dev:job-a"), Some("dev:job-b")]
         .into_iter()
         .enumerate()
@@ -42,7 +45,7 @@ async fn four_runs_of_a_pool_of_two_go_two_at_a_time_and_all_finish() {
         })
         .collect();
     for (n, run) in runs.into_iter().enumerate() {
-        let (status, stderr) = ended(run, Duration::from_secs(30)).await;
+        let (status, stderr) = ended(run, Duration::from_secs(90)).await;
         assert_eq!(status, Some(0), "run {n}: {stderr}");
         assert_eq!(stderr, "", "run {n}: nothing to say");
     }
@@ -60,13 +63,8 @@ async fn four_runs_of_a_pool_of_two_go_two_at_a_time_and_all_finish() {
         2,
         "never more than the limit, and the limit used: {intervals:?}"
     );
-    let first = intervals.iter().map(|i| i.0).fold(f64::MAX, f64::min);
-    let last = intervals.iter().map(|i| i.1).fold(f64::MIN, f64::max);
-    assert!(
-        last - first < 5.0,
-        "all done {:.2}s after the first start",
-        last - first
-    );
+    // How soon all four are done is the machine's speed: two at a time,
+    // and all done, is the rule.
     // Everything was released.
     app.pool_view("P").await.expect(StatusCode::NOT_FOUND);
     for id in ["dev:job-a", "dev:job-b"] {
@@ -145,18 +143,29 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
     let script = "trap 'touch terminated' TERM; touch ready; while :; do sleep 0.02; done";
     let run = lock_with(
         &app.base,
-        &["--pool", "P=1", "--ttl", "3s", "--grace", "1s", "job"],
+        &[
+            "--pool",
+            "P=1",
+            "--ttl",
+            "9s",
+            "--grace",
+            "1s",
+            "--lock-delay",
+            "60s",
+            "job",
+        ],
         &scratch.0,
         script,
     );
-    until("the command starts", Duration::from_secs(20), || {
+    until("the command starts", STARTS, || {
         scratch.path("ready").exists()
     })
     .await;
     let ended_by_admin = app.pool_end("P", "x").await;
     ended_by_admin.expect(StatusCode::NO_CONTENT);
-    // A renewal goes out every third of the TTL (1 s); slack for a loaded machine.
-    until("SIGTERM", Duration::from_secs(5), || {
+    // A renewal goes out every third of the TTL (3 s) and finds the lease
+    // ended; the command is stopped within the TTL it was given.
+    until("SIGTERM", Duration::from_secs(9), || {
         scratch.path("terminated").exists()
     })
     .await;
@@ -173,8 +182,10 @@ async fn a_pool_lease_ended_by_an_admin_stops_the_command_and_exits_76() {
         StatusCode::NOT_FOUND,
         "the state lease, still current, was released"
     );
-    // The ended lease's lock-delay (--grace + 5 s) keeps its slot: the next
-    // run is busy, told when the slot is free.
+    // The ended lease's lock-delay keeps its slot: the next run is busy,
+    // told when the slot is free. (The delay is a minute, not the default
+    // --grace + 5 s, so that a loaded machine's slower steps above still
+    // end inside it.)
     let next = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "touch ran");
     let (status, stderr) = ended(next, Duration::from_secs(20)).await;
     assert_eq!(status, Some(75), "{stderr}");
@@ -202,7 +213,7 @@ async fn a_pool_shows_who_holds_it_and_what_it_runs() {
         &scratch.0,
         WAIT_FOR_GO,
     );
-    until("the command starts", Duration::from_secs(20), || {
+    until("the command starts", STARTS, || {
         scratch.path("ready").exists()
     })
     .await;
@@ -273,34 +284,44 @@ async fn bad_pool_command_lines_and_a_limit_of_its_own_exit_1_and_run_nothing() 
     assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
 }
 
+/// The PUTs that renewed a pool lease so far.
+async fn pool_renewals(app: &Api) -> f64 {
+    metric(
+        &app.get("/metrics").await.text,
+        r#"statehouse_http_requests_total{method="PUT",route="/v1/pools/{name}/{lease_id}",status="200"}"#,
+    )
+    .unwrap_or(0.0)
+}
+
+/// A run takes pool A, then waits for pool P, which another holds: A is
+/// renewed meanwhile (twice, past its TTL), and the run goes once P is free.
 #[tokio::test]
 async fn a_pool_taken_first_is_renewed_while_the_run_waits_for_the_next() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
-    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, "sleep 3");
-    // A comes before P: held, with a TTL of 1 s, all the while P is waited for.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, WAIT_FOR_GO);
+    until("the holder runs", STARTS, || scratch.path("ready").exists()).await;
     let run = lock_with(
         &app.base,
         &[
-            "--pool", "P=1", "--pool", "A=1", "--ttl", "1s", "--wait", "20s",
+            "--pool", "P=1", "--pool", "A=1", "--ttl", "3s", "--wait", "5m",
         ],
         &scratch.0,
         "touch ran",
     );
+    let give_up = Instant::now() + STARTS;
+    while pool_renewals(&app).await < 2.0 {
+        assert!(Instant::now() < give_up, "A was never renewed twice");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!scratch.path("ran").exists(), "the run waits for P");
+    std::fs::write(scratch.path("go"), "").unwrap();
     let (status, stderr) = ended(holder, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
-    assert_eq!(stderr, "", "A outlived three of its TTLs");
+    assert_eq!(stderr, "", "A outlived its TTL");
     assert!(scratch.path("ran").exists());
-    let metrics = app.get("/metrics").await.text;
-    let renewals = metric(
-        &metrics,
-        r#"statehouse_http_requests_total{method="PUT",route="/v1/pools/{name}/{lease_id}",status="200"}"#,
-    )
-    .unwrap_or(0.0);
-    assert!(renewals >= 4.0, "{renewals} renewals in about 3 s");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use crate::https::{Certs, spawn_tls};
-use crate::run_lease::{Scratch, WAIT_FOR_GO, ended, lock, lock_status, until};
+use crate::run_lease::{STARTS, Scratch, WAIT_FOR_GO, ended, lock, lock_status, until};
 
 #[tokio::test]
 async fn over_https_the_runner_holds_the_lease_and_returns_the_commands_status() {
@@ -22,7 +22,7 @@ async fn over_https_the_runner_holds_the_lease_and_returns_the_commands_status()
         &scratch.0,
         &format!("{WAIT_FOR_GO}; exit 3"),
     );
-    until("the command starts", Duration::from_secs(20), || {
+    until("the command starts", STARTS, || {
         scratch.path("ready").exists()
     })
     .await;

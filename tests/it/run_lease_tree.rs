@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 
 use crate::helpers::spawn_app;
-use crate::run_lease::{BIN, Scratch, ended, lock, lock_status, pid_in, running, until};
+use crate::run_lease::{BIN, STARTS, Scratch, ended, lock, lock_status, pid_in, running, until};
 
 /// The command writes its pid, its child's and its grandchild's; the child
 /// and grandchild shrug SIGTERM off when `stubborn`, so only SIGKILL ends them.
@@ -19,7 +19,7 @@ fn tree(stubborn: bool) -> String {
 }
 
 async fn started(scratch: &Scratch) -> [i32; 3] {
-    until("the tree starts", Duration::from_secs(20), || {
+    until("the tree starts", STARTS, || {
         scratch
             .read("grandchild")
             .is_some_and(|pid| pid.ends_with('\n'))
@@ -33,10 +33,12 @@ async fn kill_9_of_the_runner_ends_the_whole_tree() {
     let app = spawn_app().await;
     for stubborn in [false, true] {
         let scratch = Scratch::new();
-        // The second round takes the id at once: no lock-delay in its way.
+        // The second round takes the id once the first's lease lapsed: no
+        // lock-delay in its way. The TTL leaves a loaded machine's renewals
+        // room; the waits below are bounds only a hang reaches.
         let mut run = lock(
             &app.base,
-            &["--ttl", "2s", "--lock-delay", "0s"],
+            &["--ttl", "6s", "--lock-delay", "0s", "--wait", "30s"],
             "job",
             &scratch.0,
             &tree(stubborn),
@@ -45,25 +47,26 @@ async fn kill_9_of_the_runner_ends_the_whole_tree() {
         run.start_kill().unwrap();
         let _ = run.wait().await;
         let killed = Instant::now();
-        // The watchdog sends SIGTERM at once: the command does not ignore it.
-        until("the command ends", Duration::from_secs(2), || {
+        // The watchdog sends SIGTERM at once: the command does not ignore
+        // it. Its SIGKILL comes 5 s after (the most grace it gives), so an
+        // end within 4 s was the SIGTERM's, however loaded the machine.
+        until("the command ends", Duration::from_secs(4), || {
             !running(pids[0])
         })
         .await;
         if stubborn {
-            // SIGKILL comes no later than 5 s after the SIGTERM.
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            // The same SIGTERM reached the whole group, before the SIGKILL.
             assert!(running(pids[2]), "the grandchild ignores SIGTERM");
         }
         until(
             "nothing of the tree runs",
-            Duration::from_secs(10).saturating_sub(killed.elapsed()),
+            Duration::from_secs(30).saturating_sub(killed.elapsed()),
             || pids.iter().all(|&pid| !running(pid)),
         )
         .await;
         // Nobody renews it now: it lapses, and the next run may go.
         let mut lapsed = false;
-        while killed.elapsed() < Duration::from_secs(12) && !lapsed {
+        while killed.elapsed() < Duration::from_secs(30) && !lapsed {
             lapsed = lock_status(&app, "job").await == StatusCode::NOT_FOUND;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -77,7 +80,7 @@ async fn a_lost_lease_ends_the_grandchild_too() {
     let scratch = Scratch::new();
     let run = lock(
         &app.base,
-        &["--ttl", "3s", "--grace", "1s"],
+        &["--ttl", "9s", "--grace", "1s"],
         "job",
         &scratch.0,
         &tree(true),
@@ -87,10 +90,13 @@ async fn a_lost_lease_ends_the_grandchild_too() {
         .request(Method::DELETE, "/v1/locks/job", None, &[])
         .await;
     unlocked.expect(StatusCode::NO_CONTENT);
-    let (status, stderr) = ended(run, Duration::from_secs(10)).await;
+    // The next renewal (every 3 s) finds the lease gone: a bound only a
+    // hang reaches.
+    let (status, stderr) = ended(run, Duration::from_secs(30)).await;
     assert_eq!(status, Some(76), "{stderr}");
     assert!(stderr.contains("process group"), "{stderr}");
-    until("nothing of the tree runs", Duration::from_secs(3), || {
+    // The runner ended after its 1 s grace: a bound only a hang reaches.
+    until("nothing of the tree runs", Duration::from_secs(10), || {
         pids.iter().all(|&pid| !running(pid))
     })
     .await;

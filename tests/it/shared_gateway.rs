@@ -35,6 +35,8 @@ fn two_teams(config: &mut Config) {
     config.tokens = tokens;
     config.concurrency.lock_waiters = 16;
     config.concurrency.requests = 8;
+    // Team A's uploads trickle for as long as a test on a loaded machine runs.
+    config.client_timeouts.body_read = Duration::from_secs(300);
 }
 
 fn acquire_body(owner: &str, wait: f64) -> String {
@@ -75,9 +77,10 @@ async fn release(api: &Api, id: &str, lease_id: &str, token: &str) {
 }
 
 /// Team B's acquire of a free id of its own, and its read, while team A
-/// does its worst: both answered, within 3 s.
+/// does its worst: both answered, not shed. How soon is the machine's
+/// speed; that team A still holds its share meanwhile is checked by the
+/// callers.
 async fn team_b_is_served(api: &Api, round: usize) {
-    let started = Instant::now();
     let id = format!("b:free-{round}");
     let lease_id = lease_as(api, &id, "team-b", TEAM_B).await;
     let read = api
@@ -85,17 +88,16 @@ async fn team_b_is_served(api: &Api, round: usize) {
         .await;
     read.expect(StatusCode::OK);
     release(api, &id, &lease_id, TEAM_B).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "team B waited {:?}",
-        started.elapsed()
-    );
 }
+
+/// How long a test waits for what comes at once (team A's refusals): a
+/// bound only a hang reaches.
+const HANG: Duration = Duration::from_secs(30);
 
 /// Team A's 16 waiters on its own held id, sent to `entry`; `authority`
 /// holds the id. Past team A's share they get 429 with Retry-After at
-/// once, the others wait their 4 s in line, and team B is served all the
-/// while, at both gateways.
+/// once, the others wait in line (a minute), and team B is served while
+/// they do, at both gateways.
 async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
     let held = lease(authority, "a:held", TEAM_A).await;
     let waiters: Vec<_> = (0..16)
@@ -105,37 +107,38 @@ async fn team_a_floods_waiters(entry: &TestApp, authority: &TestApp) {
                 api.call(
                     Method::POST,
                     "/v1/locks/a:held",
-                    Some(&acquire_body(&format!("waiter-{n}"), 4.0)),
+                    Some(&acquire_body(&format!("waiter-{n}"), 60.0)),
                     TEAM_A,
                 )
                 .await
             })
         })
         .collect();
-    // Long enough for every waiter to be in line or refused.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let give_up = Instant::now() + HANG;
+    while waiters.iter().filter(|w| w.is_finished()).count() < 8 {
+        assert!(Instant::now() < give_up, "team A was never refused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for round in 0..2 {
         team_b_is_served(entry, round).await;
         team_b_is_served(authority, round + 10).await;
     }
-    let (mut refused, mut waited) = (0, 0);
-    for waiter in waiters {
+    let (refused, waiting): (Vec<_>, Vec<_>) = waiters.into_iter().partition(|w| w.is_finished());
+    assert_eq!(
+        waiting.len(),
+        8,
+        "team A's share of the 16 waiters is still in line, team B served meanwhile"
+    );
+    assert_eq!(refused.len(), 8, "team A holds at most half the 16 waiters");
+    for waiter in refused {
         let reply = waiter.await.unwrap();
-        match reply.status {
-            StatusCode::TOO_MANY_REQUESTS => {
-                assert_eq!(reply.problem_type(), "too-many-requests");
-                assert_eq!(reply.header("retry-after"), Some("1"));
-                refused += 1;
-            }
-            StatusCode::CONFLICT => {
-                assert_eq!(reply.problem_type(), "lock-held");
-                waited += 1;
-            }
-            other => panic!("{other}: {}", reply.text),
-        }
+        reply.expect(StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.problem_type(), "too-many-requests");
+        assert_eq!(reply.header("retry-after"), Some("1"));
     }
-    assert_eq!(refused, 8, "team A holds at most half the 16 waiters");
-    assert_eq!(waited, 8);
+    for waiter in waiting {
+        waiter.abort();
+    }
     release(authority, "a:held", &held, TEAM_A).await;
 }
 
@@ -193,9 +196,17 @@ async fn answered(stream: &mut TcpStream, wait: Duration) -> Option<u16> {
         .and_then(|code| code.parse().ok())
 }
 
+/// Whether `stream` is still open with nothing answered on it.
+async fn unanswered(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    tokio::time::timeout(Duration::from_millis(10), stream.read(&mut buf))
+        .await
+        .is_err()
+}
+
 /// Team A's 8 uploads that trickle in, sent to `entry` for ids `authority`
 /// is the authority of: 4 hold team A's share, 4 are refused with 429 at
-/// once, and team B is served.
+/// once, and team B is served while the 4 still trickle, unanswered.
 async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
     for n in 0..8 {
         // The authority holds each id's claim, so the uploads are forwarded.
@@ -205,22 +216,39 @@ async fn team_a_uploads_slowly(entry: &TestApp, authority: &TestApp) {
     }
     let mut uploads = Vec::new();
     for n in 0..8 {
-        uploads.push(slow_upload(&entry.base, &format!("a:slow-{n}")).await);
+        uploads.push((
+            slow_upload(&entry.base, &format!("a:slow-{n}")).await,
+            false,
+        ));
     }
-    let mut refused = 0;
-    for upload in &mut uploads {
-        match answered(upload, Duration::from_millis(500)).await {
-            Some(429) => refused += 1,
-            Some(other) => panic!("a slow upload answered {other}"),
-            None => {}
+    let give_up = Instant::now() + HANG;
+    while uploads.iter().filter(|(_, refused)| *refused).count() < 4 {
+        assert!(Instant::now() < give_up, "team A was never refused");
+        for (upload, refused) in uploads.iter_mut().filter(|(_, refused)| !*refused) {
+            match answered(upload, Duration::from_millis(20)).await {
+                Some(429) => *refused = true,
+                Some(other) => panic!("a slow upload answered {other}"),
+                None => {}
+            }
         }
     }
-    assert_eq!(refused, 4, "team A holds at most half the 8 requests");
     for round in 0..3 {
         team_b_is_served(entry, 20 + round).await;
         team_b_is_served(authority, 30 + round).await;
     }
-    drop(uploads);
+    for (upload, refused) in &mut uploads {
+        if !*refused {
+            assert!(
+                unanswered(upload).await,
+                "team A's share still trickles, team B served meanwhile"
+            );
+        }
+    }
+    assert_eq!(
+        uploads.iter().filter(|(_, refused)| *refused).count(),
+        4,
+        "team A holds at most half the 8 requests"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,9 +14,7 @@ use statehouse::domain::GuardMode;
 use tokio::sync::watch;
 
 use crate::checker::{Held, Log, check, retried};
-use crate::helpers::{
-    Api, plugin_writes_ahead, spawn_app, spawn_app_with, two_peers, write_path_statements,
-};
+use crate::helpers::{Api, plugin_writes_ahead, spawn_app_with, two_peers, write_path_statements};
 
 fn bookmarked(value: &str) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -25,13 +23,16 @@ fn bookmarked(value: &str) -> Value {
 }
 
 /// One-off unlocked PUTs cost their routing read (with the current row)
-/// and their INSERT. The margin: a routing read slower than half the claim
-/// settle (100 ms in tests) is followed by a fresh read under the writer
-/// lock, which a loaded machine may cause now and then. (Repeated writes to
-/// one id make the gateway its authority: see `write_claims`.)
+/// and their INSERT: two statements each. A routing read slower than half
+/// the claim settle is followed by a fresh read under the writer lock, so
+/// the settle here is a minute, past any read's query timeout, and the
+/// count is the write's own, whatever the machine's load. (The figure under
+/// load, with the settle the tests run, is `bench/fleet`'s statements per
+/// write; repeated writes to one id make the gateway its authority: see
+/// `write_claims`.)
 #[tokio::test]
 async fn an_unlocked_write_costs_its_routing_read_and_its_insert() {
-    let app = spawn_app().await;
+    let app = spawn_app_with(|config| config.locks.settle = Duration::from_secs(60)).await;
     let before = write_path_statements(&app).await;
     for n in 0..8 {
         let put = app
@@ -39,11 +40,8 @@ async fn an_unlocked_write_costs_its_routing_read_and_its_insert() {
             .await;
         assert!(put.status.is_success(), "{}", put.text);
     }
-    let per_write = (write_path_statements(&app).await - before) / 8.0;
-    assert!(
-        per_write <= 2.5,
-        "{per_write:.2} statements per unlocked write"
-    );
+    let statements = write_path_statements(&app).await - before;
+    assert_eq!(statements, 16.0, "8 unlocked writes");
     assert_eq!(app.get_state("one-off-7").await.json()["completed"]["n"], 7);
 }
 

@@ -2,8 +2,10 @@
 //! on one gateway and across two, its limits, SIGTERM and scopes.
 //!
 //! Timings: the contract says 0.5 s on one gateway and 1 s across gateways;
-//! these tests run on a loaded 2-core machine beside other builds, so they
-//! allow 1 s and 2 s, and say so where they do.
+//! `bench/watch` measures those delays. These tests assert what no machine's
+//! speed changes: a waiter is answered by the change (200 with its ETag, or
+//! 404), long before its own wait would have ended with a 304. Their upper
+//! bounds on time only catch a hang, and say so.
 
 use std::time::{Duration, Instant};
 
@@ -16,10 +18,9 @@ use crate::helpers::{
     spawn_configured, unique_schema,
 };
 
-/// One gateway's local wake: the contract's 0.5 s, with room for a loaded machine.
-const LOCAL: Duration = Duration::from_secs(1);
-/// Another gateway's change, found by the poller: the contract's 1 s, doubled.
-const ACROSS: Duration = Duration::from_secs(2);
+/// A bound that only a hang reaches, well inside the 20 s waits it checks:
+/// an answer at the end of such a wait would be a 304, not the change.
+const HANG: Duration = Duration::from_secs(15);
 
 fn doc(n: u64) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {"s": {"replication_key_value": n}}}}, "partial": {}})
@@ -76,7 +77,7 @@ async fn a_create_a_change_and_a_delete_each_answer_a_waiter_at_once() {
     let (reply, at) = waiter.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     assert!(
-        at - written < LOCAL,
+        at - written < HANG,
         "created: answered {:?} after",
         at - written
     );
@@ -92,7 +93,7 @@ async fn a_create_a_change_and_a_delete_each_answer_a_waiter_at_once() {
     let (reply, at) = waiter.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     assert!(
-        at - written < LOCAL,
+        at - written < HANG,
         "changed: answered {:?} after",
         at - written
     );
@@ -109,7 +110,7 @@ async fn a_create_a_change_and_a_delete_each_answer_a_waiter_at_once() {
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
     assert_eq!(reply.problem_type(), "state-not-found");
     assert!(
-        at - written < LOCAL,
+        at - written < HANG,
         "deleted: answered {:?} after",
         at - written
     );
@@ -132,7 +133,8 @@ async fn at_the_deadline_a_current_etag_gets_304_and_an_absent_state_404() {
         "{:?}",
         at - started
     );
-    assert!(at - started < Duration::from_secs(5), "{:?}", at - started);
+    // Not before the deadline (the rule); the upper bound only catches a hang.
+    assert!(at - started < HANG, "{:?}", at - started);
 
     let started = Instant::now();
     let (reply, at) = long_poll(&app, &fresh_id("never"), "500ms", None)
@@ -174,8 +176,10 @@ async fn a_stale_etag_or_an_existing_state_answers_at_once() {
         StatusCode::NOT_FOUND,
         "deleted since the ETag"
     );
+    // Each wait is a minute or more: answers that waited would not all
+    // have come within this bound, which only catches a hang.
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < HANG,
         "three answers at once took {:?}",
         started.elapsed()
     );
@@ -197,9 +201,9 @@ async fn a_wait_that_is_not_a_duration_or_over_two_minutes_is_400() {
 }
 
 /// Writes through gateway A, and a row INSERTed straight into the state
-/// table, reach a waiter on gateway B through B's poller: within the
-/// contract's 1 s, allowed 2 s here. B's poller costs about one statement
-/// a second, however many wait.
+/// table, reach a waiter on gateway B through B's poller, within its 20 s
+/// wait (the contract's 1 s is `bench/watch`'s figure). B's poller costs
+/// about two statements a second, however many wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
     let schema = unique_schema();
@@ -219,7 +223,7 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
         let (reply, at) = waiter.await.unwrap();
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
         assert_eq!(etag(&reply), etag(&written));
-        assert!(at - at_write < ACROSS, "round {n}: {:?}", at - at_write);
+        assert!(at - at_write < HANG, "round {n}: {:?}", at - at_write);
     }
     let _ = created;
 
@@ -236,10 +240,12 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
     let (reply, at) = waiter.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
     assert_eq!(reply.json()["completed"], json!({"x": 1}));
-    assert!(at - inserted < ACROSS, "{:?}", at - inserted);
+    assert!(at - inserted < HANG, "{:?}", at - inserted);
 
     // 40 waiters on 20 ids, idle for 3 s: the poller's two statements a
-    // second (seven at most in 3 s, by its phase), not 40 a second.
+    // second, not 40 a second. The bound follows the time that passed
+    // between the two reads of /metrics (more than 3 s on a loaded
+    // machine), with one statement more for the poller's phase.
     let statements = |text: String| {
         metric(
             &text,
@@ -255,11 +261,13 @@ async fn a_change_elsewhere_reaches_a_waiter_on_another_gateway() {
         .collect();
     settle().await;
     let before = statements(b.get("/metrics").await.text);
+    let idle = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = statements(b.get("/metrics").await.text);
+    let seconds = idle.elapsed().as_secs_f64();
     assert!(
-        after - before <= 7.0,
-        "{} watch statements in 3 s for 40 waiters",
+        after - before <= 2.0 * seconds.ceil() + 1.0,
+        "{} watch statements in {seconds:.1} s for 40 waiters",
         after - before
     );
     for waiter in waiters {
@@ -290,11 +298,7 @@ async fn a_leased_ids_write_wakes_waiters_on_its_authority_and_elsewhere() {
         let (reply, at) = on_b.await.unwrap();
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
         assert_eq!(etag(&reply), etag(&written));
-        assert!(
-            at - at_write < ACROSS,
-            "round {n}, on B: {:?}",
-            at - at_write
-        );
+        assert!(at - at_write < HANG, "round {n}, on B: {:?}", at - at_write);
         let (reply, _) = on_a.await.unwrap();
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
         assert_eq!(reply.json()["completed"], doc(n)["completed"]);
@@ -314,15 +318,16 @@ async fn a_leased_ids_write_wakes_waiters_on_its_authority_and_elsewhere() {
     let (reply, at) = waiter.await.unwrap();
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
     assert!(
-        at - at_write < LOCAL,
+        at - at_write < HANG,
         "on the authority: {:?}",
         at - at_write
     );
 }
 
 /// Waiters hold no request permit (acceptance 7): with four permits and
-/// room for 40 waiters, 40 waiters leave reads and writes served within
-/// 3 s, and the 41st waiter is refused with 503 and Retry-After.
+/// room for 40 waiters, 40 waiters leave reads and writes served (a request
+/// past the permits would be shed with 503), and the 41st waiter is refused
+/// with 503 and Retry-After.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn past_max_watchers_a_long_poll_is_503_and_waiters_hold_no_request_permit() {
     let app = spawn_app_with(|config| {
@@ -361,7 +366,8 @@ async fn past_max_watchers_a_long_poll_is_503_and_waiters_hold_no_request_permit
     let written = app.put_state(&fresh_id("served"), &doc(1)).await;
     assert_eq!(written.status, StatusCode::CREATED, "{}", written.text);
     assert_eq!(app.get("/v1/states").await.status, StatusCode::OK);
-    assert!(started.elapsed() < Duration::from_secs(3));
+    // Only a hang reaches this bound, short of the waiters' 30 s.
+    assert!(started.elapsed() < HANG, "{:?}", started.elapsed());
     for waiter in &waiting {
         assert!(!waiter.is_finished());
     }
@@ -372,9 +378,11 @@ async fn past_max_watchers_a_long_poll_is_503_and_waiters_hold_no_request_permit
 
 /// SIGTERM answers every waiter at once, with what it knows: 304 for a
 /// current ETag, 404 for an absent state; and the gateway stops cleanly.
+/// The waits are 2 minutes and the shutdown timeout a minute, so answers
+/// within [`HANG`] came from the shutdown itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shutdown_answers_every_waiter_at_once() {
-    let app = spawn_app().await;
+    let app = spawn_app_with(|config| config.shutdown_timeout = Duration::from_secs(60)).await;
     let id_here = fresh_id("here");
     let written = app.put_state(&id_here, &doc(1)).await;
     let current = long_poll(&app, &id_here, "2m", Some(&etag(&written)));
@@ -387,11 +395,11 @@ async fn a_shutdown_answers_every_waiter_at_once() {
     let (reply, at) = current.await.unwrap();
     assert_eq!(reply.status, StatusCode::NOT_MODIFIED);
     assert_eq!(etag(&reply), etag(&written));
-    assert!(at - started < Duration::from_secs(3), "{:?}", at - started);
+    assert!(at - started < HANG, "{:?}", at - started);
     for waiter in absent {
         let (reply, at) = waiter.await.unwrap();
         assert_eq!(reply.status, StatusCode::NOT_FOUND);
-        assert!(at - started < Duration::from_secs(3), "{:?}", at - started);
+        assert!(at - started < HANG, "{:?}", at - started);
     }
 }
 
@@ -418,7 +426,8 @@ async fn a_scoped_tokens_long_poll_outside_its_scope_is_403_at_once() {
         .await;
     assert_eq!(outside.status, StatusCode::FORBIDDEN);
     assert_eq!(outside.problem_type(), "out-of-scope");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    // Refused, not waited: a hang bound, short of the 30 s asked.
+    assert!(started.elapsed() < HANG, "{:?}", started.elapsed());
     let inside = app
         .request(
             Method::GET,

@@ -170,7 +170,7 @@ async fn a_delay_outlives_a_restart_of_the_authority() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
+async fn a_lease_held_through_an_authority_that_crashes_keeps_its_place_and_then_its_delay() {
     let schema = unique_schema();
     let flags = [
         "--schema",
@@ -183,15 +183,18 @@ async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
     let mut a = spawn_peer_process(&clickhouse_url(), &flags).await;
     let b = spawn_peer_process(&clickhouse_url(), &flags).await;
     let id = "crashed-authority";
-    let held = acquire(&a.api(), id, 60, 0.0, 3).await;
+    // Longer than the take-over (the claim TTL) takes on a loaded machine.
+    let held = acquire(&a.api(), id, 20, 0.0, 3).await;
     held.expect(StatusCode::CREATED);
+    let expires_at = millis(&time(&held.json(), "expires_at"));
     // The grant's row, which carries the delay, is written behind the grant.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     a.child.kill().await.expect("kill -9");
 
     // Until the dead authority's claim lapses, the id is unreachable; then
-    // the lease ends as the survivor takes the claim, and its delay starts.
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(15);
+    // the survivor takes the claim, and the lease keeps its place until it
+    // would have expired, and its delay after that.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
     let refused = loop {
         let reply = acquire(&b.api(), id, 30, 0.0, 0).await;
         if reply.status != StatusCode::SERVICE_UNAVAILABLE {
@@ -202,7 +205,19 @@ async fn a_lease_held_through_an_authority_that_crashes_ends_with_its_delay() {
     };
     refused.expect(StatusCode::CONFLICT);
     assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
-    granted_after(&b.api(), id, &time(&refused.json(), "free_at")).await;
+    let free_at = time(&refused.json(), "free_at");
+    assert_eq!(
+        millis(&free_at),
+        expires_at + 3_000,
+        "free at the lease's expiry and its delay"
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let wait = u64::try_from(millis(&free_at) - now_ms).unwrap_or(0);
+    tokio::time::sleep(Duration::from_millis(wait.saturating_sub(5_000))).await;
+    granted_after(&b.api(), id, &free_at).await;
 }
 
 /// A grant as the checker sees it: its server times, and whether its

@@ -49,6 +49,16 @@ pub enum ForwardError {
     },
 }
 
+/// What the probes of a peer that keeps a forward waiting found so far.
+#[derive(Clone, Copy)]
+enum Probed {
+    NotYet,
+    /// The last probe was answered, at this instant.
+    Answered(Instant),
+    /// The last probe went unanswered.
+    Silent,
+}
+
 /// How a peer that keeps a forward waiting was found silent.
 enum Silence {
     /// Its claim has lapsed and it answers no probe: treated as dead.
@@ -274,15 +284,18 @@ impl PeerClient {
     /// and never resolves this: it keeps its leases through a coordination
     /// outage that lapsed its claim (the outage rule, docs/gateways.md).
     async fn silence(&self, peer: &Peer, answer_by: Instant) -> Silence {
-        let last_answer = Mutex::new(None::<Instant>);
+        let probed = Mutex::new(Probed::NotYet);
+        let set = |state| *probed.lock().unwrap_or_else(|p| p.into_inner()) = state;
         let probing = async {
             tokio::time::sleep(PROBE_AFTER).await;
             loop {
                 if self.probe(peer).await {
-                    *last_answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                    set(Probed::Answered(Instant::now()));
                 } else if peer.lapses_in().is_zero() {
                     // While its claim is live nobody else may act on the id.
                     return Silence::Gone;
+                } else {
+                    set(Probed::Silent);
                 }
                 tokio::time::sleep(PROBE_EVERY).await;
             }
@@ -290,11 +303,21 @@ impl PeerClient {
         let judging = async {
             tokio::time::sleep_until(answer_by.into()).await;
             loop {
-                let answered = *last_answer.lock().unwrap_or_else(|p| p.into_inner());
-                if answered.is_none_or(|at| at.elapsed() >= PROBE_EVERY + PROBE_DEADLINE) {
-                    return Silence::Unanswered;
+                let state = *probed.lock().unwrap_or_else(|p| p.into_inner());
+                match state {
+                    Probed::Silent => return Silence::Unanswered,
+                    Probed::Answered(at) if at.elapsed() < PROBE_EVERY + PROBE_DEADLINE => {
+                        tokio::time::sleep(PROBE_EVERY).await;
+                    }
+                    // Not asked yet (the request came late in its time), or
+                    // not lately: asked now.
+                    Probed::NotYet | Probed::Answered(_) => {
+                        if !self.probe(peer).await {
+                            return Silence::Unanswered;
+                        }
+                        set(Probed::Answered(Instant::now()));
+                    }
                 }
-                tokio::time::sleep(PROBE_EVERY).await;
             }
         };
         tokio::select! {

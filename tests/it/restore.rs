@@ -1,0 +1,178 @@
+//! `POST /v1/restore`: a glob put back as it was at an instant, on the
+//! timeline of `point_in_time` (A three versions, B created later, C
+//! deleted later): the plan, the dry run, the writes and their history, a
+//! repeat, leases and the regression guard, the id limit.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use statehouse::domain::GuardMode;
+use statehouse::store::History;
+
+use crate::helpers::{Api, encode_id, spawn_app_with};
+use crate::point_in_time::{A, B, C, bookmark, gateway, timeline};
+
+async fn restore(api: &Api, body: &Value) -> crate::helpers::Reply {
+    api.request(Method::POST, "/v1/restore", Some(&body.to_string()), &[])
+        .await
+}
+
+async fn versions(api: &Api, id: &str) -> Vec<Value> {
+    let reply = api
+        .get(&format!("/v1/states/{}/history", encode_id(id)))
+        .await;
+    reply.expect(StatusCode::OK);
+    reply.json()["versions"].as_array().unwrap().clone()
+}
+
+async fn counts(api: &Api) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for id in [A, B, C] {
+        counts.push(versions(api, id).await.len());
+    }
+    counts
+}
+
+fn actions(answer: &Value) -> Vec<(String, String)> {
+    answer["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["state_id"].as_str().unwrap().to_owned(),
+                c["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restore_plans_writes_and_then_changes_nothing() {
+    let app = gateway().await;
+    let timeline = timeline(&app).await;
+    let before = counts(&app).await;
+
+    let dry = restore(
+        &app,
+        &json!({"pattern": "pit:*", "at": timeline.at, "dry_run": true}),
+    )
+    .await;
+    dry.expect(StatusCode::OK);
+    let plan = dry.json();
+    assert_eq!(
+        actions(&plan),
+        pairs(&[(A, "restore"), (B, "delete"), (C, "restore")])
+    );
+    assert_eq!(
+        plan["changes"][0]["streams"],
+        json!([{"stream": "orders",
+            "from": {"replication_key": "id", "replication_key_value": 3},
+            "to": {"replication_key": "id", "replication_key_value": 2}}])
+    );
+    assert_eq!(
+        plan["changes"][0]["to_version"],
+        timeline.a_at["updated_at"]
+    );
+    assert_eq!(
+        plan["changes"][2]["from_version"],
+        Value::Null,
+        "C is gone now"
+    );
+    assert_eq!(counts(&app).await, before, "a dry run writes nothing");
+    app.get_state(B).await.expect(StatusCode::OK);
+
+    let done = restore(
+        &app,
+        &json!({"pattern": "pit:*", "at": timeline.at, "reason": "bad release 4.2"}),
+    )
+    .await;
+    done.expect(StatusCode::OK);
+    let done = done.json();
+    assert_eq!(actions(&done), actions(&plan), "the plan is what was done");
+    assert_eq!(
+        (&done["restored"], &done["deleted"], &done["unchanged"]),
+        (&json!(2), &json!(1), &json!(0))
+    );
+    let a = app.get_state(A).await;
+    assert_eq!(a.json()["completed"], timeline.a_at["completed"]);
+    app.get_state(B).await.expect(StatusCode::NOT_FOUND);
+    app.get_state(C).await.expect(StatusCode::OK);
+    assert_eq!(
+        counts(&app).await,
+        before.iter().map(|n| n + 1).collect::<Vec<_>>(),
+        "one version each"
+    );
+    let newest = &versions(&app, A).await[0];
+    assert_eq!(newest["operation"], "restore");
+    assert_eq!(newest["reason"], "bad release 4.2");
+    assert_eq!(newest["restored_from"], timeline.a_at["updated_at"]);
+
+    let after = counts(&app).await;
+    let again = restore(&app, &json!({"pattern": "pit:*", "at": timeline.at})).await;
+    again.expect(StatusCode::OK);
+    assert_eq!(
+        actions(&again.json()),
+        pairs(&[(A, "unchanged"), (C, "unchanged")]),
+        "B did not exist then and does not now"
+    );
+    assert_eq!(counts(&app).await, after, "a repeat writes nothing");
+}
+
+#[tokio::test]
+async fn a_leased_id_is_left_and_the_guard_records_what_goes_back() {
+    let app = spawn_app_with(|config| {
+        config.history = History::Kept(Some(Duration::from_secs(3600)));
+        config.bookmark_regression = GuardMode::Reject;
+    })
+    .await;
+    let timeline = timeline(&app).await;
+    let (_lease, _) = app.lease(C, "another-run", 60, 0.0).await;
+    let done = restore(&app, &json!({"pattern": "pit:*", "at": timeline.at})).await;
+    done.expect(StatusCode::OK);
+    assert_eq!(
+        actions(&done.json()),
+        pairs(&[(A, "restore"), (B, "delete"), (C, "skipped-locked")])
+    );
+    app.get_state(C).await.expect(StatusCode::NOT_FOUND);
+    let newest = &versions(&app, A).await[0];
+    assert_eq!(newest["operation"], "restore");
+    assert_eq!(newest["regressed_streams"], json!(["orders"]));
+}
+
+#[tokio::test]
+async fn more_ids_than_the_limit_is_refused_and_writes_nothing() {
+    let app = gateway().await;
+    let entries: Vec<Value> = (0..10_001)
+        .map(|n| {
+            let mut entry = bookmark("orders", n);
+            entry["state_id"] = json!(format!("many:{n:05}"));
+            entry
+        })
+        .collect();
+    let imported = app
+        .request(
+            Method::POST,
+            "/v1/states",
+            Some(&Value::Array(entries).to_string()),
+            &[],
+        )
+        .await;
+    imported.expect(StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    app.put_state("many:00000", &bookmark("orders", 99))
+        .await
+        .expect(StatusCode::OK);
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let refused = restore(&app, &json!({"pattern": "many:*", "at": at})).await;
+    refused.expect(StatusCode::BAD_REQUEST);
+    assert!(refused.json()["detail"].as_str().unwrap().contains("10000"));
+    assert_eq!(versions(&app, "many:00000").await.len(), 2);
+}

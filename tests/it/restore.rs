@@ -176,3 +176,66 @@ async fn more_ids_than_the_limit_is_refused_and_writes_nothing() {
     assert!(refused.json()["detail"].as_str().unwrap().contains("10000"));
     assert_eq!(versions(&app, "many:00000").await.len(), 2);
 }
+
+/// `statehouse restore --url BASE ARGS...`: its exit code and stdout.
+async fn restore_cli(api: &Api, args: &[&str]) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_statehouse"))
+        .args(["restore", "--url", &api.base])
+        .args(args)
+        .env_remove("STATEHOUSE_TOKEN")
+        .env_remove("STATEHOUSE_URL")
+        .env_remove("MELTANO_STATE_BACKEND_URI")
+        .output()
+        .await
+        .expect("statehouse runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_command_line_plans_a_line_per_change() {
+    let app = gateway().await;
+    let timeline = timeline(&app).await;
+    let before = counts(&app).await;
+    let (code, out) = restore_cli(&app, &["--pattern", "pit:*", "--at", "30m", "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "A and B did not exist half an hour ago: {out}"
+    );
+    assert!(lines[2].starts_with("dry run to "), "{out}");
+    assert!(
+        lines[2].ends_with("0 restored, 2 deleted, 0 unchanged, 0 skipped-locked"),
+        "{out}"
+    );
+
+    let (code, out) = restore_cli(
+        &app,
+        &["--pattern", "pit:*", "--at", &timeline.at, "--dry-run"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("restore        {A}")),
+        "{out}"
+    );
+    assert!(lines[0].ends_with("orders: 3 -> 2"), "{out}");
+    assert!(
+        lines[1].starts_with(&format!("delete         {B}")),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("restore        {C}")),
+        "{out}"
+    );
+    assert_eq!(counts(&app).await, before, "dry runs write nothing");
+
+    let (code, out) = restore_cli(&app, &["--pattern", "pit:*", "--at", "yesterday-ish"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(counts(&app).await, before);
+}

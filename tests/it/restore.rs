@@ -239,3 +239,49 @@ async fn the_command_line_plans_a_line_per_change() {
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(counts(&app).await, before);
 }
+
+#[tokio::test]
+async fn a_scoped_token_restores_only_its_ids_and_names_no_others() {
+    let app = spawn_app_with(|config| {
+        config.history = History::Kept(Some(Duration::from_secs(3600)));
+        let mut tokens = statehouse::auth::Tokens::default();
+        tokens
+            .add(
+                "test",
+                "admin root-token-0123456789 root\nwrite team-token-0123456789 team scope=pit:*\n",
+                '\n',
+            )
+            .unwrap();
+        config.tokens = tokens;
+    })
+    .await;
+    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for id in [A, "other:tap"] {
+        app.call(
+            Method::PUT,
+            &format!("/v1/states/{}", encode_id(id)),
+            Some(&bookmark("orders", 1).to_string()),
+            "root-token-0123456789",
+        )
+        .await
+        .expect(StatusCode::CREATED);
+    }
+    let body = json!({"pattern": "*", "at": at}).to_string();
+    let done = app
+        .call(
+            Method::POST,
+            "/v1/restore",
+            Some(&body),
+            "team-token-0123456789",
+        )
+        .await;
+    done.expect(StatusCode::OK);
+    assert_eq!(actions(&done.json()), pairs(&[(A, "delete")]));
+    for (id, status) in [(A, StatusCode::NOT_FOUND), ("other:tap", StatusCode::OK)] {
+        let path = format!("/v1/states/{}", encode_id(id));
+        app.call(Method::GET, &path, None, "root-token-0123456789")
+            .await
+            .expect_because(status, id);
+    }
+}

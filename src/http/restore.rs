@@ -12,20 +12,31 @@ use super::error::ApiError;
 use super::extract::OptionalJson;
 use super::states::{parse_at, parse_pattern};
 use super::wire::rfc3339_millis;
-use crate::domain::{self, MAX_REASON_BYTES, Provenance, Scope, Version};
+use crate::domain::{self, Provenance, Scope, Version};
 use crate::states::{Action, Planned, RestoreAsk};
 
 /// At most this many changes are listed; the counts cover them all.
 const MAX_LISTED: usize = 1_000;
 
+/// The longest reason, in characters (as `maxLength` counts them).
+const MAX_REASON_CHARS: usize = 128;
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
+    #[serde(default, deserialize_with = "not_null")]
     pattern: Option<String>,
+    #[serde(default, deserialize_with = "not_null")]
     at: Option<String>,
     #[serde(default)]
     dry_run: bool,
+    #[serde(default, deserialize_with = "not_null")]
     reason: Option<String>,
+}
+
+/// A member that may be left out, but is a string when given (never null).
+fn not_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
 }
 
 #[derive(Serialize)]
@@ -75,10 +86,10 @@ pub async fn restore(
         .map_err(|err| ApiError::InvalidBody(err.to_string()))?
         .ok_or_else(|| ApiError::InvalidBody("the body needs an at (RFC 3339)".into()))?;
     let reason = request.reason.unwrap_or_default();
-    if reason.len() > MAX_REASON_BYTES {
+    let chars = reason.chars().count();
+    if chars > MAX_REASON_CHARS {
         return Err(ApiError::InvalidBody(format!(
-            "reason is {} bytes; at most {MAX_REASON_BYTES}",
-            reason.len()
+            "reason is {chars} characters; at most {MAX_REASON_CHARS}"
         )));
     }
     let provenance = Provenance {

@@ -299,12 +299,8 @@ pub async fn get(
         .and_then(|v| v.to_str().ok())
         .map(IfNoneMatch::new);
     let at = parse_at(params.at)?;
-    if at.is_some() && params.wait.is_some() {
-        return Err(ApiError::InvalidQuery(
-            "wait and at cannot go together: a past instant never changes".into(),
-        ));
-    }
-    if let Some(raw) = params.wait {
+    // A past instant never changes: a read as of one answers at once.
+    if let Some(raw) = params.wait.filter(|_| at.is_none()) {
         let wait = Wait::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
         return long_poll::answer(&ctx, &id, if_none_match.as_ref(), wait).await;
     }

@@ -15,6 +15,7 @@ pub mod http;
 mod keyed_mutex;
 pub mod locks;
 pub mod metrics;
+pub mod restorer;
 mod retry;
 pub mod run_lease;
 pub mod states;

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `lock`, `wait` and `healthcheck`, each flag with its
+//! The command line: `serve`, `lock`, `wait`, `restore` and `healthcheck`, each flag with its
 //! `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
@@ -52,6 +52,12 @@ pub enum Command {
         override_usage = "statehouse wait [OPTIONS] <--stream <STREAM> --until <VALUE>|--changed> <STATE_ID>"
     )]
     Wait(Box<crate::waiter::WaitArgs>),
+    /// Put every state a glob matches back as it was at an instant (--at: RFC
+    /// 3339, or a duration ago such as 2h), through POST /v1/restore: one line
+    /// per change and a summary (--json: the gateway's answer); --dry-run
+    /// writes nothing. Exits 0, or 1 on any error.
+    #[command(arg_required_else_help = true)]
+    Restore(Box<crate::restorer::RestoreArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
     #[command(hide = true)]

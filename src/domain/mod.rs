@@ -1,5 +1,6 @@
 //! The service's vocabulary, parsed at the edge so the rest never re-checks it.
 
+mod as_of;
 mod bookmark_guard;
 mod coordination;
 mod document;
@@ -16,6 +17,7 @@ mod state_id;
 mod version;
 mod wait;
 
+pub use as_of::{AsOf, InvalidAsOf};
 pub use bookmark_guard::{
     Allowed, AllowedStreams, Findings, GuardMode, GuardModes, Loss, PartitionValue, Regression,
     compare_values, partition_values,

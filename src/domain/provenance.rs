@@ -7,4 +7,6 @@ pub struct Provenance {
     pub request_id: String,
     /// The client's `User-Agent`, empty when it sent none.
     pub user_agent: String,
+    /// Why, when the request said (a restore's `reason`); empty otherwise.
+    pub reason: String,
 }

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, page_limit};
-use super::states::{page_cursor, parse_pattern};
+use super::states::{page_cursor, parse_at, parse_pattern};
 use super::wire::rfc3339_millis;
-use crate::domain::{self, PageCursor, Scope, Version};
+use crate::domain::{self, AsOf, PageCursor, Scope, Version};
 use crate::store::StoredState;
 
 #[derive(Deserialize)]
@@ -22,6 +22,8 @@ pub struct BookmarkParams {
     pattern: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+    /// The bookmarks as they stood at this instant (from history).
+    at: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -54,10 +56,19 @@ pub async fn list(
     let pattern = parse_pattern(params.pattern)?;
     let limit = page_limit(params.limit)?;
     let cursor = page_cursor(params.cursor, &pattern)?;
-    let (states, has_more) = ctx
-        .states
-        .list_documents(&pattern, &scope, cursor.as_ref(), limit)
-        .await?;
+    let at = parse_at(params.at)?;
+    let (states, has_more) = match at {
+        Some(at) => {
+            ctx.states
+                .list_documents_at(&pattern, &scope, cursor.as_ref(), limit, at)
+                .await?
+        }
+        None => {
+            ctx.states
+                .list_documents(&pattern, &scope, cursor.as_ref(), limit)
+                .await?
+        }
+    };
     let next_cursor = has_more
         .then(|| states.last())
         .flatten()
@@ -74,7 +85,8 @@ pub async fn list(
         .filter(|change| change.regressed)
         .map(|change| (change.state_id, change.stream))
         .collect();
-    let now_ms = crate::store::now_ms();
+    // Ages as of the instant asked about.
+    let now_ms = at.map_or_else(crate::store::now_ms, AsOf::millis);
     let bookmarks = states
         .iter()
         .flat_map(|state| rows_of(state, &regressed, now_ms))

@@ -85,6 +85,9 @@ pub enum ApiError {
     /// A change feed cursor older than `--watch-retention`.
     #[error("{0}")]
     CursorExpired(String),
+    /// An `at=` older than the history retention keeps: the oldest to ask.
+    #[error("{0}")]
+    HistoryExpired(String, i64),
     /// A write ClickHouse refused, each time it was decided, because
     /// another writer had changed the state meanwhile.
     #[error("{0}")]
@@ -131,6 +134,7 @@ problem_types! {
     BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
     CursorExpired => GONE, "cursor-expired", "Cursor expired";
+    HistoryExpired => GONE, "history-expired", "Instant older than history keeps";
     MethodNotAllowed => METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed";
     BodyTimeout => REQUEST_TIMEOUT, "body-timeout", "Request body too slow";
     LockHeld => CONFLICT, "lock-held", "Lock held by another owner";
@@ -208,6 +212,9 @@ struct ProblemBody<'a> {
     /// A lock-delay says when the id is free again.
     #[serde(skip_serializing_if = "Option::is_none")]
     free_at: Option<String>,
+    /// An expired instant says the oldest that can be asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest: Option<String>,
     /// A full pool says who holds it and how many wait.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pool: Option<&'a PoolView>,
@@ -244,6 +251,7 @@ struct Extras<'a> {
     regressions: Option<&'a [Regression]>,
     losses: Option<&'a [Loss]>,
     free_at: Option<String>,
+    oldest: Option<String>,
     pool: Option<&'a PoolView>,
     pool_limit: Option<PoolLimit<'a>>,
 }
@@ -263,6 +271,7 @@ fn problem_with(
         regressions: extras.regressions,
         losses: extras.losses,
         free_at: extras.free_at,
+        oldest: extras.oldest,
         pool: extras.pool,
         pool_limit: extras.pool_limit,
     };
@@ -297,6 +306,7 @@ impl ApiError {
             Self::InvalidBody(_) => ProblemType::InvalidBody,
             Self::OutOfScope(_) => ProblemType::OutOfScope,
             Self::CursorExpired(_) => ProblemType::CursorExpired,
+            Self::HistoryExpired(..) => ProblemType::HistoryExpired,
             Self::StateContended(_) => ProblemType::StateContended,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
@@ -362,6 +372,10 @@ impl IntoResponse for ApiError {
             } => Some(rfc3339_millis(*free_at_ms)),
             _ => None,
         };
+        let oldest = match &self {
+            Self::HistoryExpired(_, oldest_ms) => Some(rfc3339_millis(*oldest_ms)),
+            _ => None,
+        };
         let pool = match &self {
             Self::PoolFull { view, .. } => Some(view.as_ref()),
             _ => None,
@@ -378,6 +392,7 @@ impl IntoResponse for ApiError {
             regressions,
             losses,
             free_at,
+            oldest,
             pool,
             pool_limit,
         };
@@ -430,6 +445,9 @@ impl From<StateError> for ApiError {
             StateError::BookmarkRegression(found) => Self::BookmarkRegression(text, found),
             StateError::BookmarkLoss(found) => Self::BookmarkLoss(text, found),
             StateError::VersionNotFound(_) => Self::VersionNotFound(text),
+            StateError::FutureInstant(_) => Self::InvalidQuery(text),
+            StateError::TooManyIds(_) => Self::InvalidBody(text),
+            StateError::HistoryExpired { oldest_ms, .. } => Self::HistoryExpired(text, oldest_ms),
             StateError::NotFound(id) => Self::StateNotFound(id),
             StateError::NoBookmark(_) => Self::BookmarkNotFound(text),
             StateError::Duplicate { .. } => Self::InvalidBody(text),

@@ -249,6 +249,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Provenance {
                 .0,
             request_id: text(REQUEST_ID),
             user_agent: text(header::USER_AGENT),
+            reason: String::new(),
         })
     }
 }

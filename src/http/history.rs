@@ -43,6 +43,9 @@ struct VersionView<'a> {
     fencing_token: Option<u64>,
     request_id: &'a str,
     user_agent: &'a str,
+    /// The version a restore brought back.
+    restored_from: Option<String>,
+    reason: &'a str,
     /// With `bookmarks=true`: each stream's `replication_key_value` in the
     /// version's effective state (null when it has none; `{}` for a
     /// tombstone), for charts and diffs.
@@ -71,6 +74,8 @@ impl<'a> VersionView<'a> {
             fencing_token: meta.fencing_token,
             request_id: &meta.request_id,
             user_agent: &meta.user_agent,
+            restored_from: meta.restored_from.map(|v| v.to_rfc3339()),
+            reason: &meta.reason,
             bookmarks: None,
             partitions: None,
         }

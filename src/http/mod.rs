@@ -22,6 +22,7 @@ mod metrics_page;
 mod pool_view;
 mod pools;
 mod regressions;
+mod restore;
 mod server;
 mod state_answer;
 mod states;
@@ -118,6 +119,7 @@ fn operations() -> Vec<Operation> {
         op!(GET "/v1/changes" => changes::list, Needs(Read), RequestOrWatcher, Anywhere),
         op!(GET "/v1/bookmarks" => bookmarks::list, Needs(Read), Request, Anywhere),
         op!(GET "/v1/regressions" => regressions::list, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/restore" => restore::restore, Needs(Write), Request, Anywhere),
         op!(GET "/v1/whoami" => whoami::whoami, Needs(Read), Request, Anywhere),
         op!(GET "/v1/locks" => locks::list, Needs(Read), Request, Anywhere),
         op!(POST "/v1/locks/{state_id}" => locks::acquire, Needs(Write), LockWaiter, ByAuthority),

@@ -17,8 +17,8 @@ use super::long_poll;
 use super::state_answer::{not_modified, representation};
 use super::wire::rfc3339_millis;
 use crate::domain::{
-    DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument, StateId,
-    StateIdError, StatePattern, Wait,
+    AsOf, DocumentError, IfNoneMatch, JsonObject, PageCursor, Provenance, Scope, StateDocument,
+    StateId, StateIdError, StatePattern, Wait,
 };
 use crate::states::{Change, WriteConditions, Written};
 use uuid::Uuid;
@@ -31,6 +31,8 @@ pub struct ListParams {
     cursor: Option<String>,
     /// `documents`: each state with its `completed` and `partial` (bulk export).
     include: Option<String>,
+    /// The states as they stood at this instant (from history).
+    at: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -53,6 +55,12 @@ struct ListedState {
     completed: Option<JsonObject>,
     #[serde(skip_serializing_if = "Option::is_none")]
     partial: Option<JsonObject>,
+}
+
+/// An `at=`: an RFC 3339 instant, in any offset.
+pub(super) fn parse_at(raw: Option<String>) -> Result<Option<AsOf>, ApiError> {
+    raw.map(|raw| AsOf::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string())))
+        .transpose()
 }
 
 pub(super) fn parse_pattern(raw: Option<String>) -> Result<StatePattern, ApiError> {
@@ -89,11 +97,20 @@ pub async fn list(
         }
     };
     // Serialized straight from the documents, so every number keeps its text.
+    let at = parse_at(params.at)?;
     let (states, has_more): (Vec<ListedState>, bool) = if with_documents {
-        let (states, has_more) = ctx
-            .states
-            .list_documents(&pattern, &scope, cursor.as_ref(), limit)
-            .await?;
+        let (states, has_more) = match at {
+            Some(at) => {
+                ctx.states
+                    .list_documents_at(&pattern, &scope, cursor.as_ref(), limit, at)
+                    .await?
+            }
+            None => {
+                ctx.states
+                    .list_documents(&pattern, &scope, cursor.as_ref(), limit)
+                    .await?
+            }
+        };
         let listed = states
             .into_iter()
             .map(|s| ListedState {
@@ -105,10 +122,18 @@ pub async fn list(
             .collect();
         (listed, has_more)
     } else {
-        let (summaries, has_more) = ctx
-            .states
-            .list(&pattern, &scope, cursor.as_ref(), limit)
-            .await?;
+        let (summaries, has_more) = match at {
+            Some(at) => {
+                ctx.states
+                    .list_at(&pattern, &scope, cursor.as_ref(), limit, at)
+                    .await?
+            }
+            None => {
+                ctx.states
+                    .list(&pattern, &scope, cursor.as_ref(), limit)
+                    .await?
+            }
+        };
         let listed = summaries
             .into_iter()
             .map(|s| ListedState {
@@ -259,6 +284,8 @@ pub async fn delete_many(
 #[derive(Deserialize)]
 pub struct GetParams {
     wait: Option<String>,
+    /// The state as it stood at this instant (from history).
+    at: Option<String>,
 }
 
 pub async fn get(
@@ -271,15 +298,17 @@ pub async fn get(
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .map(IfNoneMatch::new);
-    if let Some(raw) = params.wait {
+    let at = parse_at(params.at)?;
+    // A past instant never changes: a read as of one answers at once.
+    if let Some(raw) = params.wait.filter(|_| at.is_none()) {
         let wait = Wait::parse(&raw).map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
         return long_poll::answer(&ctx, &id, if_none_match.as_ref(), wait).await;
     }
-    let state = ctx
-        .states
-        .get(&id)
-        .await?
-        .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
+    let state = match at {
+        Some(at) => ctx.states.get_at(&id, at).await?,
+        None => ctx.states.get(&id).await?,
+    }
+    .ok_or_else(|| ApiError::StateNotFound(id.as_str().to_owned()))?;
     if if_none_match.is_some_and(|tags| tags.unchanged(&state.etag)) {
         return Ok(not_modified(&state.etag));
     }

@@ -110,7 +110,7 @@ impl States {
 /// Whether a chunk went unsent because one of its ids was locked after it
 /// was admitted, or landed nothing because its batch was refused for
 /// another write's check.
-fn worth_another_try(err: &StateError) -> bool {
+pub(super) fn worth_another_try(err: &StateError) -> bool {
     let err = match err {
         StateError::InBatch { source, .. } => source.as_ref(),
         other => other,

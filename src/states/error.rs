@@ -1,7 +1,7 @@
 //! Why a change of state was refused or failed: one enum for the whole
 //! commit path, mapped to problem+json by `http::error`.
 
-use crate::domain::{Loss, Regression, Version};
+use crate::domain::{AsOf, Loss, Regression, Version};
 use crate::locks::LockError;
 use crate::store::StoreError;
 
@@ -35,6 +35,14 @@ pub enum StateError {
     BookmarkLoss(Vec<Loss>),
     #[error("history is off on this gateway (--history=false), so no versions are kept")]
     HistoryOff,
+    #[error("at {} is in the future; ask for an instant up to now", rfc3339(.0.millis()))]
+    FutureInstant(AsOf),
+    #[error("at {} is older than history keeps (--history-retention); the oldest instant to ask is {}", rfc3339(.at.millis()), rfc3339(*.oldest_ms))]
+    HistoryExpired { at: AsOf, oldest_ms: i64 },
+    #[error(
+        "the restore would touch more than {0} state ids; narrow the pattern (nothing was written)"
+    )]
+    TooManyIds(usize),
     #[error("this state has no version {}", .0.to_rfc3339())]
     VersionNotFound(Version),
     /// ClickHouse refused the write's INSERT each time: another writer
@@ -62,6 +70,10 @@ impl StateError {
             "If-Match was given but the state does not exist"
         })
     }
+}
+
+fn rfc3339(ms: i64) -> String {
+    Version::from_millis(ms).to_rfc3339()
 }
 
 /// Stream names for a message: each once, comma-separated.

@@ -382,6 +382,7 @@ impl GroupCommit {
                             lost_streams: change.prepared.lost_streams.clone(),
                             lease: change.lease.as_ref(),
                             provenance: &part.provenance,
+                            restored_from: change.prepared.restored_from,
                         })
                     })
                     .collect();

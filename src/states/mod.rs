@@ -11,6 +11,7 @@
 //! forward them), so its copy is current, and a Meltano STATE message (lock,
 //! read, write, unlock) costs one ClickHouse round trip, the write's INSERT.
 
+mod as_of;
 mod batch;
 mod clear;
 mod error;
@@ -18,6 +19,8 @@ mod feed;
 mod group_commit;
 mod memory;
 mod prepare;
+mod restore;
+mod restore_plan;
 mod versions;
 mod watch;
 
@@ -34,6 +37,8 @@ use self::group_commit::{CommitError, GroupCommit, Outgoing, Submission, Target}
 use self::memory::Memory;
 pub use self::prepare::Change;
 use self::prepare::{Policy, Prepared, prepare};
+pub use self::restore::{MAX_RESTORE_IDS, RestoreAsk};
+pub use self::restore_plan::{Action, Planned, StreamMove};
 pub use self::versions::{HistoryPage, ListedVersion};
 pub use self::watch::{Known, WaitEnd, Watches, Watching};
 

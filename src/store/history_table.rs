@@ -16,7 +16,6 @@ use super::checked_insert::{CheckedInsert, Expected};
 use super::client::ClickHouse;
 use super::ddl::{Placement, retention_alter, retention_ttl};
 use super::error::StoreError;
-use super::state_table::Selection;
 use crate::domain::{Lease, Provenance, StateDocument, StateId, Version};
 
 /// Whether changes leave versions in `<table>_history`, and for how long.
@@ -37,6 +36,7 @@ pub enum Operation {
     Rollback,
     ResetStream,
     Import,
+    Restore,
 }
 
 impl Operation {
@@ -49,6 +49,7 @@ impl Operation {
             Self::Rollback => "rollback",
             Self::ResetStream => "reset-stream",
             Self::Import => "import",
+            Self::Restore => "restore",
         }
     }
 }
@@ -69,6 +70,8 @@ pub struct NewVersion<'a> {
     pub lease: Option<&'a Lease>,
     /// Who made the change, and through which request.
     pub provenance: &'a Provenance,
+    /// The version a restore brought back.
+    pub restored_from: Option<Version>,
 }
 
 impl NewVersion<'_> {
@@ -89,6 +92,8 @@ impl NewVersion<'_> {
             fencing_token: lease.map_or(0, |l| l.fencing_token),
             request_id: &provenance.request_id,
             user_agent: &provenance.user_agent,
+            restored_from: self.restored_from.map(Version::millis),
+            reason: &provenance.reason,
         }
     }
 }
@@ -111,29 +116,10 @@ pub struct VersionMeta {
     pub fencing_token: Option<u64>,
     pub request_id: String,
     pub user_agent: String,
-}
-
-/// Whether the newest change of a state's stream moved it backwards.
-#[derive(clickhouse::Row, Deserialize, Debug)]
-pub struct LastChange {
-    pub state_id: String,
-    pub stream: String,
-    pub regressed: bool,
-}
-
-/// A version that moved bookmarks backwards or dropped them, as the
-/// regressions view lists it.
-#[derive(clickhouse::Row, Deserialize, Debug)]
-pub struct RegressedVersion {
-    pub state_id: String,
-    pub version_ms: i64,
-    pub regressed_streams: Vec<String>,
-    /// Streams whose bookmark the version dropped.
-    pub lost_streams: Vec<String>,
-    pub actor: String,
-    pub operation: String,
-    /// Empty for a change made without a lease.
-    pub lease_owner: String,
+    /// The version a restore brought back.
+    pub restored_from: Option<Version>,
+    /// Why, when the change said (a restore's reason); empty otherwise.
+    pub reason: String,
 }
 
 /// One version with its document (None for a tombstone).
@@ -159,12 +145,14 @@ struct HistoryRowOut<'a> {
     fencing_token: u64,
     request_id: &'a str,
     user_agent: &'a str,
+    restored_from: Option<i64>,
+    reason: &'a str,
 }
 
 /// The history table's columns, in the order of [`HistoryRowOut`].
 const HISTORY_COLUMNS: &str = "state_id, version, operation, deleted, completed_state, \
     partial_state, changed_streams, regressed_streams, lost_streams, actor, lease_owner, \
-    fencing_token, request_id, user_agent";
+    fencing_token, request_id, user_agent, restored_from, reason";
 
 /// A history row as a checked INSERT binds it: a tuple, in column order.
 type HistoryTuple<'a> = (
@@ -181,6 +169,8 @@ type HistoryTuple<'a> = (
     &'a str,
     u64,
     &'a str,
+    &'a str,
+    Option<i64>,
     &'a str,
 );
 
@@ -201,6 +191,8 @@ impl<'a> HistoryRowOut<'a> {
             self.fencing_token,
             self.request_id,
             self.user_agent,
+            self.restored_from,
+            self.reason,
         )
     }
 }
@@ -219,12 +211,15 @@ struct VersionRowIn {
     fencing_token: u64,
     request_id: String,
     user_agent: String,
+    restored_from_ms: Option<i64>,
+    reason: String,
     completed_state: Option<String>,
     partial_state: Option<String>,
 }
 
 const META_COLUMNS: &str = "toUnixTimestamp64Milli(version) AS version_ms, operation, deleted, \
-    changed_streams, regressed_streams, lost_streams, actor, lease_owner, fencing_token, request_id, user_agent";
+    changed_streams, regressed_streams, lost_streams, actor, lease_owner, fencing_token, request_id, user_agent, \
+    toUnixTimestamp64Milli(restored_from) AS restored_from_ms, reason";
 
 impl VersionRowIn {
     /// The version of `id`, with its document unless it is a tombstone.
@@ -254,6 +249,8 @@ impl VersionRowIn {
             fencing_token: Some(self.fencing_token).filter(|t| *t != 0),
             request_id: self.request_id,
             user_agent: self.user_agent,
+            restored_from: self.restored_from_ms.map(Version::from_millis),
+            reason: self.reason,
         };
         Ok(StoredVersion { meta, doc })
     }
@@ -284,7 +281,9 @@ pub(super) fn create_table_sql(
             lease_owner String,
             fencing_token UInt64,
             request_id String,
-            user_agent String
+            user_agent String,
+            restored_from Nullable(DateTime64(3)),
+            reason String DEFAULT ''
         ) ENGINE = {} ORDER BY (state_id, version) {}",
         placement.on_cluster(),
         placement.merge_tree("MergeTree", ""),
@@ -320,15 +319,15 @@ pub(super) fn retention_sql(
 
 #[derive(Clone)]
 pub struct HistoryStore {
-    ch: ClickHouse,
+    pub(super) ch: ClickHouse,
     /// `schema`.`table_history`.
-    table: String,
+    pub(super) table: String,
     /// `schema`.`table_history_writes`, the view that writes the state table.
     view: String,
     /// `schema`.`table`, which the view writes.
-    state_table: String,
+    pub(super) state_table: String,
     /// How long versions are kept (None: forever).
-    retention: Option<std::time::Duration>,
+    pub(super) retention: Option<std::time::Duration>,
 }
 
 impl HistoryStore {
@@ -374,22 +373,33 @@ impl HistoryStore {
     }
 
     /// Adds what a table made by an earlier version lacks: the regressed
-    /// and the lost streams of each version (empty for the versions before).
+    /// and the lost streams of each version (empty for the versions before),
+    /// and what a restore records (none for the versions before).
     pub async fn upgrade_table(
         &self,
         columns: &[(String, String)],
         placement: &Placement,
     ) -> Result<(), StoreError> {
         let added = [
-            ("regressed_streams", "changed_streams"),
-            ("lost_streams", "regressed_streams"),
+            (
+                "regressed_streams",
+                "Array(String) DEFAULT []",
+                "changed_streams",
+            ),
+            (
+                "lost_streams",
+                "Array(String) DEFAULT []",
+                "regressed_streams",
+            ),
+            ("restored_from", "Nullable(DateTime64(3))", "user_agent"),
+            ("reason", "String DEFAULT ''", "restored_from"),
         ];
-        for (column, after) in added {
+        for (column, kind, after) in added {
             if columns.iter().any(|(name, _)| name == column) {
                 continue;
             }
             let alter = format!(
-                "ALTER TABLE {}{} ADD COLUMN IF NOT EXISTS {column} Array(String) DEFAULT [] AFTER {after}",
+                "ALTER TABLE {}{} ADD COLUMN IF NOT EXISTS {column} {kind} AFTER {after}",
                 self.table,
                 placement.on_cluster()
             );
@@ -431,10 +441,12 @@ impl HistoryStore {
                 completed_state Nullable(String), partial_state Nullable(String), \
                 changed_streams Array(String), regressed_streams Array(String), \
                 lost_streams Array(String), actor String, lease_owner String, \
-                fencing_token UInt64, request_id String, user_agent String",
+                fencing_token UInt64, request_id String, user_agent String, \
+                restored_from Nullable(Int64), reason String",
             select: "state_id, fromUnixTimestamp64Milli(version), operation, deleted, \
                 completed_state, partial_state, changed_streams, regressed_streams, \
-                lost_streams, actor, lease_owner, fencing_token, request_id, user_agent",
+                lost_streams, actor, lease_owner, fencing_token, request_id, user_agent, \
+                fromUnixTimestamp64Milli(restored_from), reason",
             state_table: &self.state_table,
         }
         .run(&self.ch, "history_record", &rows, expected)
@@ -489,30 +501,6 @@ impl HistoryStore {
         Ok((versions, has_more))
     }
 
-    /// Up to `limit` versions that moved a stream's bookmark backwards or
-    /// dropped it, of
-    /// the ids `selection` holds, newest first.
-    pub async fn regressed(
-        &self,
-        selection: &Selection,
-        limit: u32,
-    ) -> Result<Vec<RegressedVersion>, StoreError> {
-        let sql = format!(
-            "SELECT state_id, toUnixTimestamp64Milli(version) AS version_ms, regressed_streams,
-                lost_streams, actor, operation, lease_owner
-             FROM {} WHERE (notEmpty(regressed_streams) OR notEmpty(lost_streams)) AND {}
-             ORDER BY version DESC, state_id LIMIT {{limit:UInt32}}",
-            self.table,
-            selection.sql()
-        );
-        let query = selection
-            .bind(self.ch.client().query(&sql))
-            .param("limit", limit);
-        self.ch
-            .timed("history_list", query.fetch_all::<RegressedVersion>())
-            .await
-    }
-
     /// One version of `id` with its document. Two rows of one version (a
     /// failed change and the next one, stamped in the same millisecond) read
     /// as the one that is not a tombstone.
@@ -541,39 +529,6 @@ impl HistoryStore {
             return Ok(None);
         };
         row.into_version(id).map(Some)
-    }
-
-    /// For each (state, stream) of `states` (ids with their current version),
-    /// whether the newest version up to the current one that changed the
-    /// stream also regressed it. Versions after the current one are changes
-    /// whose state row failed, which the state never took.
-    pub async fn last_changes_regressed(
-        &self,
-        states: &[(&StateId, Version)],
-    ) -> Result<Vec<LastChange>, StoreError> {
-        if states.is_empty() {
-            return Ok(Vec::new());
-        }
-        let sql = format!(
-            "SELECT state_id, stream, argMax(has(regressed_streams, stream), version) AS regressed
-             FROM {} ARRAY JOIN changed_streams AS stream
-             WHERE state_id IN {{ids:Array(String)}}
-               AND version <= fromUnixTimestamp64Milli(
-                 arrayElement({{bounds:Array(Int64)}}, indexOf({{ids:Array(String)}}, state_id)))
-             GROUP BY state_id, stream",
-            self.table
-        );
-        let ids: Vec<&str> = states.iter().map(|(id, _)| id.as_str()).collect();
-        let bounds: Vec<i64> = states.iter().map(|(_, v)| v.millis()).collect();
-        let query = self
-            .ch
-            .client()
-            .query(&sql)
-            .param("ids", ids)
-            .param("bounds", bounds);
-        self.ch
-            .timed("history_list", query.fetch_all::<LastChange>())
-            .await
     }
 
     /// The newest tombstone of `id`: the current version of a state that

@@ -10,6 +10,8 @@ mod ddl;
 mod diagnosis;
 mod error;
 mod gateways_table;
+mod history_at;
+mod history_regressed;
 mod history_table;
 mod http_client;
 mod journal;
@@ -32,10 +34,8 @@ pub use ddl::{ClusterName, InvalidClusterName, Placement};
 pub use diagnosis::Blocker;
 pub use error::StoreError;
 pub use gateways_table::GatewayStore;
-pub use history_table::{
-    History, HistoryStore, LastChange, NewVersion, Operation, RegressedVersion, StoredVersion,
-    VersionMeta,
-};
+pub use history_regressed::{LastChange, RegressedVersion};
+pub use history_table::{History, HistoryStore, NewVersion, Operation, StoredVersion, VersionMeta};
 pub use journal::Journal;
 pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, NewClaim, Outcome};
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};

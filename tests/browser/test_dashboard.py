@@ -124,3 +124,18 @@ def test_the_token_button_shows_only_on_a_gateway_that_asks_for_tokens(page, gat
     expect(page.get_by_test_id("state-row")).to_have_count(1)
     expect(page.locator("#auth-status")).to_have_text("token set")
     expect(page.locator("#token-button")).to_be_visible()
+
+
+def test_a_state_page_shows_the_state_as_of_a_versions_time(page, gateway: Gateway):
+    first = gateway.put("dev:asof", {"completed": {"singer_state": {"bookmarks": {"orders": {"replication_key_value": "first"}}}}})
+    gateway.put("dev:asof", {"completed": {"singer_state": {"bookmarks": {"orders": {"replication_key_value": "second"}}}}})
+    page.goto(gateway.base + "/#/state/" + quote("dev:asof", safe=""))
+    expect(page.get_by_test_id("document")).to_contain_text("second")
+    old = page.locator(f'[data-testid="version-row"][data-version="{first["updated_at"]}"]')
+    old.get_by_test_id("as-of-link").click()
+    expect(page.get_by_test_id("as-of")).to_contain_text(first["updated_at"])
+    expect(page.get_by_test_id("document")).to_contain_text("first")
+    expect(page.get_by_test_id("bookmarks")).to_contain_text("first")
+    page.get_by_role("link", name="back to now").click()
+    expect(page.get_by_test_id("document")).to_contain_text("second")
+    expect(page.get_by_test_id("as-of")).to_have_count(0)

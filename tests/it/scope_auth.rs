@@ -96,6 +96,8 @@ enum Try {
     Caller,
     /// Health, metrics and the page: no token involved.
     Open,
+    /// A restore by glob: only ids in scope are planned, named or written.
+    Restore,
 }
 
 /// One row per operation that names no state_id or pool in its path; an
@@ -122,6 +124,7 @@ fn row(method: &Method, template: &str) -> Try {
         }
         ("DELETE", "/v1/internal/tickets/{ticket}") => Try::Settle,
         ("GET", "/v1/whoami") => Try::Caller,
+        ("POST", "/v1/restore") => Try::Restore,
         ("GET", "/" | "/assets/{file}" | "/healthz" | "/readyz" | "/metrics") => Try::Open,
         _ => panic!(
             "{method} {template} has no row in tests/it/scope_auth.rs: say how a scoped token may use it"
@@ -294,6 +297,18 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                     let reply = app.call(method.clone(), template, None, token).await;
                     reply.expect_because(StatusCode::OK, &what);
                     assert_eq!(reply.json()["scope"], json!([SCOPE]), "{what}");
+                }
+                Try::Restore => {
+                    let at = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+                    let body = json!({"pattern": "*", "at": at.to_string()}).to_string();
+                    let reply = app.call(method.clone(), template, Some(&body), token).await;
+                    if token == READ_A {
+                        reply.expect_because(StatusCode::FORBIDDEN, &what);
+                    } else {
+                        reply.expect_because(StatusCode::OK, &what);
+                        let answer = reply.json().to_string();
+                        assert!(!answer.contains(OUTSIDE), "{what}: {answer}");
+                    }
                 }
                 Try::Open => {
                     let path = template.replace("{file}", "app.js");

@@ -100,7 +100,12 @@ async function renderLocks() {
 function route() {
   const hash = location.hash || "#/";
   let current = "states";
-  if (hash.startsWith("#/state/")) { current = "state"; renderState(decodeURIComponent(hash.slice(8))); }
+  if (hash.startsWith("#/state/")) {
+    // An id is encoded in the hash, so the first "?" starts the page's own query (at=).
+    const [id, query] = hash.slice(8).split("?");
+    current = "state";
+    renderState(decodeURIComponent(id), new URLSearchParams(query || "").get("at"));
+  }
   else if (hash === "#/locks") { current = "locks"; renderLocks(); }
   else if (hash === "#/pools") { current = "pools"; renderPools(); }
   else if (hash === "#/regressions") { current = "regressions"; renderRegressions(); }

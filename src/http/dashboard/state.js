@@ -87,7 +87,7 @@ function diffOf(version, before) {
 
 function historySection(id, versions, readOnly) {
   const rows = versions.map((v, i) => el("tr", { "data-testid": "version-row", "data-version": v.version },
-    el("td", { text: v.version }),
+    el("td", {}, el("a", { "data-testid": "as-of-link", href: stateHash(id, v.version), text: v.version })),
     el("td", { text: v.operation + (v.deleted ? " (deleted)" : "") }),
     el("td", { class: "wide", "data-testid": "changed", text: v.changed_streams.join(", ") }),
     el("td", {}, diffOf(v, versions[i + 1])),
@@ -124,19 +124,32 @@ function leaseHistorySection(leases) {
   return section;
 }
 
-export async function renderState(id) {
+/** The state page's hash, as of `at` (a version's time) when given. */
+function stateHash(id, at) {
+  return "#/state/" + encodeURIComponent(id) + (at ? "?at=" + encodeURIComponent(at) : "");
+}
+
+/** The state's page; as of `at` (a version's time), its bookmarks and document are as they stood then. */
+export async function renderState(id, at) {
   const route = location.hash;
+  const asOf = at ? { at } : {};
   const [state, history, marks, lock, leases, readOnly] = await Promise.all([
-    api(statePath(id)),
+    api(statePath(id) + (at ? "?" + new URLSearchParams(asOf) : "")),
     api(statePath(id) + "/history?limit=100&bookmarks=true"),
-    api("/v1/bookmarks?" + new URLSearchParams({ pattern: globFor(id), limit: "1000" })),
+    api("/v1/bookmarks?" + new URLSearchParams({ pattern: globFor(id), limit: "1000", ...asOf })),
     api("/v1/locks/" + encodeURIComponent(id)),
     api("/v1/locks/" + encodeURIComponent(id) + "/history?limit=20"),
     whyReadOnly(),
   ]);
   say(state.status === 200 || state.status === 404 ? "" : problemText(state));
-  const out = [lockSection(id, lock, readOnly), leaseHistorySection(leases)];
-  if (state.status === 404) out[0].append(el("p", { text: "No such state now; its history may still be below." }));
+  const locks = lockSection(id, lock, readOnly);
+  const out = [locks, leaseHistorySection(leases)];
+  if (at) {
+    out.unshift(el("p", { "data-testid": "as-of" }, "As of " + at + " ", el("a", { href: stateHash(id), text: "back to now" })));
+  }
+  if (state.status === 404) {
+    locks.append(el("p", { text: "No such state " + (at ? "at " + at : "now") + "; its history may still be below." }));
+  }
   const versions = history.status === 200 ? history.body.versions : [];
   const width = Math.max(280, Math.min(view.clientWidth - 40, 1200));
   const charts = bookmarkCharts(versions, width);
@@ -145,7 +158,7 @@ export async function renderState(id) {
   if (marks.status === 200) out.push(bookmarksSection(id, marks, regressed, lost, versions[1], readOnly));
   if (versions.length > 0) out.push(charts.section);
   if (state.status === 200) {
-    out.push(el("section", {}, el("h2", { text: "Document" }),
+    out.push(el("section", {}, el("h2", { text: at ? "Document as of " + at : "Document" }),
       el("pre", { "data-testid": "document", text: JSON.stringify({ completed: state.body.completed, partial: state.body.partial }, null, 2) })));
   }
   if (history.status === 200) out.push(historySection(id, versions, readOnly));

@@ -6,13 +6,14 @@
 //! client hung up): the guards in `slot` and `claim` leave the line and
 //! withdraw what it proposed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
-use super::record::Recorder;
+use super::record::{Recorder, withdraw_after_rows};
 use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter};
 use super::slots::Slots;
 use crate::config::LockSettings;
@@ -63,8 +64,8 @@ impl Drop for Unanswered<'_> {
 /// One acquire, with the parts of the lock core it uses.
 pub(super) struct Acquirer<'a> {
     pub slots: &'a Slots,
-    pub coordinator: &'a Coordinator,
-    pub recorder: &'a Recorder,
+    pub coordinator: &'a Arc<Coordinator>,
+    pub recorder: &'a Arc<Recorder>,
     pub settings: &'a LockSettings,
 }
 
@@ -139,8 +140,7 @@ impl Acquirer<'_> {
             let attempt =
                 matches!(decision.step, Step::Claim(_)).then(|| ClaimAttempt::under_way(slot));
             if let Some(candidate) = decision.withdraw {
-                self.coordinator
-                    .withdraw_in_background(id.clone(), candidate);
+                withdraw_after_rows(self.recorder, self.coordinator, id.clone(), candidate);
             }
             match decision.step {
                 Step::Granted(lease, version) => {

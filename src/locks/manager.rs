@@ -19,7 +19,7 @@ use super::forward::{ForwardError, Router};
 use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::peer::{Peer, Route, SeenLease};
-use super::record::{Recorder, ended_row};
+use super::record::{Recorder, ended_row, withdraw_after_rows};
 use super::slot::{LeaseAct, Released, SlotState};
 use super::slots::Slots;
 use super::ticket::{TicketGrant, request_ticket};
@@ -211,8 +211,7 @@ impl LockManager {
                 self.metrics.lock_event(LockEvent::Release);
                 self.recorder.released(lease.lease, lease.version);
                 if let Some(candidate) = withdraw {
-                    self.coordinator
-                        .withdraw_in_background(id.clone(), candidate);
+                    withdraw_after_rows(&self.recorder, &self.coordinator, id.clone(), candidate);
                 }
                 return Ok(());
             }
@@ -586,9 +585,7 @@ impl LockManager {
         self.router.forget_authority(id);
     }
 
-    /// Sends `request` to `peer` and answers its response; a peer that
-    /// answers no probe fails it within `answer_within`, a slow one that
-    /// does within `patience` (see `forward::Router::forward`).
+    /// Sends `request` to `peer` (see `forward::Router::forward`).
     pub async fn forward(
         &self,
         peer: &Peer,

@@ -11,14 +11,15 @@
 //! holder hears of its lease ([`Recorder::landed`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use super::claim::Coordinator;
 use crate::domain::{Forced, Lease, LeaseState, LeaseVersion, StateId};
-use crate::store::{LeaseRecord, LeaseRows, LeaseStore, StoreError, now_ms};
+use crate::store::{Candidate, LeaseRecord, LeaseRows, LeaseStore, StoreError, now_ms};
 
 /// How long a flush waits for more rows to join it once one is pending.
 const GATHER: Duration = Duration::from_millis(10);
@@ -169,6 +170,30 @@ fn keep_newest(pending: &mut HashMap<(StateId, Uuid), LeaseRecord>, record: Leas
             pending.insert(key(&record), record);
         }
     }
+}
+
+/// Gives `candidate`'s claim on `id` up behind the caller (a hand-over to a
+/// waiting gateway), once the lease rows queued so far are written: the
+/// gateway that claims the id next reads how its leases ended, where a
+/// lease whose release is not on record yet would keep its place until it
+/// would have expired. Should the rows fail, the claim goes all the same:
+/// that errs on the side of waiting.
+pub(super) fn withdraw_after_rows(
+    recorder: &Arc<Recorder>,
+    coordinator: &Arc<Coordinator>,
+    id: StateId,
+    candidate: Candidate,
+) {
+    let (recorder, coordinator) = (recorder.clone(), coordinator.clone());
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return coordinator.withdraw_in_background(id, candidate);
+    };
+    runtime.spawn(async move {
+        if let Err(err) = recorder.flush().await {
+            tracing::warn!(state_id = %id, error = %err, "lease rows not written before a hand-over");
+        }
+        coordinator.withdraw_in_background(id, candidate);
+    });
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::client::ClickHouse;
 use super::ddl::{Placement, retention_alter, retention_ttl};
 use super::error::StoreError;
-use super::state_table::{Selection, StoredRow};
+use super::state_table::Selection;
+use super::stored::StoredRow;
 use crate::domain::{StateId, Version};
 
 /// Kept past the retention, so a cursor just inside it still finds every

@@ -12,7 +12,8 @@ use serde::Deserialize;
 
 use super::error::StoreError;
 use super::history_table::HistoryStore;
-use super::state_table::{Selection, StoredRow};
+use super::state_table::Selection;
+use super::stored::StoredRow;
 use crate::domain::{AsOf, PageCursor, PageLimit, StateId};
 
 #[derive(clickhouse::Row, Deserialize)]

@@ -24,6 +24,7 @@ mod read_ahead;
 mod read_batch;
 mod route_read;
 mod state_table;
+mod stored;
 mod target;
 
 pub use changes_table::{ChangeRead, ChangeRecord, ChangesStore};
@@ -41,7 +42,8 @@ pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, N
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, LeaseRows, StoredLease};
 pub use lease_table::LeaseStore;
-pub use state_table::{Selection, StateStore, StateSummary, StoredRow, StoredState, next_version};
+pub use state_table::{Selection, StateStore, StateSummary, next_version};
+pub use stored::{StoredRow, StoredState};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
 
 use self::changes_table::ChangesTables;

@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::state_table::StoredRow;
+use super::stored::StoredRow;
 use crate::domain::StateId;
 
 /// How long a row waits for its write. A write takes its row right after

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::client::ClickHouse;
 use super::lease_rows::{LOCK_COLUMNS, LeaseRows, LockRowIn, lock_rows_filter};
 use super::read_batch::ReadBatch;
-use super::state_table::StoredRow;
+use super::stored::StoredRow;
 use crate::domain::StateId;
 
 /// What one routing read finds of an id.

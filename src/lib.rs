@@ -17,6 +17,7 @@ pub mod locks;
 pub mod metrics;
 mod retry;
 pub mod run_lease;
+pub mod runs;
 pub mod states;
 pub mod store;
 pub mod telemetry;

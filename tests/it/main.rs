@@ -54,6 +54,7 @@ mod run_lease_delay;
 mod run_lease_pool;
 mod run_lease_tls;
 mod run_lease_tree;
+mod runs;
 mod scope_auth;
 mod seed_compat;
 mod shared_gateway;

@@ -2,7 +2,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use statehouse::config::{Cli, Command, Config};
-use statehouse::{App, healthcheck, run_lease, shutdown_signal, telemetry, traces, waiter};
+use statehouse::{
+    App, healthcheck, run_lease, runs_cli, shutdown_signal, telemetry, traces, waiter,
+};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -20,6 +22,7 @@ fn main() -> ExitCode {
         Command::Lock(args) => return run_lease::run(*args),
         Command::LockWatchdog(args) => return run_lease::run_watchdog(&args),
         Command::Wait(args) => return waiter::run(*args),
+        Command::Runs(args) => return runs_cli::run(*args),
         Command::Healthcheck(args) => {
             return match healthcheck::probe(&args) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `lock`, `wait` and `healthcheck`, each flag with its
+//! The command line: `serve`, `lock`, `wait`, `runs` and `healthcheck`, each flag with its
 //! `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
@@ -52,6 +52,9 @@ pub enum Command {
         override_usage = "statehouse wait [OPTIONS] <--stream <STREAM> --until <VALUE>|--changed> <STATE_ID>"
     )]
     Wait(Box<crate::waiter::WaitArgs>),
+    /// List the runs recorded under leases, newest first: a table, or JSON
+    /// lines with --json; exits 1 when the gateway cannot be reached or refuses.
+    Runs(Box<crate::runs_cli::RunsArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
     #[command(hide = true)]

@@ -20,6 +20,7 @@ async fn count_runs(ctx: &AppContext) {
     };
     let book = RunBook {
         runs,
+        locks: &ctx.locks,
         leases,
         metrics: &ctx.metrics,
     };

@@ -127,6 +127,7 @@ fn book(ctx: &AppContext) -> Result<RunBook<'_>, ApiError> {
     match (ctx.journal.runs(), ctx.journal.leases()) {
         (Some(runs), Some(leases)) => Ok(RunBook {
             runs,
+            locks: &ctx.locks,
             leases,
             metrics: &ctx.metrics,
         }),
@@ -178,7 +179,7 @@ pub async fn start(
     let info = parse_info(body.info)?.unwrap_or_default();
     let info = Value::Object(info).to_string();
     let run = book
-        .start(&ctx.locks, &id, lease_id, &actor.0, &info)
+        .start(&id, lease_id, &actor.0, &info)
         .await
         .map_err(run_error)?;
     let view = view(&book, run).await?;

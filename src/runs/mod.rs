@@ -15,7 +15,9 @@ use self::advance::advanced;
 use crate::domain::{Lease, StateId};
 use crate::locks::{LockError, LockManager};
 use crate::metrics::Metrics;
-use crate::store::{LeaseHistoryStore, RunEnd, RunStart, RunStore, StoreError, StoredRun, now_ms};
+use crate::store::{
+    LeaseEnd, LeaseHistoryStore, RunEnd, RunStart, RunStore, StoreError, StoredRun, now_ms,
+};
 
 /// How long a run's start waits for its lease to show where it is asked:
 /// a lease granted through another gateway reaches ClickHouse about a
@@ -24,6 +26,11 @@ const LEASE_LANDING: Duration = Duration::from_secs(3);
 
 /// How often the start looks again meanwhile.
 const LEASE_POLL: Duration = Duration::from_millis(200);
+
+/// How long past its recorded expiry a lease counts as expired: its
+/// renewals' rows are written behind (`locks::record`), so a renewed lease's
+/// row may show the expiry it had before, for about a second.
+const EXPIRY_LANDING: Duration = Duration::from_secs(3);
 
 /// A run whose lease never reached ClickHouse this long after its start
 /// had a lease that died with its gateway before its row was written: it is
@@ -54,6 +61,8 @@ pub enum Ending {
 /// The run book: the runs table, read with the lease history.
 pub struct RunBook<'a> {
     pub runs: &'a RunStore,
+    /// What this gateway knows of the leases now, beside their history.
+    pub locks: &'a LockManager,
     pub leases: &'a LeaseHistoryStore,
     pub metrics: &'a Metrics,
 }
@@ -62,13 +71,12 @@ impl RunBook<'_> {
     /// Records a run on `lease_id`, which must be `id`'s current lease.
     pub async fn start(
         &self,
-        locks: &LockManager,
         id: &StateId,
         lease_id: Uuid,
         actor: &str,
         info: &str,
     ) -> Result<StoredRun, RunError> {
-        let lease = self.current_lease(locks, id, lease_id).await?;
+        let lease = self.current_lease(id, lease_id).await?;
         if let Some(run) = self.runs.of_lease(id, lease_id).await? {
             return Err(RunError::Exists(run.run_id));
         }
@@ -99,15 +107,10 @@ impl RunBook<'_> {
 
     /// The lease, once it shows as `id`'s current one where this gateway
     /// looks; refused as soon as its history says it ended.
-    async fn current_lease(
-        &self,
-        locks: &LockManager,
-        id: &StateId,
-        lease_id: Uuid,
-    ) -> Result<Lease, RunError> {
+    async fn current_lease(&self, id: &StateId, lease_id: Uuid) -> Result<Lease, RunError> {
         let deadline = Instant::now() + LEASE_LANDING;
         loop {
-            if let Some(lease) = locks.current(id, None).await?
+            if let Some(lease) = self.locks.current(id, None).await?
                 && lease.lease_id == lease_id
             {
                 return Ok(lease);
@@ -175,6 +178,7 @@ impl RunBook<'_> {
         for mut run in runs {
             let lease_end = match ends.get(&run.lease_id) {
                 _ if run.end.is_some() => None,
+                Some(Some((LeaseEnd::Expired, at))) => self.expired(&run, *at, now).await?,
                 Some(end) => end.as_ref().map(|(_, at)| *at),
                 None => (now - run.started_ms >= UNRECORDED_LEASE.as_millis() as i64)
                     .then_some(run.started_ms),
@@ -197,6 +201,21 @@ impl RunBook<'_> {
             settled.push(run);
         }
         Ok(settled)
+    }
+
+    /// When the run's lease expired (`at`, as its row says), unless it may
+    /// have been renewed since: its row is recent, or it is still the id's
+    /// current lease where this gateway looks.
+    async fn expired(&self, run: &StoredRun, at: i64, now: i64) -> Result<Option<i64>, RunError> {
+        if now - at < EXPIRY_LANDING.as_millis() as i64 {
+            return Ok(None);
+        }
+        // An id the API could not have taken holds no lease now.
+        let Ok(id) = StateId::parse(&run.state_id) else {
+            return Ok(Some(at));
+        };
+        let current = self.locks.current(&id, None).await?;
+        Ok((current.map(|lease| lease.lease_id) != Some(run.lease_id)).then_some(at))
     }
 
     /// What the run did up to `end_ms`: the versions written, and the

@@ -52,6 +52,7 @@ mod reload_auth;
 mod run_lease;
 mod run_lease_delay;
 mod run_lease_pool;
+mod run_lease_runs;
 mod run_lease_tls;
 mod run_lease_tree;
 mod runs;

@@ -7,7 +7,11 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
 
-use crate::helpers::{Reply, TestApp, metric, spawn_app, spawn_app_with, two_peers};
+use statehouse::domain::Coordination;
+
+use crate::helpers::{
+    Reply, TestApp, metric, spawn_app, spawn_app_with, two_peers, two_peers_with,
+};
 
 fn state(orders: &str) -> Value {
     json!({"completed": {"singer_state": {"bookmarks": {
@@ -177,12 +181,24 @@ async fn settled(app: &TestApp, run_id: &str) -> Value {
 #[tokio::test]
 async fn a_run_ends_lost_with_its_lease_and_takes_no_patch_after() {
     let (a, b) = two_peers().await;
+    lost_with_its_lease(&a, &b).await;
+}
+
+#[tokio::test]
+async fn in_keeper_mode_too_a_run_ends_lost_with_its_lease() {
+    let (a, b) = two_peers_with(|_, config| config.locks.coordination = Coordination::Keeper).await;
+    lost_with_its_lease(&a, &b).await;
+}
+
+/// A run whose lease expires unrenewed, and one whose lease is forced, both
+/// started through `a` and read through `b`.
+async fn lost_with_its_lease(a: &TestApp, b: &TestApp) {
     let expiring = a
         .acquire("expiring", &json!({"owner": "w", "ttl_seconds": 1}))
         .await;
     expiring.expect(StatusCode::CREATED);
     let lease = expiring.json();
-    let run = start(&a, "expiring", lease["lease_id"].as_str().unwrap()).await;
+    let run = start(a, "expiring", lease["lease_id"].as_str().unwrap()).await;
     run.expect(StatusCode::CREATED);
     let run_id = run.json()["run_id"].as_str().unwrap().to_owned();
     let lost = settled(&b, &run_id).await;
@@ -191,22 +207,22 @@ async fn a_run_ends_lost_with_its_lease_and_takes_no_patch_after() {
         lost["ended_at"], lease["expires_at"],
         "it ends at the lease's expiry"
     );
-    let late = end(&a, &run_id, &json!({"exit_code": 0})).await;
+    let late = end(a, &run_id, &json!({"exit_code": 0})).await;
     late.expect(StatusCode::CONFLICT);
     assert_eq!(late.problem_type(), "run-ended");
     assert_eq!(a.get(&format!("/v1/runs/{run_id}")).await.json(), lost);
 
     let (lease_id, _) = a.lease("forced", "w", 60, 5.0).await;
-    let run = start(&a, "forced", &lease_id).await;
+    let run = start(a, "forced", &lease_id).await;
     let run_id = run.json()["run_id"].as_str().unwrap().to_owned();
     b.request(Method::DELETE, "/v1/locks/forced?reason=stuck", None, &[])
         .await
         .expect(StatusCode::NO_CONTENT);
-    let lost = settled(&a, &run_id).await;
+    let lost = settled(a, &run_id).await;
     assert_eq!(lost["status"], "lost");
     let history = a.get("/v1/locks/forced/history").await.json();
     assert_eq!(lost["ended_at"], history["leases"][0]["ended_at"]);
-    end(&b, &run_id, &json!({"exit_code": 0}))
+    end(b, &run_id, &json!({"exit_code": 0}))
         .await
         .expect(StatusCode::CONFLICT);
 }

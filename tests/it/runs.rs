@@ -6,11 +6,11 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use statehouse::auth::Tokens;
-
 use statehouse::domain::Coordination;
 
 use crate::helpers::{
-    Reply, TestApp, metric, spawn_app, spawn_app_with, two_peers, two_peers_with,
+    Reply, TestApp, clickhouse_url, metric, peer_config, spawn_app, spawn_app_with,
+    spawn_configured, spawn_peer_process, two_peers, two_peers_with, unique_schema,
 };
 
 fn state(orders: &str) -> Value {
@@ -383,4 +383,54 @@ async fn runs_are_held_to_roles_and_scopes() {
     )
     .await
     .expect(StatusCode::FORBIDDEN);
+}
+
+/// The authority dies (kill -9) holding the lease: its run is lost at the
+/// lease's expiry, read through the survivor, in both coordination modes.
+#[tokio::test]
+async fn a_run_whose_authority_dies_ends_lost_at_its_lease_expiry() {
+    for mode in ["table", "keeper"] {
+        let schema = unique_schema();
+        let args = [
+            "--schema",
+            &schema,
+            "--coordination",
+            mode,
+            "--claim-ttl",
+            "3s",
+            "--claim-settle",
+            "200ms",
+        ];
+        let authority = spawn_peer_process(&clickhouse_url(), &args).await;
+        let mut survivor = peer_config(&schema);
+        survivor.locks.coordination = match mode {
+            "keeper" => Coordination::Keeper,
+            _ => Coordination::Table,
+        };
+        let survivor = spawn_configured(survivor).await;
+        let dying = authority.api();
+        let acquired = dying
+            .acquire("job", &json!({"owner": "w", "ttl_seconds": 2}))
+            .await;
+        acquired.expect(StatusCode::CREATED);
+        let lease = acquired.json();
+        let body = json!({"state_id": "job", "lease_id": lease["lease_id"]}).to_string();
+        let run = dying
+            .request(Method::POST, "/v1/runs", Some(&body), &[])
+            .await;
+        run.expect(StatusCode::CREATED);
+        let run_id = run.json()["run_id"].as_str().unwrap().to_owned();
+        // The lease's row is written behind its grant: it has landed once
+        // the survivor sees the lock.
+        for _ in 0..50 {
+            if survivor.get("/v1/locks/job").await.status == StatusCode::OK {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = authority.kill_and_collect_logs().await;
+        let lost = settled(&survivor, &run_id).await;
+        assert_eq!(lost["status"], "lost", "{mode}");
+        assert_eq!(lost["ended_at"], lease["expires_at"], "{mode}");
+    }
 }

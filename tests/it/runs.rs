@@ -201,7 +201,7 @@ async fn lost_with_its_lease(a: &TestApp, b: &TestApp) {
     let run = start(a, "expiring", lease["lease_id"].as_str().unwrap()).await;
     run.expect(StatusCode::CREATED);
     let run_id = run.json()["run_id"].as_str().unwrap().to_owned();
-    let lost = settled(&b, &run_id).await;
+    let lost = settled(b, &run_id).await;
     assert_eq!(lost["status"], "lost");
     assert_eq!(
         lost["ended_at"], lease["expires_at"],

@@ -39,3 +39,16 @@ def test_the_state_page_lists_its_runs_and_names_a_failed_one_failed(page, gatew
     expect(rows.nth(1).get_by_test_id("run-status")).to_have_text("succeeded")
     expect(page.get_by_test_id("run-bar")).to_have_count(2)
     assert failed["status"] == "failed"
+
+
+def test_the_list_shows_each_states_last_run_marked_when_it_failed(page, gateway: Gateway):
+    gateway.put("dev:ok", {"completed": {}})
+    gateway.put("dev:broken", {"completed": {}})
+    recorded_run(gateway, "dev:ok", {"exit_code": 0})
+    recorded_run(gateway, "dev:broken", {"signal": 15})
+    page.goto(gateway.base + "/")
+    broken = page.locator('[data-testid="state-row"][data-state-id="dev:broken"]').get_by_test_id("last-run")
+    expect(broken).to_have_text("failed")
+    expect(broken).to_have_class("failed")
+    ok = page.locator('[data-testid="state-row"][data-state-id="dev:ok"]').get_by_test_id("last-run")
+    expect(ok).to_have_text("succeeded")

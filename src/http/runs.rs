@@ -78,8 +78,17 @@ pub struct RunView {
     advanced: Value,
 }
 
-/// A running run's versions and streams so far.
+/// A run as the API shows it; a running one with its versions and streams
+/// so far (`so_far`, or read from history).
 async fn view(book: &RunBook<'_>, run: StoredRun) -> Result<RunView, ApiError> {
+    view_with(book, run, None).await
+}
+
+async fn view_with(
+    book: &RunBook<'_>,
+    run: StoredRun,
+    so_far: Option<(u64, String)>,
+) -> Result<RunView, ApiError> {
     let json = |text: &str| serde_json::from_str(text).unwrap_or(Value::Null);
     let (status, ended_ms, exit_code, signal, info, versions, advanced) = match &run.end {
         Some(end) => (
@@ -92,7 +101,10 @@ async fn view(book: &RunBook<'_>, run: StoredRun) -> Result<RunView, ApiError> {
             json(&end.advanced),
         ),
         None => {
-            let (versions, advanced) = book.window(&run, now_ms()).await.map_err(run_error)?;
+            let (versions, advanced) = match so_far {
+                Some(so_far) => so_far,
+                None => book.window(&run, now_ms()).await.map_err(run_error)?,
+            };
             let info = json(&run.info);
             (
                 "running".to_owned(),
@@ -182,7 +194,8 @@ pub async fn start(
         .start(&id, lease_id, &actor.0, &info)
         .await
         .map_err(run_error)?;
-    let view = view(&book, run).await?;
+    // Just started: nothing written, nothing moved, no history to read.
+    let view = view_with(&book, run, Some((0, "[]".to_owned()))).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 

@@ -4,7 +4,7 @@
 //! that refuses either is reported and the pipeline goes on: the record
 //! must never stop the run it records.
 
-use super::LockArgs;
+use super::args::LockArgs;
 use super::client::Gateway;
 use super::ending::Ending;
 use super::info;

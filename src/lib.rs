@@ -18,6 +18,8 @@ pub mod metrics;
 pub mod restorer;
 mod retry;
 pub mod run_lease;
+pub mod runs;
+pub mod runs_cli;
 pub mod states;
 pub mod store;
 pub mod telemetry;

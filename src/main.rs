@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use statehouse::config::{Cli, Command, Config};
 use statehouse::{
-    App, healthcheck, restorer, run_lease, shutdown_signal, telemetry, traces, waiter,
+    App, healthcheck, restorer, run_lease, runs_cli, shutdown_signal, telemetry, traces, waiter,
 };
 
 fn main() -> ExitCode {
@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Command::LockWatchdog(args) => return run_lease::run_watchdog(&args),
         Command::Wait(args) => return waiter::run(*args),
         Command::Restore(args) => return restorer::run(*args),
+        Command::Runs(args) => return runs_cli::run(*args),
         Command::Healthcheck(args) => {
             return match healthcheck::probe(&args) {
                 Ok(()) => ExitCode::SUCCESS,

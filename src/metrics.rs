@@ -32,6 +32,11 @@ struct ReadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunLabels {
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
 }
@@ -175,6 +180,9 @@ pub struct Metrics {
     pool_waiting: Family<PoolLabels, Gauge>,
     watchers: Family<WatcherLabels, Gauge>,
     delivery_delay: Histogram,
+    runs: Family<RunLabels, Counter>,
+    runs_running: Gauge,
+    run_seconds: Histogram,
 }
 
 fn latency_histogram() -> Histogram {
@@ -201,6 +209,28 @@ impl Default for Metrics {
         let pool_holders = Family::<PoolLabels, Gauge>::default();
         let pool_waiting = Family::<PoolLabels, Gauge>::default();
         let watchers = Family::<WatcherLabels, Gauge>::default();
+        let runs = Family::<RunLabels, Counter>::default();
+        for status in ["succeeded", "failed", "lost"] {
+            let _ = runs.get_or_create(&RunLabels { status });
+        }
+        registry.register(
+            "runs",
+            "Runs this gateway ended, by status (succeeded, failed: by their PATCH; lost: found with their lease ended)",
+            runs.clone(),
+        );
+        let runs_running = Gauge::default();
+        registry.register(
+            "runs_running",
+            "Runs running across the fleet, as this gateway last counted them (every gateway counts the same runs: take the max, not the sum)",
+            runs_running.clone(),
+        );
+        // 1 s .. ~9 h: a quick sync up to a long backfill.
+        let run_seconds = Histogram::new(exponential_buckets(1.0, 2.0, 16));
+        registry.register(
+            "run_duration_seconds",
+            "Duration of the runs this gateway ended",
+            run_seconds.clone(),
+        );
         registry.register(
             "watchers",
             "Requests waiting on a change, by kind (long_poll: GET /v1/states/{state_id}?wait=; feed: GET /v1/changes)",
@@ -322,6 +352,9 @@ impl Default for Metrics {
         Self {
             watchers,
             delivery_delay,
+            runs,
+            runs_running,
+            run_seconds,
             auth_denied,
             pool_holders,
             pool_waiting,
@@ -454,6 +487,18 @@ impl Metrics {
     /// A change delivered by the feed, `seconds` after ClickHouse took it.
     pub fn delivery_delay(&self, seconds: f64) {
         self.delivery_delay.observe(seconds);
+    }
+
+    /// A run ended here, as `status`, after `millis`.
+    pub fn run_ended(&self, status: &'static str, millis: i64) {
+        self.runs.get_or_create(&RunLabels { status }).inc();
+        self.run_seconds.observe(millis.max(0) as f64 / 1000.0);
+    }
+
+    /// How many runs are running, as counted now.
+    pub fn runs_running(&self, count: usize) {
+        self.runs_running
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// The OpenMetrics text exposition.

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `lock`, `wait`, `restore` and `healthcheck`, each flag with its
+//! The command line: `serve`, `lock`, `wait`, `restore`, `runs` and `healthcheck`, each flag with its
 //! `STATEHOUSE_*` variable.
 
 use std::net::SocketAddr;
@@ -58,6 +58,9 @@ pub enum Command {
     /// writes nothing. Exits 0, or 1 on any error.
     #[command(arg_required_else_help = true)]
     Restore(Box<crate::restorer::RestoreArgs>),
+    /// List the runs recorded under leases, newest first: a table, or JSON
+    /// lines with --json; exits 1 when the gateway cannot be reached or refuses.
+    Runs(Box<crate::runs_cli::RunsArgs>),
     /// Started by `statehouse lock` to stop its command's process group
     /// should the runner die; not for use by hand.
     #[command(hide = true)]

@@ -28,6 +28,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("dashboard/regressions.js"),
     ),
     ("pools.js", JS, include_str!("dashboard/pools.js")),
+    ("runs.js", JS, include_str!("dashboard/runs.js")),
     ("live.js", JS, include_str!("dashboard/live.js")),
     ("app.css", CSS, include_str!("dashboard/app.css")),
     (

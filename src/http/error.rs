@@ -92,6 +92,15 @@ pub enum ApiError {
     /// another writer had changed the state meanwhile.
     #[error("{0}")]
     StateContended(String),
+    #[error("no run with id {0:?}")]
+    RunNotFound(String),
+    #[error("the lease is not the state_id's current one")]
+    RunLeaseNotCurrent,
+    /// One lease holds at most one run: this one.
+    #[error("this lease already holds run {0}")]
+    RunExists(uuid::Uuid),
+    #[error("run {0} has ended")]
+    RunEnded(uuid::Uuid),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -132,6 +141,7 @@ problem_types! {
     PoolNotFound => NOT_FOUND, "pool-not-found", "No such pool";
     VersionNotFound => NOT_FOUND, "version-not-found", "No such version";
     BookmarkNotFound => NOT_FOUND, "bookmark-not-found", "No such bookmark";
+    RunNotFound => NOT_FOUND, "run-not-found", "No such run";
     HistoryOff => NOT_FOUND, "history-off", "History is off";
     CursorExpired => GONE, "cursor-expired", "Cursor expired";
     HistoryExpired => GONE, "history-expired", "Instant older than history keeps";
@@ -144,6 +154,8 @@ problem_types! {
     LeaseNotCurrent => CONFLICT, "lease-not-current", "Lease is not current";
     LeaseHeldElsewhere => CONFLICT, "lease-held-elsewhere", "Lease is held through another gateway";
     StateLocked => CONFLICT, "state-locked", "State is locked";
+    RunExists => CONFLICT, "run-exists", "The lease holds a run";
+    RunEnded => CONFLICT, "run-ended", "Run ended";
     BookmarkRegression => CONFLICT, "bookmark-regression", "Bookmark goes backwards";
     BookmarkLoss => CONFLICT, "bookmark-loss", "Bookmark lost";
     TooManyRequests => TOO_MANY_REQUESTS, "too-many-requests", "Over the token's share";
@@ -221,6 +233,9 @@ struct ProblemBody<'a> {
     /// A limit mismatch names the pool and its limit.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pool_limit: Option<PoolLimit<'a>>,
+    /// A lease's second run names its first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_id: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -254,6 +269,7 @@ struct Extras<'a> {
     oldest: Option<String>,
     pool: Option<&'a PoolView>,
     pool_limit: Option<PoolLimit<'a>>,
+    run_id: Option<String>,
 }
 
 fn problem_with(
@@ -274,6 +290,7 @@ fn problem_with(
         oldest: extras.oldest,
         pool: extras.pool,
         pool_limit: extras.pool_limit,
+        run_id: extras.run_id,
     };
     let mut response = (status, Json(body)).into_response();
     response
@@ -308,6 +325,10 @@ impl ApiError {
             Self::CursorExpired(_) => ProblemType::CursorExpired,
             Self::HistoryExpired(..) => ProblemType::HistoryExpired,
             Self::StateContended(_) => ProblemType::StateContended,
+            Self::RunNotFound(_) => ProblemType::RunNotFound,
+            Self::RunLeaseNotCurrent => ProblemType::LeaseNotCurrent,
+            Self::RunExists(_) => ProblemType::RunExists,
+            Self::RunEnded(_) => ProblemType::RunEnded,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
             Self::PoolFull { .. } => ProblemType::PoolFull,
@@ -387,6 +408,10 @@ impl IntoResponse for ApiError {
             }),
             _ => None,
         };
+        let run_id = match &self {
+            Self::RunExists(run) => Some(run.to_string()),
+            _ => None,
+        };
         let extras = Extras {
             holder,
             regressions,
@@ -395,6 +420,7 @@ impl IntoResponse for ApiError {
             oldest,
             pool,
             pool_limit,
+            run_id,
         };
         let mut response = problem_with(status, kind, &self.to_string(), extras);
         if let Self::BodyTimeout(_) = self {

@@ -23,6 +23,7 @@ mod pool_view;
 mod pools;
 mod regressions;
 mod restore;
+mod runs;
 mod server;
 mod state_answer;
 mod states;
@@ -134,6 +135,11 @@ fn operations() -> Vec<Operation> {
         op!(DELETE "/v1/pools/{name}" => pools::force_release, Needs(Admin), Request, ByAuthority),
         op!(PUT "/v1/pools/{name}/{lease_id}" => pools::renew, Needs(Write), Request, ByAuthority),
         op!(DELETE "/v1/pools/{name}/{lease_id}" => pools::release, Needs(Write), Request, ByAuthority),
+        op!(GET "/v1/runs" => runs::list, Needs(Read), Request, Anywhere),
+        op!(POST "/v1/runs" => runs::start, Needs(Write), Request, Anywhere),
+        op!(GET "/v1/runs/latest" => runs::latest, Needs(Read), Request, Anywhere),
+        op!(GET "/v1/runs/{run_id}" => runs::get, Needs(Read), Request, Anywhere),
+        op!(PATCH "/v1/runs/{run_id}" => runs::end, Needs(Write), Request, Anywhere),
         op!(POST "/v1/internal/tickets" => tickets::issue, Needs(Write), Request, Anywhere),
         op!(DELETE "/v1/internal/tickets/{ticket}" => tickets::settle, Needs(Write), Request, Anywhere),
         op!(GET "/" => dashboard::page, Open, Request, Anywhere),

@@ -51,6 +51,11 @@ pub struct LockArgs {
     #[arg(long = "info", value_name = "KEY=VALUE", value_parser = info::parse_pair)]
     pub info: Vec<(String, String)>,
 
+    /// Record no run: by default the command's run is recorded under the
+    /// state_id's lease (`GET /v1/runs`), ended with its exit code or signal.
+    #[arg(long = "no-run")]
+    pub no_run: bool,
+
     /// Also take a slot of pool NAME, which lets at most LIMIT (1 to 1000)
     /// runs hold it at once; repeatable. Pools are taken in name order, then
     /// the state_id, all within --wait; a pool still full past it exits 75.

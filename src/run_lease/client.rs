@@ -21,6 +21,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// An acquire may wait its `wait_seconds`, plus a claim settle (1 s by
 /// default) and a few ClickHouse round trips.
 const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
+/// A run's record is asked once and never holds the command up longer.
+const RUN_DEADLINE: Duration = Duration::from_secs(10);
 /// Lease answers are small; a larger one is not the gateway's.
 const MAX_ANSWER_BYTES: usize = 1 << 20;
 
@@ -173,6 +175,52 @@ impl Gateway {
             StatusCode::NO_CONTENT,
         )
         .await
+    }
+
+    /// Records a run under the state_id's lease; answers its run_id.
+    pub async fn start_run(
+        &self,
+        state_id: &str,
+        lease_id: &str,
+        info: serde_json::Value,
+    ) -> Result<String, GatewayError> {
+        let body = serde_json::json!({"state_id": state_id, "lease_id": lease_id, "info": info});
+        let answer = self
+            .call(Method::POST, "/v1/runs", Some(body), Some(RUN_DEADLINE))
+            .await?;
+        #[derive(Deserialize)]
+        struct Started {
+            run_id: String,
+        }
+        match answer.status {
+            StatusCode::CREATED => serde_json::from_slice::<Started>(&answer.body)
+                .map(|run| run.run_id)
+                .map_err(|e| {
+                    self.refused(
+                        &Method::POST,
+                        "/v1/runs",
+                        &answer,
+                        format!("no run in the answer: {e}"),
+                    )
+                }),
+            _ => Err(self.error(&Method::POST, "/v1/runs", &answer)),
+        }
+    }
+
+    /// Ends a run: `ending` is `{"exit_code": n}` or `{"signal": n}`.
+    pub async fn end_run(
+        &self,
+        run_id: &str,
+        ending: serde_json::Value,
+    ) -> Result<(), GatewayError> {
+        let path = format!("/v1/runs/{run_id}");
+        let answer = self
+            .call(Method::PATCH, &path, Some(ending), Some(RUN_DEADLINE))
+            .await?;
+        match answer.status {
+            StatusCode::OK => Ok(()),
+            _ => Err(self.error(&Method::PATCH, &path, &answer)),
+        }
     }
 
     async fn lease_call(

@@ -17,7 +17,7 @@
 //! in `target`, taking, renewing and releasing the leases in `leases`, the
 //! gateway client in `client` and `problem`, the renewal schedule in `clock`,
 //! how a run ended and its exit status in `ending`, the command in `child`
-//! and `group`, the watchdog in `watchdog`.
+//! and `group`, the watchdog in `watchdog`, the run's record in `record`.
 
 mod args;
 mod child;
@@ -28,6 +28,7 @@ mod group;
 mod info;
 mod leases;
 pub(crate) mod problem;
+mod record;
 mod say;
 mod target;
 mod watchdog;
@@ -126,7 +127,7 @@ async fn supervise(args: LockArgs) -> Ending {
             return Ending::Unusable;
         }
     };
-    let mut leases = Leases::new(gateway);
+    let mut leases = Leases::new(gateway.clone());
     let taken = {
         let taking = leases
             .take(&targets, &owner, &args)
@@ -152,6 +153,17 @@ async fn supervise(args: LockArgs) -> Ending {
             .await;
         return ending;
     }
+    let state = leases
+        .state()
+        .map(|(id, lease)| (id.to_owned(), lease.lease_id.clone()));
+    let recorded = record::start(
+        &gateway,
+        &args,
+        state
+            .as_ref()
+            .map(|(id, lease)| (id.as_str(), lease.as_str())),
+    )
+    .await;
     // The command's `TRACEPARENT` is the hold's: its spans are the hold's children.
     let hold = tracing::info_span!("hold");
     let child = match Child::spawn(
@@ -165,6 +177,9 @@ async fn supervise(args: LockArgs) -> Ending {
                 "cannot run {}: {err}",
                 args.command[0].to_string_lossy()
             ));
+            // As a shell answers a command it cannot run: 126 or 127.
+            let code = exit_code(Ending::NotStarted(err.kind));
+            record::end(&gateway, recorded, Ending::Exited(i32::from(code)), false).await;
             leases.release_all().await;
             return Ending::NotStarted(err.kind);
         }
@@ -177,6 +192,7 @@ async fn supervise(args: LockArgs) -> Ending {
     let (status, lost) = watch(child, &mut signals, &mut leases, args.grace)
         .instrument(hold)
         .await;
+    record::end(&gateway, recorded, status, lost.is_some()).await;
     leases
         .finish(status, lost)
         .instrument(tracing::info_span!("release"))

@@ -1,15 +1,15 @@
 //! The history switch (`--history`), thrown in one place: what the gateway
 //! keeps of the past. With history kept, every change is a version in
 //! `<table>_history` (whose view writes the state table) and every lease a
-//! row in `<table>_lease_history`; with it off, there are neither, and the
-//! state table is all there is.
+//! row in `<table>_lease_history`, and every run in `<table>_runs`; with it
+//! off, there are none of these, and the state table is all there is.
 
 use std::sync::Arc;
 
 use super::ddl::Placement;
 use super::{
-    ClickHouse, History, HistoryStore, Identifier, LastChange, LeaseHistoryStore, StoreError,
-    companion,
+    ClickHouse, History, HistoryStore, Identifier, LastChange, LeaseHistoryStore, RunStore,
+    StoreError, companion,
 };
 use crate::domain::{StateId, Version};
 
@@ -22,6 +22,8 @@ struct Kept {
     versions: HistoryStore,
     /// Each id's leases, kept as long as its versions.
     leases: LeaseHistoryStore,
+    /// Each id's runs, kept as long as its versions.
+    runs: RunStore,
 }
 
 impl Journal {
@@ -52,6 +54,7 @@ impl Journal {
                 named("lease"),
                 retention,
             ),
+            runs: RunStore::new(ch.clone(), named("runs"), named("history"), retention),
         })))
     }
 
@@ -68,6 +71,11 @@ impl Journal {
     /// The ids' past leases, when they are kept.
     pub fn leases(&self) -> Option<&LeaseHistoryStore> {
         self.0.as_ref().map(|kept| &kept.leases)
+    }
+
+    /// The ids' runs, when the past is kept.
+    pub fn runs(&self) -> Option<&RunStore> {
+        self.0.as_ref().map(|kept| &kept.runs)
     }
 
     /// Whether each stream's newest change regressed it, for the states
@@ -99,7 +107,11 @@ impl Journal {
         let Some(kept) = &self.0 else {
             return Ok(());
         };
-        let Kept { versions, leases } = kept.as_ref();
+        let Kept {
+            versions,
+            leases,
+            runs,
+        } = kept.as_ref();
         let engine_of = |suffix: &str| {
             let name = companion(table, suffix);
             present
@@ -124,6 +136,7 @@ impl Journal {
                 engine_of("lease_history_writes").is_some(),
                 placement,
             )
-            .await
+            .await?;
+        runs.ensure(engine_of("runs"), placement).await
     }
 }

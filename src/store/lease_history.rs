@@ -4,7 +4,10 @@
 //! (its rows replace each other); this one keeps each lease's latest row, so
 //! it knows how every lease ended, for as long as state history is kept.
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
+use uuid::Uuid;
 
 use super::client::ClickHouse;
 use super::ddl::{Placement, retention_alter, retention_ttl};
@@ -54,6 +57,43 @@ struct HistoryRowIn {
     actor: String,
     reason: String,
     unexpired: u8,
+}
+
+/// A lease's row with its id (the RowBinary format knows no flattening).
+#[derive(clickhouse::Row, Deserialize)]
+struct LeaseRowIn {
+    #[serde(with = "clickhouse::serde::uuid")]
+    lease_id: Uuid,
+    owner: String,
+    fencing_token: u64,
+    info: String,
+    acquired_ms: i64,
+    expires_ms: i64,
+    released: u8,
+    ended_ms: i64,
+    ended_by: String,
+    actor: String,
+    reason: String,
+    unexpired: u8,
+}
+
+impl LeaseRowIn {
+    fn into_end(self) -> (Uuid, Option<(LeaseEnd, i64)>) {
+        let row = HistoryRowIn {
+            owner: self.owner,
+            fencing_token: self.fencing_token,
+            info: self.info,
+            acquired_ms: self.acquired_ms,
+            expires_ms: self.expires_ms,
+            released: self.released,
+            ended_ms: self.ended_ms,
+            ended_by: self.ended_by,
+            actor: self.actor,
+            reason: self.reason,
+            unexpired: self.unexpired,
+        };
+        (self.lease_id, row.into_past().ended)
+    }
 }
 
 impl HistoryRowIn {
@@ -146,6 +186,39 @@ impl LeaseHistoryStore {
             self.ch.ddl(&sql).await?;
         }
         Ok(())
+    }
+
+    /// How each lease of `leases` (state_id, lease_id) ended, or None while
+    /// it runs; a lease whose row has not landed is absent.
+    pub async fn ends_of(
+        &self,
+        leases: &[(&str, Uuid)],
+    ) -> Result<HashMap<Uuid, Option<(LeaseEnd, i64)>>, StoreError> {
+        if leases.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let sql = format!(
+            "SELECT lease_id, owner, fencing_token, info,
+                    toUnixTimestamp64Milli(created_at) AS acquired_ms,
+                    toUnixTimestamp64Milli(expires_at) AS expires_ms, released,
+                    toUnixTimestamp64Milli(ended_at) AS ended_ms, ended_by, actor, reason,
+                    expires_at > now64(3) AS unexpired
+             FROM {} FINAL
+             WHERE state_id IN {{ids:Array(String)}} AND lease_id IN {{leases:Array(UUID)}}",
+            self.table
+        );
+        let ids: Vec<&str> = leases.iter().map(|(id, _)| *id).collect();
+        let lease_ids: Vec<String> = leases.iter().map(|(_, lease)| lease.to_string()).collect();
+        let query = self
+            .ch
+            .latest_read(&sql)
+            .param("ids", ids)
+            .param("leases", lease_ids);
+        let rows = self
+            .ch
+            .timed("lease_history", query.fetch_all::<LeaseRowIn>())
+            .await?;
+        Ok(rows.into_iter().map(LeaseRowIn::into_end).collect())
     }
 
     /// The newest `limit` leases of `id`, newest first.

@@ -23,6 +23,7 @@ mod ping;
 mod read_ahead;
 mod read_batch;
 mod route_read;
+mod runs_table;
 mod state_table;
 mod stored;
 mod target;
@@ -42,6 +43,7 @@ pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, N
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, LeaseRows, StoredLease};
 pub use lease_table::LeaseStore;
+pub use runs_table::{RunEnd, RunQuery, RunStart, RunStore, StoredRun};
 pub use state_table::{Selection, StateStore, StateSummary, next_version};
 pub use stored::{StoredRow, StoredState};
 pub use target::{ClickHouseTarget, Identifier, InvalidIdentifier};
@@ -74,7 +76,8 @@ impl Default for Layout {
 
 /// The gateway's tables: `schema`.`table` for state, `schema`.`table_lease`
 /// for locks, `schema`.`table_history` for versions (unless history is off),
-/// `schema`.`table_lease_history` for each id's leases (with history),
+/// `schema`.`table_lease_history` for each id's leases and `schema`.`table_runs`
+/// for their runs (with history),
 /// `schema`.`table_gateways` for the gateways serving them,
 /// `schema`.`table_pool_lease` for pools, and in keeper mode
 /// `schema`.`table_claims` and `schema`.`table_pool_claims` (KeeperMap) for claims.
@@ -185,6 +188,7 @@ impl Store {
         let gateways_table = companion(&self.table, "gateways");
         let lease_history_table = companion(&self.table, "lease_history");
         let lease_history_view = companion(&self.table, "lease_history_writes");
+        let runs_table = companion(&self.table, "runs");
         let pool_lease_table = companion(&self.table, "pool_lease");
         let changes_table = companion(&self.table, "changes");
         let changes_writes = companion(&self.table, "changes_writes");
@@ -200,6 +204,7 @@ impl Store {
                     &gateways_table,
                     &lease_history_table,
                     &lease_history_view,
+                    &runs_table,
                     &pool_lease_table,
                     &changes_table,
                     &changes_writes,

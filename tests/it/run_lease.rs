@@ -314,7 +314,13 @@ async fn a_signal_while_waiting_in_line_leaves_the_id_free() {
 async fn it_renews_every_third_of_the_ttl_while_the_command_runs() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
-    let run = lock(&app.base, &["--ttl", "2s"], "job", &scratch.0, "sleep 4");
+    let run = lock(
+        &app.base,
+        &["--ttl", "2s", "--no-run"],
+        "job",
+        &scratch.0,
+        "sleep 4",
+    );
     let (status, stderr) = ended(run, Duration::from_secs(20)).await;
     assert_eq!(status, Some(0), "{stderr}");
     assert_eq!(stderr, "", "the lease lived through two TTLs");

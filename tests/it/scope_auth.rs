@@ -90,6 +90,10 @@ enum Try {
     Listing(&'static str),
     /// Ids in the body: one out of scope refuses the request whole.
     IdsInBody(fn(&str) -> String),
+    /// One id in the body, refused as a path's would be.
+    IdInBody(fn(&str) -> String),
+    /// A run, by its id: one unknown is 404 to every role that may ask.
+    Run,
     /// A ticket is settled by its own id: nothing to scope.
     Settle,
     /// What the caller's token may do: it names the token's own scope.
@@ -123,6 +127,12 @@ fn row(method: &Method, template: &str) -> Try {
             Try::IdsInBody(|id| json!({"writes": [{"state_id": id}]}).to_string())
         }
         ("DELETE", "/v1/internal/tickets/{ticket}") => Try::Settle,
+        ("GET", "/v1/runs") => Try::Listing("runs"),
+        ("GET", "/v1/runs/latest") => Try::Listing("latest"),
+        ("POST", "/v1/runs") => Try::IdInBody(|id| {
+            json!({"state_id": id, "lease_id": uuid::Uuid::new_v4()}).to_string()
+        }),
+        ("GET" | "PATCH", "/v1/runs/{run_id}") => Try::Run,
         ("GET", "/v1/whoami") => Try::Caller,
         ("POST", "/v1/restore") => Try::Restore,
         ("GET", "/" | "/assets/{file}" | "/healthz" | "/readyz" | "/metrics") => Try::Open,
@@ -266,6 +276,29 @@ async fn every_operation_keeps_a_scoped_token_to_its_ids() {
                         )
                     };
                     assert!(none.is_empty(), "{what} pattern outside: {none:?}");
+                }
+                Try::IdInBody(body) => {
+                    let reply = app
+                        .call(method.clone(), template, Some(&body(OUTSIDE)), token)
+                        .await;
+                    reply.expect_because(StatusCode::FORBIDDEN, &what);
+                    let kind = if token == READ_A {
+                        "forbidden"
+                    } else {
+                        "out-of-scope"
+                    };
+                    assert_eq!(reply.problem_type(), kind, "{what}");
+                }
+                Try::Run => {
+                    let path = template.replace("{run_id}", &uuid::Uuid::new_v4().to_string());
+                    let body = (method == Method::PATCH).then_some(r#"{"exit_code": 0}"#);
+                    let reply = app.call(method.clone(), &path, body, token).await;
+                    let expected = if token == READ_A && method == Method::PATCH {
+                        StatusCode::FORBIDDEN
+                    } else {
+                        StatusCode::NOT_FOUND
+                    };
+                    reply.expect_because(expected, &what);
                 }
                 Try::IdsInBody(body) => {
                     let mixed = app

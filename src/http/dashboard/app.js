@@ -42,6 +42,22 @@ async function locksById() {
   return map;
 }
 
+/** Each state's newest run by state_id, for the glob listed (none with history off). */
+async function lastRuns(pattern) {
+  const reply = await api("/v1/runs/latest?" + new URLSearchParams({ pattern }));
+  const map = new Map();
+  if (reply.status === 200) for (const l of reply.body.latest) map.set(l.state_id, l.run);
+  return map;
+}
+
+/** A run's status, a failed or lost one marked. */
+function lastRunCell(run) {
+  if (!run) return el("td", { "data-testid": "last-run", text: "" });
+  const bad = run.status === "failed" || run.status === "lost";
+  return el("td", { "data-testid": "last-run", "data-status": run.status, class: bad ? "failed" : undefined,
+    title: run.started_at, text: run.status });
+}
+
 let listing = { pattern: "*", cursors: [null] };
 
 async function renderStates() {
@@ -50,7 +66,7 @@ async function renderStates() {
   const page = listing.cursors[listing.cursors.length - 1];
   const query = new URLSearchParams({ pattern: listing.pattern, limit: "50" });
   if (page) query.set("cursor", page);
-  const [reply, locks] = [await api("/v1/states?" + query), await locksById()];
+  const [reply, locks, runs] = await Promise.all([api("/v1/states?" + query), locksById(), lastRuns(listing.pattern)]);
   if (reply.status !== 200) { say(problemText(reply)); show(route); return; }
   say("");
   const now = Date.now();
@@ -63,7 +79,8 @@ async function renderStates() {
       el("td", { class: "wide", text: s.updated_at }),
       el("td", { class: stale ? "stale" : "fresh", "data-testid": "age", text: age(seconds) + (stale ? " (stale)" : ""),
         title: seconds < 0 ? "stamped " + age(-seconds) + " after this browser's clock" : undefined }),
-      el("td", { "data-testid": "lock", text: lock ? lock.owner + " until " + lock.expires_at : "" }));
+      el("td", { "data-testid": "lock", text: lock ? lock.owner + " until " + lock.expires_at : "" }),
+      lastRunCell(runs.get(s.state_id)));
   });
   const filter = el("form", { class: "row", "data-testid": "filter", onsubmit: (e) => {
       e.preventDefault();
@@ -81,7 +98,7 @@ async function renderStates() {
     el("button", { type: "button", disabled: !next, "data-testid": "next-page", text: "Next page",
       onclick: () => { listing.cursors.push(next); renderStates(); } }));
   show(route, el("section", {}, el("h2", { text: "States" }), filter,
-    cardTable([["State"], ["Updated", "wide"], ["Age"], ["Lock"]], rows, "states"), paging));
+    cardTable([["State"], ["Updated", "wide"], ["Age"], ["Lock"], ["Last run"]], rows, "states"), paging));
 }
 
 async function renderLocks() {

@@ -1,9 +1,10 @@
-// The state page: who holds its lock and the lock's past leases, its
+// The state page: who holds its lock and the lock's past leases, its runs, its
 // bookmarks (each with a reset), the charts of its bookmarks over time, its
 // document, and its versions, each with what it changed and a way back to it.
 
 import { api, bookmarkText, cardTable, el, infoList, problemText, say, show, statePath, stored, table, view, whyReadOnly, writeButton } from "./common.js";
 import { bookmarkCharts } from "./chart.js";
+import { runsSection } from "./runs.js";
 
 /** A glob that matches `id` itself (and maybe a few more, filtered out after). */
 function globFor(id) { return id.replace(/[*?]/g, "?"); }
@@ -133,17 +134,20 @@ function stateHash(id, at) {
 export async function renderState(id, at) {
   const route = location.hash;
   const asOf = at ? { at } : {};
-  const [state, history, marks, lock, leases, readOnly] = await Promise.all([
+  const [state, history, marks, lock, leases, readOnly, runs] = await Promise.all([
     api(statePath(id) + (at ? "?" + new URLSearchParams(asOf) : "")),
     api(statePath(id) + "/history?limit=100&bookmarks=true"),
     api("/v1/bookmarks?" + new URLSearchParams({ pattern: globFor(id), limit: "1000", ...asOf })),
     api("/v1/locks/" + encodeURIComponent(id)),
     api("/v1/locks/" + encodeURIComponent(id) + "/history?limit=20"),
     whyReadOnly(),
+    api("/v1/runs?" + new URLSearchParams({ pattern: globFor(id), limit: "50" })),
   ]);
+  // The glob may match a few ids more: only this one's runs.
+  if (runs.status === 200) runs.body.runs = runs.body.runs.filter((r) => r.state_id === id);
   say(state.status === 200 || state.status === 404 ? "" : problemText(state));
   const locks = lockSection(id, lock, readOnly);
-  const out = [locks, leaseHistorySection(leases)];
+  const out = [locks, leaseHistorySection(leases), runsSection(runs)].filter(Boolean);
   if (at) {
     out.unshift(el("p", { "data-testid": "as-of" }, "As of " + at + " ", el("a", { href: stateHash(id), text: "back to now" })));
   }

@@ -1,7 +1,8 @@
 //! Lock cycles (acquire + release) through the gateway: the first acquire on a
-//! state_id (which runs the ClickHouse claim and its settle time) beside
-//! the first acquire in keeper mode (a claim in Keeper, no settle) and
-//! repeat acquires on the same gateway (which need no claim), the same repeat
+//! fresh state_id (which makes the claim) in table and keeper mode, with one
+//! gateway and with a second one joined, beside a single-row INSERT into the
+//! same ClickHouse, and repeat acquires on the same gateway (which need no
+//! claim); the same repeat
 //! cycles on the id's authority beside those sent through a peer gateway
 //! that forwards them (one hop more), and cycles/s with 1, 8 and 64
 //! state_ids locked in parallel.
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 
 mod support;
 
-const FIRST_ACQUIRES: usize = 8;
+const FIRST_ACQUIRES: usize = 20;
 const REPEAT_CYCLES: usize = 300;
 const PARALLEL_FOR: Duration = Duration::from_secs(4);
 
@@ -28,8 +29,9 @@ async fn cycle(http: &reqwest::Client, base: &str, id: &str) {
         .send()
         .await
         .unwrap();
-    assert_eq!(reply.status(), 201);
+    let status = reply.status();
     let lease: Value = reply.json().await.unwrap();
+    assert_eq!(status, 201, "{id}: {lease}");
     let lease_id = lease["lease_id"].as_str().unwrap();
     let released = http
         .delete(format!("{base}/v1/locks/{id}/{lease_id}"))
@@ -92,70 +94,127 @@ async fn authority_and_peer(http: &reqwest::Client) -> (Vec<Duration>, Vec<Durat
     (direct, forwarded)
 }
 
+/// The latencies of one row of the first-acquire table.
+#[derive(Default)]
+struct Line(Vec<Duration>);
+
+impl Line {
+    fn print(&mut self, name: &str) {
+        let (p50, p99) = (
+            percentile_ms(&mut self.0, 0.5),
+            percentile_ms(&mut self.0, 0.99),
+        );
+        println!("{name:<44} {:>5} {p50:>9.2} {p99:>9.2}", self.0.len());
+    }
+
+    fn median_ms(&mut self) -> f64 {
+        percentile_ms(&mut self.0, 0.5)
+    }
+}
+
+/// One first acquire (and its release) on a fresh id, timed.
+async fn first_cycle(http: &reqwest::Client, base: &str, id: &str, line: &mut Line) {
+    let t = Instant::now();
+    cycle(http, base, id).await;
+    line.0.push(t.elapsed());
+}
+
+/// A single-row INSERT straight into ClickHouse, timed: the floor a first
+/// acquire is measured against.
+async fn insert(direct: &clickhouse::Client, table: &str, n: usize, line: &mut Line) {
+    let t = Instant::now();
+    direct
+        .query(&format!("INSERT INTO {table} VALUES ('insert-{n}')"))
+        .execute()
+        .await
+        .unwrap();
+    line.0.push(t.elapsed());
+}
+
+/// The first acquire on fresh ids through gateway `a` of each mode, and a
+/// single-row INSERT, interleaved so that all see the same noise.
+async fn first_acquires(
+    http: &reqwest::Client,
+    (table, keeper): (&str, &str),
+    direct: &clickhouse::Client,
+    (insert_table, run): (&str, &str),
+) -> (Line, Line, Line) {
+    let (mut t, mut k, mut i) = (Line::default(), Line::default(), Line::default());
+    for n in 0..FIRST_ACQUIRES {
+        let id = format!("first-{run}-{n}");
+        first_cycle(http, table, &id, &mut t).await;
+        first_cycle(http, keeper, &id, &mut k).await;
+        insert(direct, insert_table, n, &mut i).await;
+    }
+    (t, k, i)
+}
+
 #[tokio::main]
 async fn main() {
-    let gateway = support::start_gateway_in(&support::new_schema(), false, &[]).await;
-    let (base, settle) = (gateway.base, gateway.config.locks.settle);
-    let keeper =
-        support::start_gateway_in(&support::new_schema(), false, &["--coordination", "keeper"])
-            .await;
+    let (table_schema, keeper_schema) = (support::new_schema(), support::new_schema());
+    let gateway = support::start_gateway_in(&table_schema, false, &[]).await;
+    let (base, settle, target) = (
+        gateway.base,
+        gateway.config.locks.settle,
+        gateway.config.clickhouse,
+    );
+    let keeper_flags = ["--coordination", "keeper"];
+    let keeper = support::start_gateway_in(&keeper_schema, false, &keeper_flags).await;
     let http = reqwest::Client::new();
+    let direct = clickhouse::Client::default()
+        .with_url(target.endpoint())
+        .with_user(&target.user)
+        .with_password(&target.password)
+        .with_setting("async_insert", "0");
+    let insert_table = format!("`{table_schema}`.`bench_insert`");
+    direct
+        .query(&format!(
+            "CREATE TABLE {insert_table} (id String) ENGINE = MergeTree ORDER BY id"
+        ))
+        .execute()
+        .await
+        .unwrap();
+    // A gateway makes no claim for one settle after it joins (docs/gateways.md).
+    tokio::time::sleep(settle * 2).await;
 
-    let mut first = Vec::new();
-    let mut first_keeper = Vec::new();
-    let mut repeat = Vec::new();
-    for n in 0..FIRST_ACQUIRES {
-        let id = format!("first-{n}");
-        let t = Instant::now();
-        cycle(&http, &base, &id).await;
-        first.push(t.elapsed());
-        let t = Instant::now();
-        cycle(&http, &keeper.base, &id).await;
-        first_keeper.push(t.elapsed());
-        // Interleave: repeat cycles on the state_id whose claim is now held.
-        for _ in 0..REPEAT_CYCLES / FIRST_ACQUIRES {
-            let t = Instant::now();
-            cycle(&http, &base, &id).await;
-            repeat.push(t.elapsed());
-        }
+    let (mut t1, mut k1, mut i1) = first_acquires(
+        &http,
+        (&base, &keeper.base),
+        &direct,
+        (&insert_table, "alone"),
+    )
+    .await;
+    // A second gateway on each mode's tables, joined before the next round.
+    let _second_table = support::start_gateway_in(&table_schema, false, &[]).await;
+    let _second_keeper = support::start_gateway_in(&keeper_schema, false, &keeper_flags).await;
+    tokio::time::sleep(settle * 2).await;
+    let (mut t2, mut k2, mut i2) = first_acquires(
+        &http,
+        (&base, &keeper.base),
+        &direct,
+        (&insert_table, "two"),
+    )
+    .await;
+
+    let mut repeat = Line::default();
+    for n in 0..REPEAT_CYCLES {
+        let id = format!("first-two-{}", n % FIRST_ACQUIRES);
+        first_cycle(&http, &base, &id, &mut repeat).await;
     }
-    let (f50, f99) = (
-        percentile_ms(&mut first, 0.5),
-        percentile_ms(&mut first, 0.99),
-    );
-    let (k50, k99) = (
-        percentile_ms(&mut first_keeper, 0.5),
-        percentile_ms(&mut first_keeper, 0.99),
-    );
-    let (r50, r99) = (
-        percentile_ms(&mut repeat, 0.5),
-        percentile_ms(&mut repeat, 0.99),
-    );
 
     println!("statehouse lock bench: acquire+release cycles, claim settle {settle:?}");
-    println!("{:<34} {:>7} {:>9} {:>9}", "cycle", "n", "p50 ms", "p99 ms");
+    println!("{:<44} {:>5} {:>9} {:>9}", "cycle", "n", "p50 ms", "p99 ms");
+    i1.0.append(&mut i2.0);
+    i1.print("single-row INSERT into ClickHouse");
+    t1.print("first acquire, table, one gateway");
+    t2.print("first acquire, table, two gateways");
+    k1.print("first acquire, keeper, one gateway");
+    k2.print("first acquire, keeper, two gateways");
+    repeat.print("repeat acquire, same gateway (table)");
     println!(
-        "{:<34} {:>7} {f50:>9.2} {f99:>9.2}",
-        "first acquire, --coordination table",
-        first.len()
-    );
-    println!(
-        "{:<34} {:>7} {k50:>9.2} {k99:>9.2}",
-        "first acquire, --coordination keeper",
-        first_keeper.len()
-    );
-    println!(
-        "{:<34} {:>7} {r50:>9.2} {r99:>9.2}",
-        "repeat acquire, same gateway",
-        repeat.len()
-    );
-    println!(
-        "first / repeat p50: {:.1}x (the seed plugin pays its 1 s settle on every acquire)",
-        f50 / r50
-    );
-    println!(
-        "first acquire keeper / table p50: {:.3}x (goal: at most 0.25x; Keeper needs no settle)",
-        k50 / f50
+        "first acquire / INSERT p50, one gateway: table {:.1}x, keeper {:.1}x",
+        t1.median_ms() / i1.median_ms(),
+        k1.median_ms() / i1.median_ms()
     );
 
     let (mut direct, mut forwarded) = authority_and_peer(&http).await;

@@ -57,18 +57,10 @@ pub async fn list(
     let limit = page_limit(params.limit)?;
     let cursor = page_cursor(params.cursor, &pattern)?;
     let at = parse_at(params.at)?;
-    let (states, has_more) = match at {
-        Some(at) => {
-            ctx.states
-                .list_documents_at(&pattern, &scope, cursor.as_ref(), limit, at)
-                .await?
-        }
-        None => {
-            ctx.states
-                .list_documents(&pattern, &scope, cursor.as_ref(), limit)
-                .await?
-        }
-    };
+    let (states, has_more) = ctx
+        .states
+        .list_documents_as_of(&pattern, &scope, cursor.as_ref(), limit, at)
+        .await?;
     let next_cursor = has_more
         .then(|| states.last())
         .flatten()

@@ -99,18 +99,10 @@ pub async fn list(
     // Serialized straight from the documents, so every number keeps its text.
     let at = parse_at(params.at)?;
     let (states, has_more): (Vec<ListedState>, bool) = if with_documents {
-        let (states, has_more) = match at {
-            Some(at) => {
-                ctx.states
-                    .list_documents_at(&pattern, &scope, cursor.as_ref(), limit, at)
-                    .await?
-            }
-            None => {
-                ctx.states
-                    .list_documents(&pattern, &scope, cursor.as_ref(), limit)
-                    .await?
-            }
-        };
+        let (states, has_more) = ctx
+            .states
+            .list_documents_as_of(&pattern, &scope, cursor.as_ref(), limit, at)
+            .await?;
         let listed = states
             .into_iter()
             .map(|s| ListedState {
@@ -122,18 +114,10 @@ pub async fn list(
             .collect();
         (listed, has_more)
     } else {
-        let (summaries, has_more) = match at {
-            Some(at) => {
-                ctx.states
-                    .list_at(&pattern, &scope, cursor.as_ref(), limit, at)
-                    .await?
-            }
-            None => {
-                ctx.states
-                    .list(&pattern, &scope, cursor.as_ref(), limit)
-                    .await?
-            }
-        };
+        let (summaries, has_more) = ctx
+            .states
+            .list_as_of(&pattern, &scope, cursor.as_ref(), limit, at)
+            .await?;
         let listed = summaries
             .into_iter()
             .map(|s| ListedState {

@@ -29,16 +29,19 @@ impl States {
         Ok(row.map(StoredRow::parse).transpose()?)
     }
 
-    /// A page of the ids `pattern` matches within `scope` as they stood at
-    /// `at`, each with its version; and whether more follow.
-    pub async fn list_at(
+    /// A page of the ids `pattern` matches within `scope` as they stand now,
+    /// or stood at `at`, each with its version; and whether more follow.
+    pub async fn list_as_of(
         &self,
         pattern: &StatePattern,
         scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
-        at: AsOf,
+        at: Option<AsOf>,
     ) -> Result<(Vec<StateSummary>, bool), StateError> {
+        let Some(at) = at else {
+            return Ok(self.list(pattern, scope, cursor, limit).await?);
+        };
         let (rows, has_more) = self.rows_at(pattern, scope, cursor, limit, at).await?;
         let summaries = rows
             .into_iter()
@@ -50,15 +53,18 @@ impl States {
         Ok((summaries, has_more))
     }
 
-    /// As [`States::list_at`], with each state's document at `at`.
-    pub async fn list_documents_at(
+    /// As [`States::list_as_of`], with each state's document.
+    pub async fn list_documents_as_of(
         &self,
         pattern: &StatePattern,
         scope: &Scope,
         cursor: Option<&PageCursor>,
         limit: PageLimit,
-        at: AsOf,
+        at: Option<AsOf>,
     ) -> Result<(Vec<StoredState>, bool), StateError> {
+        let Some(at) = at else {
+            return Ok(self.list_documents(pattern, scope, cursor, limit).await?);
+        };
         let (rows, has_more) = self.rows_at(pattern, scope, cursor, limit, at).await?;
         let states = rows
             .into_iter()

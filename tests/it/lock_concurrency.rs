@@ -57,7 +57,9 @@ async fn two_gateway_processes_share_one_clickhouse() {
 async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     let (mut a, b) = two_gateways("3s").await;
 
-    let (lease, token) = a.api().lease("job", "worker-on-a", 3, 0.0).await;
+    // Its write must land within the lease on a loaded machine; the lease
+    // then keeps its place until it would have expired.
+    let (lease, token) = a.api().lease("job", "worker-on-a", 10, 0.0).await;
     let write = a
         .api()
         .put_state_with_lease("job", &json!({"completed": {"counter": 41}}), &lease)

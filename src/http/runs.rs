@@ -36,8 +36,9 @@ pub struct StartBody {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct EndBody {
-    exit_code: Option<i64>,
-    signal: Option<i64>,
+    /// JSON numbers: `3.0` is the whole number 3, as a TTL's is.
+    exit_code: Option<f64>,
+    signal: Option<f64>,
     info: Option<Value>,
 }
 
@@ -160,6 +161,11 @@ fn run_error(err: crate::runs::RunError) -> ApiError {
     }
 }
 
+/// Whether `n` is a whole number from `low` to `high`.
+fn whole_in(n: f64, low: i32, high: i32) -> bool {
+    n.fract() == 0.0 && (f64::from(low)..=f64::from(high)).contains(&n)
+}
+
 /// An `info` object of at most the size a lease's takes.
 fn parse_info(info: Option<Value>) -> Result<Option<serde_json::Map<String, Value>>, ApiError> {
     let Some(info) = info else {
@@ -220,8 +226,8 @@ pub async fn end(
 ) -> Result<Response, ApiError> {
     let book = book(&ctx)?;
     let ending = match (body.exit_code, body.signal) {
-        (Some(code), None) if (0..=255).contains(&code) => Ending::Exit(code as i32),
-        (None, Some(signal)) if (1..=127).contains(&signal) => Ending::Signal(signal as i32),
+        (Some(code), None) if whole_in(code, 0, 255) => Ending::Exit(code as i32),
+        (None, Some(signal)) if whole_in(signal, 1, 127) => Ending::Signal(signal as i32),
         _ => {
             return Err(ApiError::InvalidBody(
                 "an end takes \"exit_code\" (0..255) or \"signal\" (1..127), one of them"

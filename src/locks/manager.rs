@@ -205,11 +205,18 @@ impl LockManager {
     /// Releases the lease if it is the current one.
     pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let released =
-                slot.apply_current(id, &self.metrics, |st, now| st.release(lease_id, now));
-            if let Some(Released { lease, withdraw }) = released {
+            let released = slot.apply_current_recording(
+                id,
+                &self.metrics,
+                |st, now| st.release(lease_id, now),
+                |released| {
+                    if let Some(Released { lease, .. }) = released {
+                        self.recorder.released(lease.lease.clone(), lease.version);
+                    }
+                },
+            );
+            if let Some(Released { withdraw, .. }) = released {
                 self.metrics.lock_event(LockEvent::Release);
-                self.recorder.released(lease.lease, lease.version);
                 if let Some(candidate) = withdraw {
                     withdraw_after_rows(&self.recorder, &self.coordinator, id.clone(), candidate);
                 }
@@ -244,14 +251,25 @@ impl LockManager {
     pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
-            let ended =
-                slot.apply_current(id, &self.metrics, |st, now| st.force_unlock(now, at_ms));
+            let ended = slot.apply_current_recording(
+                id,
+                &self.metrics,
+                |st, now| st.force_unlock(now, at_ms),
+                |ended| {
+                    for local in ended.iter().flatten() {
+                        self.recorder.forced(
+                            local.lease.clone(),
+                            local.version,
+                            at_ms,
+                            forced.clone(),
+                        );
+                    }
+                },
+            );
             if let Some(ended) = ended {
                 let had_lease = !ended.is_empty();
-                for local in ended {
+                for _ in &ended {
                     self.metrics.lock_event(LockEvent::ForcedRelease);
-                    self.recorder
-                        .forced(local.lease, local.version, at_ms, forced.clone());
                 }
                 self.recorder.landed().await?;
                 return Ok(had_lease);

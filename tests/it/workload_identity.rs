@@ -24,12 +24,21 @@ const DOC: &str = r#"{"completed": {"n": 1}}"#;
 /// The issuers file of one issuer whose keys are at `keys` (a jwks_url or
 /// a jwks_file), with a leeway of 30 s.
 fn issuers_file(dir: &Path, keys: (&str, &str), bindings: Value) -> std::path::PathBuf {
+    issuers_file_with_leeway(dir, keys, bindings, 30)
+}
+
+fn issuers_file_with_leeway(
+    dir: &Path,
+    keys: (&str, &str),
+    bindings: Value,
+    leeway: u64,
+) -> std::path::PathBuf {
     let path = dir.join("issuers.json");
     let issuers = json!([{
         "issuer": ISSUER,
         keys.0: keys.1,
         "audience": AUDIENCE,
-        "leeway_seconds": 30,
+        "leeway_seconds": leeway,
         "bindings": bindings,
     }]);
     std::fs::write(&path, issuers.to_string()).unwrap();
@@ -562,4 +571,48 @@ fn hang_up(process: &crate::helpers::GatewayProcess) {
         .status()
         .unwrap();
     assert!(status.success());
+}
+
+/// Replaces `path` at once, as the kubelet swaps a projected token in.
+fn replace_file(path: &Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+#[tokio::test]
+async fn statehouse_lock_presents_the_token_file_as_it_is_rotated() {
+    let dir = scratch_dir("jwt");
+    let rsa = Key::rsa(&dir, "rsa-1");
+    let jwks = JwksServer::start(key_set(&[&rsa])).await;
+    let issuers = issuers_file_with_leeway(&dir, ("jwks_url", &jwks.url), bindings(), 0);
+    let app = gateway(issuers, quick()).await;
+    let token = |lasts: i64| {
+        rsa.sign(&claims(
+            json!({"repository": "org/etl", "exp": now() + lasts}),
+        ))
+    };
+    until_put(&app, "gh:org/etl/warm", &token(60), StatusCode::CREATED).await;
+    let file = dir.join("token");
+    // Expires after 3 s, so renewals past it need the next token.
+    let (first, next) = (token(3), token(300));
+    replace_file(&file, &first);
+    let runner = crate::run_lease::lock(
+        &app.base,
+        &["--token-file", file.to_str().unwrap(), "--ttl", "6s"],
+        "gh:org/etl/locked",
+        &dir,
+        "sleep 12",
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    replace_file(&file, &next);
+    let (code, stderr) =
+        crate::run_lease::ended(runner, crate::run_lease::STARTS + Duration::from_secs(12)).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    for token in [&first, &next] {
+        assert!(
+            !stderr.contains(token.as_str()),
+            "a token in the output: {stderr}"
+        );
+    }
 }

@@ -616,3 +616,38 @@ async fn statehouse_lock_presents_the_token_file_as_it_is_rotated() {
         );
     }
 }
+
+#[test]
+fn the_kubernetes_issuers_file_and_the_documented_bindings_parse() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("deploy/kubernetes/base/jwt-issuers.yaml")).unwrap(),
+    )
+    .unwrap();
+    let text = manifest["data"]["issuers.json"].as_str().unwrap();
+    let issuers = statehouse::auth::jwt::issuers::parse(text).unwrap();
+    assert_eq!(issuers[0].audience, AUDIENCE);
+    // Every issuer written out in docs/operations.md, "Workload identity".
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let section = docs
+        .split("## Workload identity")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let blocks: Vec<&str> = section
+        .split("```json\n")
+        .skip(1)
+        .map(|block| block.split("```").next().unwrap())
+        .collect();
+    assert_eq!(blocks.len(), 4, "the example and three platforms");
+    for block in blocks {
+        let list = if block.trim_start().starts_with('[') {
+            block.to_owned()
+        } else {
+            format!("[{block}]")
+        };
+        statehouse::auth::jwt::issuers::parse(&list).unwrap_or_else(|e| panic!("{e}: {block}"));
+    }
+}

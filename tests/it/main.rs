@@ -73,4 +73,5 @@ mod wait_cli;
 mod watch;
 mod watch_across;
 mod workload_identity;
+mod workload_identity_clients;
 mod write_claims;

@@ -17,8 +17,8 @@ use crate::helpers::{
 };
 use crate::jwks_server::{JwksServer, Key, key_set, now, scratch_dir};
 
-const ISSUER: &str = "https://ci.example";
-const AUDIENCE: &str = "statehouse";
+pub const ISSUER: &str = "https://ci.example";
+pub const AUDIENCE: &str = "statehouse";
 const DOC: &str = r#"{"completed": {"n": 1}}"#;
 
 /// The issuers file of one issuer whose keys are at `keys` (a jwks_url or
@@ -27,7 +27,7 @@ fn issuers_file(dir: &Path, keys: (&str, &str), bindings: Value) -> std::path::P
     issuers_file_with_leeway(dir, keys, bindings, 30)
 }
 
-fn issuers_file_with_leeway(
+pub fn issuers_file_with_leeway(
     dir: &Path,
     keys: (&str, &str),
     bindings: Value,
@@ -47,7 +47,7 @@ fn issuers_file_with_leeway(
 
 /// Writers of a repository under `gh:<repository>/`, a team's under
 /// `team:<team>/`, and readers.
-fn bindings() -> Value {
+pub fn bindings() -> Value {
     json!([
         {"claims": {"repository": "org/*"}, "role": "write",
          "scope": ["gh:${repository}/*"], "name": "github:${repository}"},
@@ -57,7 +57,7 @@ fn bindings() -> Value {
     ])
 }
 
-fn claims(extra: Value) -> Value {
+pub fn claims(extra: Value) -> Value {
     let mut claims = json!({"iss": ISSUER, "aud": AUDIENCE, "exp": now() + 300, "iat": now()});
     for (name, value) in extra.as_object().unwrap() {
         if value.is_null() {
@@ -69,14 +69,14 @@ fn claims(extra: Value) -> Value {
     claims
 }
 
-async fn gateway(issuers: std::path::PathBuf, timing: KeyTiming) -> TestApp {
+pub async fn gateway(issuers: std::path::PathBuf, timing: KeyTiming) -> TestApp {
     spawn_app_with(move |config| {
         config.jwt = Some(Arc::new(JwtAuth::load(issuers, timing).unwrap()));
     })
     .await
 }
 
-fn quick() -> KeyTiming {
+pub fn quick() -> KeyTiming {
     KeyTiming {
         min_gap: Duration::from_millis(500),
         ..KeyTiming::default()
@@ -84,7 +84,7 @@ fn quick() -> KeyTiming {
 }
 
 /// Waits until `token`'s write of `id` gets `expected`, for at most 10 s.
-async fn until_put(api: &Api, id: &str, token: &str, expected: StatusCode) {
+pub async fn until_put(api: &Api, id: &str, token: &str, expected: StatusCode) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let reply = api.call(Method::PUT, &put_path(id), Some(DOC), token).await;
@@ -571,83 +571,4 @@ fn hang_up(process: &crate::helpers::GatewayProcess) {
         .status()
         .unwrap();
     assert!(status.success());
-}
-
-/// Replaces `path` at once, as the kubelet swaps a projected token in.
-fn replace_file(path: &Path, text: &str) {
-    let next = path.with_extension("next");
-    std::fs::write(&next, text).unwrap();
-    std::fs::rename(&next, path).unwrap();
-}
-
-#[tokio::test]
-async fn statehouse_lock_presents_the_token_file_as_it_is_rotated() {
-    let dir = scratch_dir("jwt");
-    let rsa = Key::rsa(&dir, "rsa-1");
-    let jwks = JwksServer::start(key_set(&[&rsa])).await;
-    let issuers = issuers_file_with_leeway(&dir, ("jwks_url", &jwks.url), bindings(), 0);
-    let app = gateway(issuers, quick()).await;
-    let token = |lasts: i64| {
-        rsa.sign(&claims(
-            json!({"repository": "org/etl", "exp": now() + lasts}),
-        ))
-    };
-    until_put(&app, "gh:org/etl/warm", &token(60), StatusCode::CREATED).await;
-    let file = dir.join("token");
-    // Expires after 3 s, so renewals past it need the next token.
-    let (first, next) = (token(3), token(300));
-    replace_file(&file, &first);
-    let runner = crate::run_lease::lock(
-        &app.base,
-        &["--token-file", file.to_str().unwrap(), "--ttl", "6s"],
-        "gh:org/etl/locked",
-        &dir,
-        "sleep 12",
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    replace_file(&file, &next);
-    let (code, stderr) =
-        crate::run_lease::ended(runner, crate::run_lease::STARTS + Duration::from_secs(12)).await;
-    assert_eq!(code, Some(0), "{stderr}");
-    for token in [&first, &next] {
-        assert!(
-            !stderr.contains(token.as_str()),
-            "a token in the output: {stderr}"
-        );
-    }
-}
-
-#[test]
-fn the_kubernetes_issuers_file_and_the_documented_bindings_parse() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let manifest: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(root.join("deploy/kubernetes/base/jwt-issuers.yaml")).unwrap(),
-    )
-    .unwrap();
-    let text = manifest["data"]["issuers.json"].as_str().unwrap();
-    let issuers = statehouse::auth::jwt::issuers::parse(text).unwrap();
-    assert_eq!(issuers[0].audience, AUDIENCE);
-    // Every issuer written out in docs/operations.md, "Workload identity".
-    let docs = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
-    let section = docs
-        .split("## Workload identity")
-        .nth(1)
-        .unwrap()
-        .split("\n## ")
-        .next()
-        .unwrap();
-    let blocks: Vec<&str> = section
-        .split("```json\n")
-        .skip(1)
-        .map(|block| block.split("```").next().unwrap())
-        .collect();
-    assert_eq!(blocks.len(), 4, "the example and three platforms");
-    for block in blocks {
-        let list = if block.trim_start().starts_with('[') {
-            block.to_owned()
-        } else {
-            format!("[{block}]")
-        };
-        statehouse::auth::jwt::issuers::parse(&list).unwrap_or_else(|e| panic!("{e}: {block}"));
-    }
 }

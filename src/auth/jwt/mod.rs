@@ -137,11 +137,7 @@ impl JwtAuth {
         }
     }
 
-    #[allow(clippy::type_complexity)]
-    fn issuer_of(
-        &self,
-        token: &str,
-    ) -> Result<(Arc<Issuer>, Arc<IssuerKeys>, jsonwebtoken::Header), Refusal> {
+    fn issuer_of(&self, token: &str) -> Result<Picked, Refusal> {
         let (header, iss) = verify::unverified(token)?;
         let current = self.current();
         let (issuer, keys) = current
@@ -154,6 +150,9 @@ impl JwtAuth {
         Ok((issuer, keys, header))
     }
 }
+
+/// A token's issuer, that issuer's keys, and the token's header.
+type Picked = (Arc<Issuer>, Arc<IssuerKeys>, jsonwebtoken::Header);
 
 fn unknown_kid() -> Refusal {
     Refusal::Invalid("the token's kid is not in its issuer's key set".to_owned())

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::problem::{Answer, Busy};
 use super::target::Target;
-use crate::client::{Connection, GatewayUrl, error_chain, read_body, retry_after};
+use crate::client::{Bearer, Connection, GatewayUrl, error_chain, read_body, retry_after};
 use crate::traces;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -82,7 +82,8 @@ struct Granted {
 pub struct Gateway {
     client: reqwest::Client,
     base: GatewayUrl,
-    token: Option<String>,
+    /// Read again for every call: renewals present a rotated token.
+    token: Bearer,
 }
 
 impl Gateway {
@@ -260,9 +261,7 @@ impl Gateway {
         let mut request = self
             .client
             .request(method, format!("{}{path}", self.base.as_str()));
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
+        request = self.token.authorize(request);
         // The gateway's span joins the runner's (acquire, release, ...).
         let mut traced = reqwest::header::HeaderMap::new();
         traces::inject(&mut traced);

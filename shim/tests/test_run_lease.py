@@ -242,7 +242,7 @@ def test_kill_9_of_the_runner_ends_meltano_and_the_lease_ends_by_its_ttl(project
     left = bookmark(gateway)
     # Meltano's own record of the killed run still says "running": --force
     # skips that check, the lease is the guard. The killed run's lock-delay
-    # (its default, --grace + 5 s) keeps the next one waiting until it ends.
+    # (its default, 2 s + --grace + 5 s) keeps the next one waiting until it ends.
     resumed = project.meltano(
         "run",
         "--force",

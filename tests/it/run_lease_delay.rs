@@ -1,8 +1,9 @@
 //! `statehouse lock` and the lock-delay, from the client side: it asks for
 //! one with every acquire, and an id in its lock-delay is busy (a stand-in
 //! gateway answers, since the gateway's own lock-delay is built elsewhere);
-//! and with the defaults, the delay keeps a lost run's command and the next
-//! run's apart, even one that ignores SIGTERM (a real gateway).
+//! and, against real gateways, the runner notices a lease's end between
+//! renewals, so that with the defaults the delay keeps a lost run's command
+//! and the next run's apart, even one that ignores SIGTERM.
 
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::helpers::{metric, spawn_app, spawn_app_with};
-use crate::run_lease::{STARTS, Scratch, ended, lock, pid_in, until};
+use crate::helpers::{metric, spawn_app, spawn_app_with, two_peers};
+use crate::run_lease::{STARTS, Scratch, WAIT_FOR_GO, ended, lock, lock_with, pid_in, until};
 
 /// Answers one request with a 409 `lock-delay`; hands back the request's body.
 async fn delayed_gateway() -> (String, tokio::task::JoinHandle<Value>) {
@@ -149,4 +150,41 @@ async fn a_lock_delay_cut_by_the_gateway_is_said() {
         stderr.contains("cut the lock-delay on job to 5s") && stderr.contains("the 17s asked"),
         "{stderr}"
     );
+}
+
+/// The runner looks at each of its leases between renewals, through
+/// whichever gateway it talks to: with renewals 20 minutes apart (`--ttl
+/// 1h`), a force-unlock of the state_id's lock, or of a pool, through the
+/// other gateway still ends the run with 76. (The test's bound only catches
+/// a hang: the next renewal would come 20 minutes later.)
+#[tokio::test]
+async fn a_lease_ended_through_another_gateway_is_noticed_between_renewals() {
+    let (a, b) = two_peers().await;
+    let scratch = Scratch::new();
+    let flags = ["--ttl", "1h", "--grace", "0s", "--lock-delay", "0s"];
+    for (held, end) in [
+        (&["job"][..], "/v1/locks/job"),
+        (&["--pool", "etl=1"][..], "/v1/pools/etl"),
+    ] {
+        let _ = std::fs::remove_file(scratch.path("ready"));
+        let run = lock_with(
+            &b.base,
+            &[&flags[..], held].concat(),
+            &scratch.0,
+            WAIT_FOR_GO,
+        );
+        until("the command starts", STARTS, || {
+            scratch.path("ready").exists()
+        })
+        .await;
+        a.request(Method::DELETE, end, None, &[])
+            .await
+            .expect(StatusCode::NO_CONTENT);
+        let (status, stderr) = ended(run, STARTS).await;
+        assert_eq!(status, Some(76), "{end}: {stderr}");
+        assert!(
+            stderr.contains("the gateway refused its renewal"),
+            "{end}: {stderr}"
+        );
+    }
 }

@@ -319,11 +319,19 @@ async fn keep(
         if watch && look_at < renew_at {
             tokio::time::sleep_until(look_at).await;
             look_at = Instant::now() + WATCH_EVERY;
-            // Never holds up the renewal due next.
-            let within = renew_at.saturating_duration_since(Instant::now());
+            // One look at a time, and never one that holds up the renewal
+            // due next: a look stuck on a peer that does not answer gives
+            // way to the next, which may be routed afresh.
+            let within = renew_at
+                .saturating_duration_since(Instant::now())
+                .min(WATCH_EVERY);
             match gateway.holds(&target, lease.fencing_token, within).await {
                 Ok(false) => {}
-                Ok(true) | Err(client::GatewayError::Unreachable { .. }) => continue,
+                // No word on the lease now: the next look, or the renewal.
+                Ok(true)
+                | Err(
+                    client::GatewayError::Unreachable { .. } | client::GatewayError::Busy { .. },
+                ) => continue,
                 Err(err) => {
                     // Renewals still find the loss; only later.
                     if !std::mem::replace(&mut refused_look, true) {

@@ -8,11 +8,14 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::helpers::{metric, spawn_app, spawn_app_with, two_peers};
+use crate::helpers::{
+    clickhouse_url, metric, peer_config, spawn_app, spawn_app_with, spawn_configured,
+    spawn_peer_process, two_peers, unique_schema,
+};
 use crate::run_lease::{STARTS, Scratch, WAIT_FOR_GO, ended, lock, lock_with, pid_in, until};
 
 /// Answers one request with a 409 `lock-delay`; hands back the request's body.
@@ -187,4 +190,60 @@ async fn a_lease_ended_through_another_gateway_is_noticed_between_renewals() {
             "{end}: {stderr}"
         );
     }
+}
+
+/// A lease lost with its authority's claim (the authority killed) is
+/// noticed through the surviving gateway between renewals (`--ttl 1h`)
+/// once the claim lapses, and the runner exits 76. (The bound only catches
+/// a hang: the next renewal would come 20 minutes later.)
+#[tokio::test]
+async fn a_lease_lost_with_its_authoritys_claim_is_noticed_between_renewals() {
+    let schema = unique_schema();
+    let args = [
+        "--schema",
+        &schema,
+        "--claim-ttl",
+        "3s",
+        "--claim-settle",
+        "200ms",
+    ];
+    let authority = spawn_peer_process(&clickhouse_url(), &args).await;
+    let survivor = spawn_configured(peer_config(&schema)).await;
+    // The authority holds the id (a short lease of its own): the runner's
+    // acquire through the survivor is forwarded to it and waits there.
+    authority
+        .api()
+        .acquire("job", &json!({"owner": "first", "ttl_seconds": 1}))
+        .await
+        .expect(StatusCode::CREATED);
+    let authority_id = authority.api().get("/v1/locks/job").await.json()["gateway_id"].clone();
+    let scratch = Scratch::new();
+    let run = lock(
+        &survivor.base,
+        &[
+            "--ttl",
+            "1h",
+            "--wait",
+            "30s",
+            "--grace",
+            "0s",
+            "--lock-delay",
+            "0s",
+        ],
+        "job",
+        &scratch.0,
+        WAIT_FOR_GO,
+    );
+    until("the command starts", STARTS, || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let held = authority.api().get("/v1/locks/job").await.json();
+    assert_eq!(
+        held["gateway_id"], authority_id,
+        "the authority granted it: {held}"
+    );
+    let _ = authority.kill_and_collect_logs().await;
+    let (status, stderr) = ended(run, STARTS).await;
+    assert_eq!(status, Some(76), "{stderr}");
 }

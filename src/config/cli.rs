@@ -32,7 +32,8 @@ pub enum Command {
     /// runs of one pipeline overlap, and a slot of each --pool, so that at
     /// most its limit of runs go at once: exits with the command's status,
     /// 75 when another holds the lock (or the pool is full) past --wait, 76
-    /// when a lease was lost.
+    /// when a lease was lost (force-unlocked, expired, a claim lost: noticed
+    /// within 2s; the command gets SIGTERM, and SIGKILL after --grace).
     // The usage lines are written out: clap's own would show every flag set
     // from the environment (STATEHOUSE_URL, ...) as if it were required.
     #[command(

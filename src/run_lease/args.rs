@@ -8,7 +8,6 @@ use clap::{ArgGroup, Args};
 use crate::client::ConnectionArgs;
 
 use super::info;
-use super::leases::NOTICED_WITHIN;
 use super::target::Target;
 
 // What to hold: a state_id, pools, or both (a run that holds nothing would
@@ -75,6 +74,10 @@ pub struct LockArgs {
     #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
     pub command: Vec<OsString>,
 }
+
+/// The contract's bound on how late the runner notices its lease's end
+/// (`leases` looks often enough); the default lock-delay counts it in.
+pub const NOTICED_WITHIN: Duration = Duration::from_secs(2);
 
 /// Beyond the time to notice the loss and the grace, how long the next
 /// run's lease waits by default after this one was lost: the SIGKILL has to

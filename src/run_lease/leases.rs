@@ -383,12 +383,8 @@ async fn keep(
     });
 }
 
-/// The contract's bound on how late the runner notices its lease's end; the
-/// default lock-delay counts it in (see `args`).
-pub const NOTICED_WITHIN: Duration = Duration::from_secs(2);
-
 /// How often a lease is looked at between renewals. The contract gives the
-/// runner [`NOTICED_WITHIN`] to notice its lease's end (a force-unlock, an expiry it did
+/// runner [`super::args::NOTICED_WITHIN`] to notice its lease's end (a force-unlock, an expiry it did
 /// not see coming, a claim lost); a look every second, answered by the
 /// authority from memory, keeps within it with room for the look and the
 /// renewal that confirms it. The locks API has no long-poll to wait on

@@ -13,9 +13,9 @@ use crate::helpers::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_gateway_32_workers_25_cycles() {
+async fn one_gateway_32_workers_10_cycles() {
     let app = spawn_app().await;
-    checker::run(|_| app.api.clone(), "counter", 32, 25, Work::Counter).await;
+    checker::run(|_| app.api.clone(), "counter", 32, 10, Work::Counter).await;
 }
 
 /// Claim timings short enough that hand-overs between the gateways happen

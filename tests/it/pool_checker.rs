@@ -336,9 +336,12 @@ async fn a_killed_authoritys_leases_keep_their_slots_until_they_expire() {
         start(uuid::Uuid::new_v4().to_string()).await,
     ];
     let first = gateways[0].1.api();
+    // Asked with a wait: with a 1 s claim TTL on a loaded machine, the
+    // first claim attempt may not settle in time, and a free pool is then
+    // answered 409 at once.
     let dead = [
-        take(&first, pool, "dead-1", 2, 3, 0.0).await,
-        take(&first, pool, "dead-2", 2, 3, 0.0).await,
+        take(&first, pool, "dead-1", 2, 3, 30.0).await,
+        take(&first, pool, "dead-2", 2, 3, 30.0).await,
     ];
     let view = first.pool_view(pool).await.json();
     let authority = view["holders"][0]["gateway_id"]

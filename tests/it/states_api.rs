@@ -509,7 +509,7 @@ async fn a_cursor_resumes_its_own_pattern_through_any_gateway_and_no_other() {
 async fn the_later_of_two_acknowledged_writes_wins_even_within_a_millisecond() {
     let app = spawn_app().await;
     let mut last_updated_at = String::new();
-    for n in 0..1000 {
+    for n in 0..300 {
         let reply = app.put_state("racy", &json!({"completed": {"n": n}})).await;
         assert!(reply.status.is_success(), "{}", reply.text);
         let updated_at = reply.json()["updated_at"].as_str().unwrap().to_owned();
@@ -519,13 +519,13 @@ async fn the_later_of_two_acknowledged_writes_wins_even_within_a_millisecond() {
         );
         last_updated_at = updated_at;
     }
-    assert_eq!(app.get_state("racy").await.json()["completed"]["n"], 999);
+    assert_eq!(app.get_state("racy").await.json()["completed"]["n"], 299);
     let stored = raw_sql(&format!(
         "SELECT completed_state FROM `{}`.state FINAL WHERE state_id = 'racy' FORMAT RawBLOB",
         app.schema
     ))
     .await;
-    assert_eq!(stored, r#"{"n":999}"#);
+    assert_eq!(stored, r#"{"n":299}"#);
 }
 
 #[tokio::test]

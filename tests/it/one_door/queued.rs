@@ -12,8 +12,9 @@ use crate::helpers::encode_id;
 use crate::proxy::spawn_app_behind_proxy;
 
 /// How long the proxy holds each state INSERT: the first write's batch is
-/// on its way that long, and the second write queues behind it.
-const HOLD: Duration = Duration::from_millis(1500);
+/// on its way that long, and the second write queues behind it. Long
+/// beside the test's own steps, which a loaded machine may slow to a second.
+const HOLD: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy, Debug)]
 enum End {
@@ -31,6 +32,7 @@ async fn a_write_queued_at_the_lease_end_is_refused(end: End) {
     let (lease, _) = app.lease(queued, "worker", 30, 0.0).await;
 
     proxy.hold_requests_containing(Some((STATE_INSERT, HOLD)));
+    proxy.record_heads();
     let t0 = Instant::now();
     // Write #1 takes the batch that goes out now; it stays on its way.
     let one = {
@@ -40,7 +42,17 @@ async fn a_write_queued_at_the_lease_end_is_refused(end: End) {
             (reply, t0.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Write #2 is sent once #1's batch is held on its way, never with it.
+    let on_its_way = || {
+        proxy
+            .heads()
+            .iter()
+            .any(|head| STATE_INSERT.iter().all(|text| head.contains(text)))
+    };
+    while !on_its_way() {
+        assert!(t0.elapsed() < HOLD * 10, "write #1's INSERT never went out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Write #2, under the lease, waits for the next batch.
     let two = {
         let (api, lease) = (app.api.clone(), lease.clone());

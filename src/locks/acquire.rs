@@ -14,7 +14,9 @@ use uuid::Uuid;
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::{Recorder, withdraw_after_rows};
-use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter};
+use super::slot::{
+    Adopted, Asking, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter,
+};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseInfo, StateId};
@@ -29,8 +31,13 @@ const HOLDER_POLL: Duration = Duration::from_millis(25);
 pub struct Ask {
     /// Who takes the lease.
     pub owner: String,
-    /// How many leases the id admits at once: 1 on a state_id, a pool's limit.
+    /// How many slots the id has: 1 on a state_id, a pool's limit.
     pub limit: usize,
+    /// How many of them the lease occupies (1..=limit).
+    pub slots: usize,
+    /// Its place in line: waiters of a higher priority are granted first,
+    /// those of one priority in arrival order.
+    pub priority: i32,
     pub ttl: Duration,
     /// How long to wait behind earlier waiters.
     pub wait: Duration,
@@ -75,7 +82,12 @@ impl Acquirer<'_> {
     /// runs one claim attempt (settle included) even with no wait at all.
     pub async fn acquire(self, id: &StateId, ask: Ask) -> Result<Lease, LockError> {
         let deadline = Instant::now() + ask.wait;
-        let in_line = InLine::join(self.slots.get_or_make(id), ask.limit).map_err(|held| {
+        let asking = Asking {
+            limit: ask.limit,
+            slots: ask.slots,
+            priority: ask.priority,
+        };
+        let in_line = InLine::join(self.slots.get_or_make(id), asking).map_err(|held| {
             LockError::LimitMismatch {
                 state_id: id.clone(),
                 limit: held,
@@ -83,6 +95,7 @@ impl Acquirer<'_> {
         })?;
         let waiter = Waiter {
             ticket: in_line.ticket,
+            slots: ask.slots,
             owner: &ask.owner,
             ttl: ask.ttl,
             deadline,

@@ -150,7 +150,7 @@ impl Acquirer<'_> {
             let decision = slot.apply_current(id, metrics, |st, now| {
                 st.next_step(id, &waiter, &rules, now, now_ms())
             });
-            let attempt =
+            let mut attempt =
                 matches!(decision.step, Step::Claim(_)).then(|| ClaimAttempt::under_way(slot));
             if let Some(candidate) = decision.withdraw {
                 withdraw_after_rows(self.recorder, self.coordinator, id.clone(), candidate);
@@ -187,13 +187,16 @@ impl Acquirer<'_> {
                         .coordinator
                         .try_claim(id, deadline, lapsed.as_ref())
                         .await;
-                    // Cleared before the outcome is applied: the guard takes the lock.
-                    drop(attempt);
                     waiter.attempted_claim = true;
                     if let (Some(lapsed), Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost)) =
                         (&lapsed, &outcome)
                     {
                         slot.apply(|st, _| st.lapse_refused(lapsed.claim.claim_id));
+                    }
+                    if !matches!(outcome, Ok(ClaimOutcome::Won(_))) {
+                        // Cleared before anything else waits; a won claim
+                        // ends the attempt as it is taken on (`claim_won`).
+                        attempt = None;
                     }
                     match outcome? {
                         ClaimOutcome::Won(won) => {
@@ -208,6 +211,9 @@ impl Acquirer<'_> {
                                 };
                                 st.claim_won(*won, grant, write_budget)
                             });
+                            if let Some(attempt) = attempt.take() {
+                                attempt.ended();
+                            }
                             for (lease, version) in adopted {
                                 self.recorder.held(&lease, version);
                             }

@@ -411,18 +411,27 @@ impl Drop for InLine {
 /// A claim attempt under way, marked so by the decision that started it
 /// (`SlotState::next_step`); clears the mark however the attempt ends, so an
 /// abandoned one never blocks the waiters behind it.
-pub(super) struct ClaimAttempt<'a>(&'a Slot);
+pub(super) struct ClaimAttempt<'a>(Option<&'a Slot>);
 
 impl<'a> ClaimAttempt<'a> {
     /// Taken at once after the decision, with no await in between.
     pub fn under_way(slot: &'a Slot) -> Self {
-        Self(slot)
+        Self(Some(slot))
+    }
+
+    /// The attempt was ended by the transition that took its won claim on
+    /// ([`SlotState::claim_won`]): there is no mark left to clear, and one
+    /// cleared now might be a later attempt's.
+    pub fn ended(mut self) {
+        self.0 = None;
     }
 }
 
 impl Drop for ClaimAttempt<'_> {
     fn drop(&mut self) {
-        self.0.apply(|st, _| st.end_claim_attempt());
+        if let Some(slot) = self.0 {
+            slot.apply(|st, _| st.end_claim_attempt());
+        }
     }
 }
 

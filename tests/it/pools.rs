@@ -540,3 +540,5 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     }
     assert!(next.token > held.token);
 }
+
+mod scheduling;

@@ -206,8 +206,11 @@ fn a_claim_won_grants_its_winner_only_while_it_is_first_and_fits() {
     let now = Instant::now();
     let mut st = SlotState::default();
     let winner = join(&mut st, 2, 1, 0);
-    // A higher priority joins while the winner's claim attempt runs.
+    assert_eq!(decide(&mut st, winner, now), Step::Claim(None));
+    // A higher priority joins while the winner's claim attempt runs, and
+    // waits for it rather than starting one of its own.
     let urgent = join(&mut st, 2, 2, 9);
+    assert!(matches!(decide(&mut st, urgent, now), Step::Wait(_)));
     let me = waiter_of(&st, winner, now);
     let won = WonClaim {
         claim: claim(CLAIM, now + Duration::from_secs(600)),
@@ -225,6 +228,7 @@ fn a_claim_won_grants_its_winner_only_while_it_is_first_and_fits() {
     let adopted = st.claim_won(won, grant, Duration::ZERO);
     assert!(adopted.wake, "the first in line hears of the claim");
     assert!(adopted.out.granted.is_none(), "the winner is not first");
+    assert!(!st.claiming, "the attempt ended with the claim taken on");
     let first = try_grant(&mut st, urgent, now).expect("the first in line");
     assert_eq!((first.slots, first.fencing_token), (2, 40));
     assert!(try_grant(&mut st, winner, now).is_none(), "2 of 2 held");

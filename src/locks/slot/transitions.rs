@@ -134,7 +134,10 @@ impl SlotState {
     }
 
     /// A claim attempt won: the claim and its tokens are taken on, with what
-    /// the earlier authority left (running leases, kept places). The winner
+    /// the earlier authority left (running leases, kept places), and the
+    /// attempt ends, in one step: no waiter sees the id unclaimed with no
+    /// attempt under way, to start one that would wait in line behind this
+    /// gateway's own claim (a waiter that joined ahead of the winner). The winner
     /// is granted at once, before any hand-over, if it is still first in
     /// line (a higher priority may have joined ahead meanwhile) and its
     /// slots fit.
@@ -154,6 +157,7 @@ impl SlotState {
             now,
             now_ms,
         } = grant;
+        self.claiming = false;
         let adopted = self.take_claim(won, now, write_budget);
         let granted = if self.is_first(waiter.ticket) && self.fits(waiter.slots) {
             self.grant(id, waiter, gateway_id, now_ms, now)

@@ -123,8 +123,8 @@ impl Gateway {
             "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
             "info": info,
         });
-        if let Some(limit) = target.limit() {
-            body["limit"] = limit.into();
+        if let Some(serde_json::Value::Object(fields)) = target.acquire_fields() {
+            body.as_object_mut().expect("an object").extend(fields);
         }
         let sent = Instant::now();
         let answer = self

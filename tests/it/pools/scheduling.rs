@@ -211,7 +211,7 @@ async fn slots_and_priorities_out_of_range_are_refused() {
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         let reply = app.pool_acquire(name, &body).await;
-        reply.expect_because(StatusCode::BAD_REQUEST, &body.to_string());
+        reply.expect_because(StatusCode::BAD_REQUEST, body.to_string());
         assert!(
             reply.problem_type().starts_with("invalid"),
             "{}",

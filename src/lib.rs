@@ -215,7 +215,7 @@ impl App {
                 body_limit: config.body_limit,
                 body_read_timeout: config.client_timeouts.body_read,
                 admission: Arc::new(Admission::new(config.concurrency)),
-                tokens: Arc::new(LiveTokens::new(config.tokens.clone())),
+                tokens: Arc::new(LiveTokens::new(config.tokens.clone(), config.jwt.clone())),
                 protect_metrics: config.protect_metrics,
                 own_hosts: Arc::new(OwnHosts {
                     advertised: config.locks.advertise_url.as_deref().and_then(|url| {
@@ -291,6 +291,9 @@ impl App {
                 hangups.subscribe(),
             )));
         }
+        if let Some(jwt) = self.ctx.tokens.jwt() {
+            reloading.push(jwt.start(hangups.subscribe()));
+        }
         let server = http::serve(
             self.listener,
             http::router(self.ctx),
@@ -347,11 +350,13 @@ impl App {
 /// Says whether requests are authenticated (an open address without tokens
 /// was refused by [`Config`]).
 fn log_authentication(config: &Config) {
-    if config.tokens.is_empty() {
+    let issuers = config.jwt.as_ref().map_or(0, |jwt| jwt.len());
+    if config.tokens.is_empty() && issuers == 0 {
         tracing::warn!(listen = %config.listen, "no tokens configured: authentication is off");
     } else {
         tracing::info!(
             tokens = config.tokens.len(),
+            jwt_issuers = issuers,
             "bearer-token authentication on"
         );
     }

@@ -68,7 +68,11 @@ struct DeniedLabels {
 
 /// Why a request was refused by the token guard, as
 /// `statehouse_auth_denied_total{reason}` counts it.
-pub const DENIAL_REASONS: [&str; 4] = ["unknown", "expired", "role", "scope"];
+/// The last four are JWTs' (workload identity): an invalid token, a wrong
+/// or missing audience, an unknown issuer, no binding taking the token.
+pub const DENIAL_REASONS: [&str; 8] = [
+    "unknown", "expired", "role", "scope", "invalid", "audience", "issuer", "binding",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LockLabels {

@@ -115,9 +115,7 @@ async fn fetch(connection: &Connection, args: &RunsArgs) -> Result<Vec<Value>, S
         if let Some(cursor) = &cursor {
             request = request.query(&[("cursor", cursor)]);
         }
-        if let Some(token) = &connection.token {
-            request = request.bearer_auth(token);
-        }
+        request = connection.token.authorize(request);
         let response = request
             .send()
             .await

@@ -122,9 +122,9 @@ def test_under_a_run_lease_each_bookmark_is_at_most_one_request_and_meltano_take
     writes = sum(n for (method, route, _), n in sent.items() if route == STATE and method in ("PUT", "PATCH", "DELETE"))
     assert 1 <= writes <= 7, sent
     # The runner's own acquire and release (and renewals, should the run
-    # outlast a third of the TTL), and nothing from Meltano: its lock
-    # blocks ride on the run's lease.
-    locking = {key: n for key, n in sent.items() if key[1] in (LOCK, LEASE) and key[0] != "PUT"}
+    # outlast a third of the TTL, and its looks at the lease between them,
+    # GETs), and nothing from Meltano: its lock blocks ride on the run's lease.
+    locking = {key: n for key, n in sent.items() if key[1] in (LOCK, LEASE) and key[0] not in ("PUT", "GET")}
     assert locking == {("POST", LOCK, 201): 1, ("DELETE", LEASE, 204): 1}, sent
     assert lock_view(gateway) is None, "released when meltano ended"
 
@@ -242,7 +242,7 @@ def test_kill_9_of_the_runner_ends_meltano_and_the_lease_ends_by_its_ttl(project
     left = bookmark(gateway)
     # Meltano's own record of the killed run still says "running": --force
     # skips that check, the lease is the guard. The killed run's lock-delay
-    # (its default, --grace + 5 s) keeps the next one waiting until it ends.
+    # (its default, 2 s + --grace + 5 s) keeps the next one waiting until it ends.
     resumed = project.meltano(
         "run",
         "--force",

@@ -2,6 +2,7 @@
 //! perhaps to a time. Only SHA-256 digests of the tokens are kept, and a
 //! presented token is compared against every one in constant time.
 
+pub mod jwt;
 mod line;
 pub mod live;
 pub mod reload;

@@ -9,6 +9,7 @@ use clap::Args;
 use url::Url;
 
 use super::TlsFiles;
+use super::bearer::Bearer;
 
 /// The flags that say where the gateway is and how to reach it.
 #[derive(Debug, Clone, Args)]
@@ -29,7 +30,9 @@ pub struct ConnectionArgs {
     pub token: Option<String>,
 
     /// A file holding the bearer token, which then stays out of `ps` and the
-    /// environment (surrounding whitespace is ignored).
+    /// environment (surrounding whitespace is ignored). Read again for every
+    /// request, so that a token rotated in place (a projected service account
+    /// token) keeps a long run going.
     #[arg(long, env = "STATEHOUSE_TOKEN_FILE", conflicts_with = "token")]
     pub token_file: Option<PathBuf>,
 
@@ -61,8 +64,8 @@ pub struct ConnectionArgs {
 pub struct Connection {
     /// The gateway's base URL.
     pub base: GatewayUrl,
-    /// The bearer token, if any (never empty).
-    pub token: Option<String>,
+    /// The bearer token, if any: from --token-file, read again for each request.
+    pub token: Bearer,
     /// The PEM files to trust and present over HTTPS.
     pub tls: TlsFiles,
 }
@@ -171,17 +174,12 @@ impl ConnectionArgs {
         let (base, token) = self
             .gateway_settings(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))?;
         let token = match &self.token_file {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            ),
-            None => token,
+            Some(path) => Bearer::file(path)?,
+            None => Bearer::fixed(token),
         };
         Ok(Connection {
             base,
-            token: token.filter(|t| !t.is_empty()),
+            token,
             tls: TlsFiles {
                 ca_file: self.ca_file.clone(),
                 client_cert_file: self.client_cert_file.clone(),

@@ -5,8 +5,10 @@
 //! every one of them reads from an answer. Where the gateway is and with
 //! which token is `connection`.
 
+mod bearer;
 mod connection;
 
+pub use self::bearer::Bearer;
 pub use self::connection::{Connection, ConnectionArgs, GatewayUrl};
 
 use std::path::PathBuf;

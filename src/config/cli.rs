@@ -32,7 +32,8 @@ pub enum Command {
     /// runs of one pipeline overlap, and a slot of each --pool, so that at
     /// most its limit of runs go at once: exits with the command's status,
     /// 75 when another holds the lock (or the pool is full) past --wait, 76
-    /// when a lease was lost.
+    /// when a lease was lost (force-unlocked, expired, a claim lost: noticed
+    /// within 2s; the command gets SIGTERM, and SIGKILL after --grace).
     // The usage lines are written out: clap's own would show every flag set
     // from the environment (STATEHOUSE_URL, ...) as if it were required.
     #[command(
@@ -305,6 +306,23 @@ pub struct ServeArgs {
     /// again on SIGHUP and when it changes.
     #[arg(long, env = "STATEHOUSE_TOKENS_FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
+
+    /// JSON file of JWT issuers whose tokens the gateway accepts (workload
+    /// identity: Kubernetes service accounts, GitHub Actions, GitLab CI),
+    /// each with its key set, audience and bindings of claims to a role, a
+    /// scope and a name; see "Workload identity" in docs/operations.md.
+    /// Read again on SIGHUP.
+    #[arg(long, env = "STATEHOUSE_JWT_ISSUERS")]
+    pub jwt_issuers: Option<std::path::PathBuf>,
+
+    /// How often an issuer's key set is fetched again.
+    #[arg(long, env = "STATEHOUSE_JWT_KEYS_REFRESH", default_value = "5m", value_parser = humantime::parse_duration, hide = true)]
+    pub jwt_keys_refresh: Duration,
+
+    /// The least time between two fetches of one issuer's key set (for an
+    /// unknown kid, or while it has never answered). Tests shorten it.
+    #[arg(long, env = "STATEHOUSE_JWT_KEYS_MIN_GAP", default_value = "30s", value_parser = humantime::parse_duration, hide = true)]
+    pub jwt_keys_min_gap: Duration,
 
     /// Bearer tokens as `<role> <token>` entries separated by commas.
     #[arg(long, env = "STATEHOUSE_TOKENS", hide_env_values = true)]

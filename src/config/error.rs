@@ -29,8 +29,10 @@ pub enum ConfigError {
     CaFile { path: String, reason: String },
     #[error(transparent)]
     Tokens(#[from] LoadError),
+    #[error("{0}")]
+    JwtIssuers(String),
     #[error(
-        "refusing to serve {0} without authentication, anyone who reaches it could read and write every state: give tokens with --tokens-file (STATEHOUSE_TOKENS_FILE), or pass --allow-unauthenticated (STATEHOUSE_ALLOW_UNAUTHENTICATED) to serve it as it is"
+        "refusing to serve {0} without authentication, anyone who reaches it could read and write every state: give tokens with --tokens-file (STATEHOUSE_TOKENS_FILE) or JWT issuers with --jwt-issuers (STATEHOUSE_JWT_ISSUERS), or pass --allow-unauthenticated (STATEHOUSE_ALLOW_UNAUTHENTICATED) to serve it as it is"
     )]
     Unauthenticated(std::net::SocketAddr),
     #[error(

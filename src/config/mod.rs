@@ -20,6 +20,8 @@ pub use urls::parse_clickhouse_url;
 
 use self::cli::ServeOnly;
 use self::urls::{default_port, parse_advertise_url};
+use crate::auth::jwt::JwtAuth;
+use crate::auth::jwt::keys::KeyTiming;
 use crate::auth::{TokenSources, Tokens};
 pub use crate::domain::{Coordination, GuardMode};
 pub use crate::store::{ClickHouseTarget, ClusterName, History, Identifier};
@@ -92,6 +94,8 @@ pub struct Config {
     pub tokens: Tokens,
     /// What a reload (SIGHUP, a change of the file) reads the tokens from.
     pub token_sources: TokenSources,
+    /// The JWT issuers (`--jwt-issuers`), their key sets not fetched yet.
+    pub jwt: Option<Arc<JwtAuth>>,
     pub protect_metrics: bool,
     /// HTTPS, when a certificate and key are configured.
     pub tls: Option<ServerTls>,
@@ -162,11 +166,28 @@ impl TryFrom<ServeArgs> for Config {
             inline: args.tokens.clone(),
         };
         let tokens = token_sources.load()?;
+        let jwt = args
+            .jwt_issuers
+            .clone()
+            .map(|path| {
+                let timing = KeyTiming {
+                    refresh: args.jwt_keys_refresh,
+                    min_gap: args.jwt_keys_min_gap,
+                    ..KeyTiming::default()
+                };
+                JwtAuth::load(path, timing).map(Arc::new)
+            })
+            .transpose()
+            .map_err(ConfigError::JwtIssuers)?;
         // Without tokens anyone who reaches the port can write state, so an
         // address beyond loopback needs --allow-unauthenticated to say that
         // is meant. Refused, not narrowed to loopback: that left a container
         // healthy on loopback and closed to every client.
-        if tokens.is_empty() && !args.listen.ip().is_loopback() && !args.allow_unauthenticated {
+        if tokens.is_empty()
+            && jwt.is_none()
+            && !args.listen.ip().is_loopback()
+            && !args.allow_unauthenticated
+        {
             return Err(ConfigError::Unauthenticated(args.listen));
         }
         let tls = match (&args.tls_cert_file, &args.tls_key_file) {
@@ -232,6 +253,7 @@ impl TryFrom<ServeArgs> for Config {
             bookmark_loss: args.bookmark_loss,
             tokens,
             token_sources,
+            jwt,
             protect_metrics: args.protect_metrics,
             tls,
         })

@@ -9,8 +9,25 @@ pub const MAX_PATTERN_BYTES: usize = 4096;
 /// A state-id glob with fnmatch's meaning of `*` (any run of characters, `/`
 /// included) and `?` (exactly one character). Everything else is literal,
 /// including `%`, `_` and `[`, so a glob never leaks SQL LIKE or class syntax.
+///
+/// A pattern made by [`StatePattern::with_literals`] may also hold `*` and
+/// `?` that stand only for themselves: the text a token's claim put into a
+/// scope (see `auth::jwt`), so that a claim never widens it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatePattern(String);
+pub struct StatePattern {
+    text: String,
+    /// For each character of `text`, whether it is only itself even when it
+    /// is `*` or `?`; empty when none is (every glob a client sends).
+    literal: Vec<bool>,
+}
+
+/// One character of a glob, as matching reads it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Glob {
+    Any,
+    One,
+    Char(char),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatternError {
@@ -24,36 +41,78 @@ pub enum PatternError {
 impl StatePattern {
     pub fn parse(raw: impl Into<String>) -> Result<Self, PatternError> {
         let raw = raw.into();
-        match raw.len() {
+        Self::checked(raw, Vec::new())
+    }
+
+    /// A pattern of pieces, each a glob (`false`) or text whose `*` and `?`
+    /// match only themselves (`true`).
+    pub fn with_literals<'a>(
+        pieces: impl IntoIterator<Item = (&'a str, bool)>,
+    ) -> Result<Self, PatternError> {
+        let (mut text, mut literal) = (String::new(), Vec::new());
+        for (piece, is_literal) in pieces {
+            text.push_str(piece);
+            literal.extend(piece.chars().map(|_| is_literal));
+        }
+        if !literal.contains(&true) {
+            literal.clear();
+        }
+        Self::checked(text, literal)
+    }
+
+    fn checked(text: String, literal: Vec<bool>) -> Result<Self, PatternError> {
+        match text.len() {
             0 => Err(PatternError::Empty),
             n if n > MAX_PATTERN_BYTES => Err(PatternError::TooLong(n)),
-            _ => Ok(Self(raw)),
+            _ => Ok(Self { text, literal }),
         }
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The pattern's characters with their meaning, and each one's byte offset.
+    fn globs(&self) -> impl Iterator<Item = (usize, Glob)> + '_ {
+        self.text.char_indices().enumerate().map(|(i, (at, c))| {
+            let wild = !self.literal.get(i).copied().unwrap_or(false);
+            let glob = match c {
+                '*' if wild => Glob::Any,
+                '?' if wild => Glob::One,
+                other => Glob::Char(other),
+            };
+            (at, glob)
+        })
     }
 
     pub fn matches_everything(&self) -> bool {
-        self.0.chars().all(|c| c == '*')
+        self.globs().all(|(_, glob)| glob == Glob::Any)
     }
 
     /// Whether `id` is in the glob's language (the same one [`Self::to_regex`]
-    /// gives ClickHouse), by the classic two-pointer match with one backtrack
-    /// point: linear in practice, quadratic at worst.
+    /// gives ClickHouse).
     pub fn matches(&self, id: &StateId) -> bool {
-        let glob: Vec<char> = self.0.chars().collect();
-        let text: Vec<char> = id.as_str().chars().collect();
+        self.matches_text(id.as_str())
+    }
+
+    /// Whether `text` is in the glob's language, by the classic two-pointer
+    /// match with one backtrack point: linear in practice, quadratic at worst.
+    pub fn matches_text(&self, text: &str) -> bool {
+        let glob: Vec<Glob> = self.globs().map(|(_, glob)| glob).collect();
+        let text: Vec<char> = text.chars().collect();
         let (mut g, mut t) = (0, 0);
         let mut star: Option<(usize, usize)> = None;
         while t < text.len() {
             match glob.get(g) {
-                Some('*') => {
+                Some(Glob::Any) => {
                     star = Some((g, t));
                     g += 1;
                 }
-                Some(&c) if c == '?' || c == text[t] => {
+                Some(Glob::One) => {
+                    g += 1;
+                    t += 1;
+                }
+                Some(Glob::Char(c)) if *c == text[t] => {
                     g += 1;
                     t += 1;
                 }
@@ -67,23 +126,26 @@ impl StatePattern {
                 },
             }
         }
-        glob[g..].iter().all(|c| *c == '*')
+        glob[g..].iter().all(|glob| *glob == Glob::Any)
     }
 
     /// The same language as an RE2 expression (ClickHouse `match`), anchored at
     /// both ends; `(?s)` lets `?` and `*` cross newlines as fnmatch does.
     pub fn to_regex(&self) -> String {
-        let mut re = String::with_capacity(self.0.len() + 8);
+        let mut re = String::with_capacity(self.text.len() + 8);
         re.push_str("(?s)^");
-        for c in self.0.chars() {
-            match c {
-                '*' => re.push_str(".*"),
-                '?' => re.push('.'),
-                '\\' | '.' | '+' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => {
+        for (_, glob) in self.globs() {
+            match glob {
+                Glob::Any => re.push_str(".*"),
+                Glob::One => re.push('.'),
+                Glob::Char(
+                    c @ ('\\' | '.' | '+' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$'
+                    | '*' | '?'),
+                ) => {
                     re.push('\\');
                     re.push(c);
                 }
-                _ => re.push(c),
+                Glob::Char(c) => re.push(c),
             }
         }
         re.push('$');
@@ -93,15 +155,18 @@ impl StatePattern {
     /// The literal text every match starts with, which lets ClickHouse use the
     /// primary key instead of scanning every id.
     pub fn literal_prefix(&self) -> &str {
-        let end = self.0.find(['*', '?']).unwrap_or(self.0.len());
-        &self.0[..end]
+        let end = self
+            .globs()
+            .find(|(_, glob)| matches!(glob, Glob::Any | Glob::One))
+            .map_or(self.text.len(), |(at, _)| at);
+        &self.text[..end]
     }
 }
 
 /// The log form, as for [`crate::domain::StateId`]: the glob is the client's text.
 impl fmt::Display for StatePattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        ClientText(&self.0).fmt(f)
+        ClientText(&self.text).fmt(f)
     }
 }
 
@@ -154,6 +219,27 @@ mod tests {
         assert_eq!(pattern("dev:tap-*-x?").literal_prefix(), "dev:tap-");
         assert_eq!(pattern("exact").literal_prefix(), "exact");
         assert_eq!(pattern("*x").literal_prefix(), "");
+    }
+
+    #[test]
+    fn literal_wildcards_match_only_themselves() {
+        let id = |raw: &str| StateId::parse(raw.to_owned()).unwrap();
+        let made =
+            StatePattern::with_literals([("gh:", false), ("org/*?", true), ("/*", false)]).unwrap();
+        assert!(made.matches(&id("gh:org/*?/x")));
+        assert!(!made.matches(&id("gh:org/ab/x")));
+        assert!(!made.matches(&id("gh:other/x")));
+        assert_eq!(made.literal_prefix(), "gh:org/*?/");
+        assert_eq!(made.to_regex(), "(?s)^gh:org/\\*\\?/.*$");
+        assert!(
+            !StatePattern::with_literals([("*", true)])
+                .unwrap()
+                .matches_everything()
+        );
+        assert_eq!(
+            StatePattern::with_literals([("a*", false)]).unwrap(),
+            pattern("a*")
+        );
     }
 
     #[test]

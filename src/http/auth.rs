@@ -14,6 +14,7 @@ use super::context::AppContext;
 use super::error::{ApiError, ProblemType, problem};
 use super::extract::path_id;
 use super::server::TlsSession;
+use crate::auth::jwt::{Refusal, looks_like_jwt};
 use crate::auth::{Actor, Identified, Role};
 use crate::domain::{Scope, StateId};
 use crate::telemetry::ClientText;
@@ -67,7 +68,8 @@ pub async fn guard(
     let (mut parts, body) = request.into_parts();
     // Whose share of the limits the request takes, if admitted (see
     // `admission`): a token's own, once it is known to be valid.
-    parts.extensions.insert(if tokens.is_empty() {
+    let required = ctx.tokens.required();
+    parts.extensions.insert(if !required {
         Sharer::Everyone
     } else {
         Sharer::Token(Arc::from("anonymous"))
@@ -90,7 +92,7 @@ pub async fn guard(
             "send one Authorization header, not several",
         );
     }
-    if tokens.is_empty() {
+    if !required {
         parts.extensions.insert(Actor::anonymous());
         parts.extensions.insert(Scope::everything());
         // Without tokens, everyone may do everything.
@@ -108,10 +110,16 @@ pub async fn guard(
         return unauthorized("send Authorization: Bearer <token>");
     };
     let grant = match tokens.identify(&presented, SystemTime::now()) {
-        Identified::Unknown => {
-            denial.record(DenialReason::Unknown, "-");
-            return unauthorized("the bearer token is not one this gateway knows");
-        }
+        Identified::Unknown => match ctx.tokens.jwt() {
+            Some(jwt) if looks_like_jwt(&presented) => match jwt.identify(&presented).await {
+                Ok(grant) => grant,
+                Err(refusal) => return refused(&denial, refusal),
+            },
+            _ => {
+                denial.record(DenialReason::Unknown, "-");
+                return unauthorized("the bearer token is not one this gateway knows");
+            }
+        },
         Identified::Expired(actor) => {
             denial.record(DenialReason::Expired, &actor.0);
             return unauthorized(
@@ -146,6 +154,23 @@ pub async fn guard(
     next.run(Request::from_parts(parts, body)).await
 }
 
+/// The answer to a JWT that was not let in, counted and logged by reason.
+/// An issuer whose keys never came is no denial: the token may be good.
+fn refused(denial: &Denial<'_>, refusal: Refusal) -> Response {
+    let (reason, error) = match refusal {
+        Refusal::Expired => (DenialReason::Expired, ApiError::TokenExpired),
+        Refusal::Invalid(why) => (DenialReason::Invalid, ApiError::TokenInvalid(why)),
+        Refusal::WrongAudience(why) => (DenialReason::Audience, ApiError::WrongAudience(why)),
+        Refusal::UnknownIssuer => (DenialReason::Issuer, ApiError::UnknownIssuer),
+        Refusal::NoBinding(why) => (DenialReason::Binding, ApiError::NoBinding(why)),
+        Refusal::KeysUnavailable(wait) => {
+            return ApiError::IssuerUnavailable(wait).into_response();
+        }
+    };
+    denial.record(reason, "-");
+    error.into_response()
+}
+
 /// Why a token was refused, as `statehouse_auth_denied_total{reason}` counts it.
 #[derive(Clone, Copy, Debug)]
 pub enum DenialReason {
@@ -156,6 +181,14 @@ pub enum DenialReason {
     Role,
     /// A state_id outside the token's scope.
     Scope,
+    /// A JWT that does not verify.
+    Invalid,
+    /// A JWT without this gateway's audience.
+    Audience,
+    /// A JWT of an issuer not configured.
+    Issuer,
+    /// A valid JWT that no binding takes.
+    Binding,
 }
 
 impl DenialReason {
@@ -165,6 +198,10 @@ impl DenialReason {
             Self::Expired => "expired",
             Self::Role => "role",
             Self::Scope => "scope",
+            Self::Invalid => "invalid",
+            Self::Audience => "audience",
+            Self::Issuer => "issuer",
+            Self::Binding => "binding",
         }
     }
 }

@@ -43,7 +43,7 @@ pub async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
-    if !tokens.current().is_empty() {
+    if tokens.required() {
         return next.run(request).await;
     }
     let host = request

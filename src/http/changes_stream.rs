@@ -22,8 +22,9 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::wire::rfc3339_millis;
+use crate::auth::jwt::looks_like_jwt;
 use crate::auth::live::LiveTokens;
-use crate::auth::{Identified, Role};
+use crate::auth::{Grant, Identified, Role};
 use crate::domain::{Scope, StateId};
 use crate::states::{Delivered, Feed, Follow, Follower};
 
@@ -74,11 +75,17 @@ impl Credentials {
     fn still_hold(&self) -> bool {
         let tokens = self.tokens.current();
         let Some(presented) = &self.presented else {
-            return tokens.is_empty();
+            return !self.tokens.required();
         };
+        let holds = |grant: Grant| grant.role >= Role::Read && grant.scope == self.scope;
         match tokens.identify(presented, SystemTime::now()) {
-            Identified::Valid(grant) => grant.role >= Role::Read && grant.scope == self.scope,
-            Identified::Unknown | Identified::Expired(_) => false,
+            Identified::Valid(grant) => holds(grant),
+            Identified::Expired(_) => false,
+            // A JWT is checked with the keys at hand: a stream never makes
+            // its issuer's keys be fetched.
+            Identified::Unknown => self.tokens.jwt().is_some_and(|jwt| {
+                looks_like_jwt(presented) && jwt.identify_cached(presented).is_ok_and(holds)
+            }),
         }
     }
 }

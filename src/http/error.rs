@@ -101,6 +101,24 @@ pub enum ApiError {
     RunExists(uuid::Uuid),
     #[error("run {0} has ended")]
     RunEnded(uuid::Uuid),
+    /// A JWT past its `exp` by more than its issuer's leeway.
+    #[error("the token has expired (its exp is past by more than the leeway); get a new one")]
+    TokenExpired,
+    /// A JWT that does not verify: why, never quoting it.
+    #[error("{0}")]
+    TokenInvalid(String),
+    #[error("{0}")]
+    WrongAudience(String),
+    #[error("the token's issuer (iss) is none this gateway trusts")]
+    UnknownIssuer,
+    /// A valid JWT that no binding of its issuer takes.
+    #[error("{0}")]
+    NoBinding(String),
+    /// The token's issuer has not given its keys yet: come back after this long.
+    #[error(
+        "the keys of the token's issuer have not been fetched yet (is it reachable?); retry later"
+    )]
+    IssuerUnavailable(std::time::Duration),
 }
 
 /// The one table of problem types: each with its status, its slug (part of
@@ -132,6 +150,11 @@ problem_types! {
     InvalidBody => BAD_REQUEST, "invalid-body", "Invalid request body";
     InvalidVersion => BAD_REQUEST, "invalid-version", "Invalid version";
     Unauthorized => UNAUTHORIZED, "unauthorized", "Unauthorized";
+    TokenExpired => UNAUTHORIZED, "token-expired", "Token expired";
+    TokenInvalid => UNAUTHORIZED, "token-invalid", "Token invalid";
+    WrongAudience => UNAUTHORIZED, "wrong-audience", "Token meant for another audience";
+    UnknownIssuer => UNAUTHORIZED, "unknown-issuer", "Unknown token issuer";
+    NoBinding => FORBIDDEN, "no-binding", "No binding takes the token";
     Forbidden => FORBIDDEN, "forbidden", "Forbidden";
     OutOfScope => FORBIDDEN, "out-of-scope", "Outside the token's scope";
     CrossOrigin => FORBIDDEN, "cross-origin", "Cross-origin change refused";
@@ -170,6 +193,7 @@ problem_types! {
     Overloaded => SERVICE_UNAVAILABLE, "overloaded", "Gateway overloaded";
     AuthorityUnreachable => SERVICE_UNAVAILABLE, "authority-unreachable", "Authority unreachable";
     StateContended => SERVICE_UNAVAILABLE, "state-contended", "State changed by another writer";
+    IssuerUnavailable => SERVICE_UNAVAILABLE, "issuer-unavailable", "Token issuer's keys not fetched yet";
     // A status some layer answered bare, with no type of ours: it keeps its own status.
     Other => BAD_REQUEST, "http-error", "HTTP error";
 }
@@ -329,6 +353,12 @@ impl ApiError {
             Self::RunLeaseNotCurrent => ProblemType::LeaseNotCurrent,
             Self::RunExists(_) => ProblemType::RunExists,
             Self::RunEnded(_) => ProblemType::RunEnded,
+            Self::TokenExpired => ProblemType::TokenExpired,
+            Self::TokenInvalid(_) => ProblemType::TokenInvalid,
+            Self::WrongAudience(_) => ProblemType::WrongAudience,
+            Self::UnknownIssuer => ProblemType::UnknownIssuer,
+            Self::NoBinding(_) => ProblemType::NoBinding,
+            Self::IssuerUnavailable(_) => ProblemType::IssuerUnavailable,
             Self::LockNotFound(_) => ProblemType::LockNotFound,
             Self::PoolNotFound(_) => ProblemType::PoolNotFound,
             Self::PoolFull { .. } => ProblemType::PoolFull,
@@ -438,6 +468,18 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Self::IssuerUnavailable(wait) = self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(wait.as_secs_f64().ceil().max(1.0) as u64),
+            );
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"statehouse\""),
+            );
         }
         if let Self::Lock(LockError::Elsewhere(peer)) = self {
             // For the forwarding layer, which sends the request on to `peer`.

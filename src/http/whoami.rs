@@ -26,7 +26,7 @@ pub async fn whoami(
     Extension(actor): Extension<Actor>,
     Extension(scope): Extension<Scope>,
 ) -> Json<serde_json::Value> {
-    let tokens = !ctx.tokens.current().is_empty();
+    let tokens = ctx.tokens.required();
     let caller = Caller {
         tokens,
         role: role.as_str(),

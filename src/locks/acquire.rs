@@ -61,10 +61,14 @@ impl Drop for Unanswered<'_> {
         if self.answered {
             return;
         }
-        let taken = self.slot.apply(|st, now| st.release(self.lease_id, now));
-        if let Some(Released { lease, .. }) = taken {
-            self.recorder.released(lease.lease, lease.version);
-        }
+        self.slot.apply_recording(
+            |st, now| st.release(self.lease_id, now),
+            |taken| {
+                if let Some(Released { lease, .. }) = taken {
+                    self.recorder.released(lease.lease.clone(), lease.version);
+                }
+            },
+        );
     }
 }
 

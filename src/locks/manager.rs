@@ -3,13 +3,14 @@
 //! claim protocol, the lease recorder, the router to peers and the tickets
 //! it issued; the acquire loop (`acquire`), the write rule (`write`) and
 //! the background task (`maintain`) work on those parts, never on the handle.
+//! Its side of writes, admissions and tickets, is `manager::admission`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderValue, Request, Response};
+use axum::http::{Request, Response};
 use uuid::Uuid;
 
 use super::acquire::{Acquirer, Ask};
@@ -23,10 +24,8 @@ use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row, withdraw_after_rows};
 use super::slot::{LeaseAct, Released};
 use super::slots::Slots;
-use super::ticket::{TicketGrant, request_ticket};
 use super::timing::ClaimTiming;
-use super::write::{Admitted, admit_here, lease_rule};
-use super::write_claim::{RecentWrites, claim_for_writes};
+use super::write_claim::RecentWrites;
 use crate::config::LockSettings;
 use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
@@ -170,11 +169,18 @@ impl LockManager {
     /// Releases the lease if it is the current one.
     pub async fn release(&self, id: &StateId, lease_id: Uuid) -> Result<(), LockError> {
         if let Some(slot) = self.slots.existing(id) {
-            let released =
-                slot.apply_current(id, &self.metrics, |st, now| st.release(lease_id, now));
-            if let Some(Released { lease, withdraw }) = released {
+            let released = slot.apply_current_recording(
+                id,
+                &self.metrics,
+                |st, now| st.release(lease_id, now),
+                |released| {
+                    if let Some(Released { lease, .. }) = released {
+                        self.recorder.released(lease.lease.clone(), lease.version);
+                    }
+                },
+            );
+            if let Some(Released { withdraw, .. }) = released {
                 self.metrics.lock_event(LockEvent::Release);
-                self.recorder.released(lease.lease, lease.version);
                 if let Some(candidate) = withdraw {
                     withdraw_after_rows(&self.recorder, &self.coordinator, id.clone(), candidate);
                 }
@@ -209,14 +215,25 @@ impl LockManager {
     pub async fn force_unlock(&self, id: &StateId, forced: Forced) -> Result<bool, LockError> {
         if let Some(slot) = self.slots.existing(id) {
             let at_ms = now_ms();
-            let ended =
-                slot.apply_current(id, &self.metrics, |st, now| st.force_unlock(now, at_ms));
+            let ended = slot.apply_current_recording(
+                id,
+                &self.metrics,
+                |st, now| st.force_unlock(now, at_ms),
+                |ended| {
+                    for local in ended.iter().flatten() {
+                        self.recorder.forced(
+                            local.lease.clone(),
+                            local.version,
+                            at_ms,
+                            forced.clone(),
+                        );
+                    }
+                },
+            );
             if let Some(ended) = ended {
                 let had_lease = !ended.is_empty();
-                for local in ended {
+                for _ in &ended {
                     self.metrics.lock_event(LockEvent::ForcedRelease);
-                    self.recorder
-                        .forced(local.lease, local.version, at_ms, forced.clone());
                 }
                 self.recorder.landed().await?;
                 return Ok(had_lease);
@@ -338,184 +355,6 @@ impl LockManager {
         here
     }
 
-    /// Admits a write to `id` carrying `lease_id` (or none) if the lock rule
-    /// lets it go ahead now; it is checked again as it goes out
-    /// ([`Admitted::sending`]). An unlocked write to an id nobody holds a
-    /// claim on that was written here within `--claim-idle` before starts a
-    /// claim for its writes (see `write_claim`).
-    pub async fn check_write(
-        &self,
-        id: &StateId,
-        lease_id: Option<Uuid>,
-        seen: Option<&SeenLease>,
-    ) -> Result<Admitted, LockError> {
-        if let Some(admitted) = admit_here(&self.slots, id, lease_id, self.query_timeout) {
-            return admitted;
-        }
-        let current = self.coordinator.recorded_lease(id, seen).await?;
-        let lease = lease_rule(id, current.as_ref(), lease_id)?;
-        if current.is_none() && self.recent_writes.repeat(id, Instant::now()) {
-            claim_for_writes(
-                id,
-                &self.slots,
-                &self.coordinator,
-                &self.recorder,
-                &self.recent_writes,
-            );
-        }
-        Ok(Admitted::recorded(id.clone(), lease, self.query_timeout))
-    }
-
-    /// [`LockManager::check_write`] for a batch: against this gateway's own
-    /// leases where it is the authority; by a ticket from the authority
-    /// where another gateway is (asked once per authority, with
-    /// `authorization`, the request's credentials); and against the leases
-    /// ClickHouse records, read once, for ids nobody holds a claim on.
-    /// Answers each entry's admission, or the first entry refused.
-    pub async fn check_writes(
-        &self,
-        writes: &[(&StateId, Option<Uuid>)],
-        authorization: Option<&HeaderValue>,
-    ) -> Result<Vec<Admitted>, (usize, LockError)> {
-        let admitted = self.admit_batch(writes, authorization, false).await?;
-        Ok(admitted
-            .into_iter()
-            .map(|write| write.expect("every write admitted or refused"))
-            .collect())
-    }
-
-    /// [`LockManager::check_writes`] for writes that carry no lease and give
-    /// way to one (a delete by pattern): an id whose lease another holds is
-    /// left out (None) instead of refusing the batch.
-    pub async fn check_writes_around_leases(
-        &self,
-        ids: &[&StateId],
-        authorization: Option<&HeaderValue>,
-    ) -> Result<Vec<Option<Admitted>>, (usize, LockError)> {
-        let writes: Vec<(&StateId, Option<Uuid>)> = ids.iter().map(|id| (*id, None)).collect();
-        self.admit_batch(&writes, authorization, true).await
-    }
-
-    /// Admits each of `writes`, leaving out (None) those a lease keeps
-    /// locked when `around_leases`, else refusing the batch at the first.
-    async fn admit_batch(
-        &self,
-        writes: &[(&StateId, Option<Uuid>)],
-        authorization: Option<&HeaderValue>,
-        around_leases: bool,
-    ) -> Result<Vec<Option<Admitted>>, (usize, LockError)> {
-        let locked = |err: &LockError| {
-            around_leases
-                && matches!(
-                    err,
-                    LockError::Locked { .. } | LockError::LockedElsewhere(_)
-                )
-        };
-        let recorded: HashMap<String, Lease> = self
-            .coordinator
-            .recorded_leases()
-            .await
-            .map_err(|err| (0, err.into()))?
-            .into_iter()
-            .map(|lease| (lease.state_id.as_str().to_owned(), lease))
-            .collect();
-        // With no other gateway holding any claim, none is an authority.
-        let peers_hold_claims = !self
-            .coordinator
-            .claim_holders()
-            .await
-            .map_err(|err| (0, err.into()))?
-            .is_empty();
-        let mut admitted: Vec<Option<Admitted>> = writes.iter().map(|_| None).collect();
-        let mut by_authority: HashMap<Uuid, (Peer, Vec<usize>)> = HashMap::new();
-        for (index, (id, lease_id)) in writes.iter().enumerate() {
-            if let Some(here) = admit_here(&self.slots, id, *lease_id, self.query_timeout) {
-                match here {
-                    Ok(write) => admitted[index] = Some(write),
-                    Err(err) if locked(&err) => {}
-                    Err(err) => return Err((index, err)),
-                }
-                continue;
-            }
-            if peers_hold_claims
-                && let Route::Peer(peer) =
-                    self.route(id, true, false).await.map_err(|e| (index, e))?
-            {
-                by_authority
-                    .entry(peer.gateway_id)
-                    .or_insert_with(|| (peer, Vec::new()))
-                    .1
-                    .push(index);
-                continue;
-            }
-            match lease_rule(id, recorded.get(id.as_str()), *lease_id) {
-                Ok(lease) => {
-                    admitted[index] =
-                        Some(Admitted::recorded((*id).clone(), lease, self.query_timeout));
-                }
-                Err(err) if locked(&err) => {}
-                Err(err) => return Err((index, err)),
-            }
-        }
-        for (peer, mut indexes) in by_authority.into_values() {
-            // The authority refuses a ticket whole, naming the first write
-            // it refused: one left out is asked for again without it.
-            while !indexes.is_empty() {
-                let theirs: Vec<(&StateId, Option<Uuid>)> =
-                    indexes.iter().map(|&i| writes[i]).collect();
-                match request_ticket(&self.router, &peer, &theirs, authorization).await {
-                    Ok((ticket, leases)) => {
-                        for (&index, lease) in indexes.iter().zip(leases) {
-                            admitted[index] = Some(Admitted::remote(
-                                writes[index].0.clone(),
-                                lease,
-                                ticket.clone(),
-                                self.query_timeout,
-                            ));
-                        }
-                        break;
-                    }
-                    Err((n, err)) if locked(&err) => {
-                        indexes.remove(n);
-                    }
-                    Err((n, err)) => return Err((indexes[n], err)),
-                }
-            }
-        }
-        Ok(admitted)
-    }
-
-    /// As the authority of every id of `writes`: admits them by the lock
-    /// rule and registers them as sending, under a new ticket (see
-    /// `ticket`). Answers the index of the first write refused.
-    pub fn issue_ticket(
-        &self,
-        writes: &[(StateId, Option<Uuid>)],
-    ) -> Result<TicketGrant, (usize, LockError)> {
-        let mut admitted = Vec::with_capacity(writes.len());
-        for (index, (id, lease_id)) in writes.iter().enumerate() {
-            match admit_here(&self.slots, id, *lease_id, self.query_timeout) {
-                Some(Ok(write)) => admitted.push(write),
-                Some(Err(err)) => return Err((index, err)),
-                None => return Err((index, LockError::NotAuthority(id.clone()))),
-            }
-        }
-        let ids = writes.iter().map(|(id, _)| id.clone()).collect();
-        self.issued.issue(ids, &admitted)
-    }
-
-    /// Settles a ticket this gateway issued: `known` when its writes landed
-    /// or failed. `before_release` sees its ids before they are free (what
-    /// the gateway remembers of them is stale). False for an unknown ticket.
-    pub fn settle_ticket(
-        &self,
-        ticket: Uuid,
-        known: bool,
-        before_release: impl FnOnce(&[StateId]),
-    ) -> bool {
-        self.issued.settle(ticket, known, before_release)
-    }
-
     /// Where requests about `id` go (see `forward`). `remembered` allows an
     /// authority looked up lately instead of asking ClickHouse; `with_row`
     /// reads the id's current row in the same statement, for a write that
@@ -563,3 +402,5 @@ impl LockManager {
             .await
     }
 }
+
+mod admission;

@@ -27,7 +27,7 @@ pub(super) struct Slot {
     state: Mutex<SlotState>,
     /// Woken whenever a change may let a waiter in: a lease ends, a claim
     /// comes or goes, a waiter leaves the line, a write lands. Only
-    /// [`Slot::apply`] wakes it, as the transition it ran asks.
+    /// [`Slot::apply_recording`] wakes it, as the transition it ran asks.
     changed: Notify,
 }
 
@@ -70,8 +70,40 @@ impl Slot {
     /// releases the lock and wakes the waiters if the transition asks: the
     /// one place they are woken, never with the lock held.
     pub fn apply<T>(&self, transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>) -> T {
+        self.apply_recording(transition, |_| {})
+    }
+
+    /// [`Slot::apply_current`] that queues the rows of the leases the
+    /// transition ended (`record`) before any waiter wakes: a woken waiter
+    /// may hand the claim over, which writes the rows queued so far first,
+    /// and the next authority must read how those leases ended, or it keeps
+    /// their places until they would have expired.
+    pub fn apply_current_recording<T>(
+        &self,
+        id: &StateId,
+        metrics: &Metrics,
+        transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>,
+        record: impl FnOnce(&T),
+    ) -> T {
+        self.apply_recording(
+            |st, now| {
+                st.expire(id, now, metrics);
+                transition(st, now)
+            },
+            record,
+        )
+    }
+
+    /// [`Slot::apply`], with `record` run on the answer after the lock is
+    /// released and before the waiters are woken.
+    pub fn apply_recording<T>(
+        &self,
+        transition: impl FnOnce(&mut SlotState, Instant) -> Effects<T>,
+        record: impl FnOnce(&T),
+    ) -> T {
         let now = Instant::now();
         let Effects { out, wake } = transition(&mut self.guard(), now);
+        record(&out);
         if wake {
             self.changed.notify_waiters();
         }

@@ -60,14 +60,12 @@ async fn restore(args: &RestoreArgs) -> Result<String, String> {
         "dry_run": args.dry_run,
         "reason": args.reason.clone().unwrap_or_default(),
     });
-    let mut request = client
+    let request = client
         .post(format!("{}/v1/restore", connection.base.as_str()))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body.to_string())
         .timeout(ANSWER_TIMEOUT);
-    if let Some(token) = &connection.token {
-        request = request.bearer_auth(token);
-    }
+    let request = connection.token.authorize(request);
     let gateway = connection.base.as_str();
     let response = request
         .send()

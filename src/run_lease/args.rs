@@ -42,7 +42,11 @@ pub struct LockArgs {
 
     /// Asked of the gateway with the lease: should it be lost (expiry or
     /// force-unlock), no next run is granted the id for this long, time for
-    /// this run's tree to be stopped. Default: --grace + 5s. A release has none.
+    /// this run's tree to be stopped. Default: 2s (the runner notices a
+    /// lost lease within 2s) + --grace + 5s, 17s with the default --grace:
+    /// a command that ignores SIGTERM is killed before the next run's
+    /// starts. The gateway cuts it to its --max-lock-delay (60s by default),
+    /// and the runner says so. A release has none.
     #[arg(long, env = "STATEHOUSE_LOCK_DELAY", value_parser = humantime::parse_duration)]
     pub lock_delay: Option<Duration>,
 
@@ -78,8 +82,13 @@ pub struct LockArgs {
     pub command: Vec<OsString>,
 }
 
-/// Beyond the grace, how long the next run's lease waits by default after
-/// this one was lost: the SIGKILL has to land and the processes to go.
+/// The contract's bound on how late the runner notices its lease's end
+/// (`leases` looks often enough); the default lock-delay counts it in.
+pub const NOTICED_WITHIN: Duration = Duration::from_secs(2);
+
+/// Beyond the time to notice the loss and the grace, how long the next
+/// run's lease waits by default after this one was lost: the SIGKILL has to
+/// land and the processes to go.
 const LOCK_DELAY_MARGIN: Duration = Duration::from_secs(5);
 
 impl LockArgs {
@@ -103,9 +112,11 @@ impl LockArgs {
             .collect())
     }
 
-    /// The lock-delay to ask for: --lock-delay, or --grace + 5s.
+    /// The lock-delay to ask for: --lock-delay, or the time to notice a
+    /// lost lease + --grace + 5s (design.md, "Run leases (contract)").
     pub fn lock_delay(&self) -> Duration {
-        self.lock_delay.unwrap_or(self.grace + LOCK_DELAY_MARGIN)
+        self.lock_delay
+            .unwrap_or(NOTICED_WITHIN + self.grace + LOCK_DELAY_MARGIN)
     }
 }
 
@@ -185,7 +196,7 @@ mod tests {
         assert_eq!(args.ttl, Duration::from_secs(30));
         assert_eq!(args.wait, Duration::ZERO);
         assert_eq!(args.grace, Duration::from_secs(10));
-        assert_eq!(args.lock_delay(), Duration::from_secs(15));
+        assert_eq!(args.lock_delay(), Duration::from_secs(17));
         let args = parse(&[
             "--url=http://gw:9000/base/",
             "--ttl=1m",
@@ -204,7 +215,7 @@ mod tests {
         assert_eq!(args.ttl, Duration::from_secs(60));
         assert_eq!(args.wait, Duration::from_secs(90));
         assert_eq!(args.owner.as_deref(), Some("cron"));
-        assert_eq!(args.lock_delay(), Duration::from_secs(35));
+        assert_eq!(args.lock_delay(), Duration::from_secs(37));
         let args = parse(&["--lock-delay=0s", "id", "--", "true"]).unwrap();
         assert_eq!(args.lock_delay(), Duration::ZERO);
         assert!(args.info.is_empty());

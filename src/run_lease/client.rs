@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::problem::{Answer, Busy};
 use super::target::Target;
-use crate::client::{Connection, GatewayUrl, error_chain, read_body, retry_after};
+use crate::client::{Bearer, Connection, GatewayUrl, error_chain, read_body, retry_after};
 use crate::traces;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,6 +37,10 @@ pub struct Lease {
     /// Whether that acquire waited in line: then the grant may have come
     /// any time between `sent` and its answer.
     pub waited: bool,
+    /// The lock-delay granted, in whole seconds: the one asked for, or the
+    /// gateway's `--max-lock-delay` when that is less (none from a gateway
+    /// that does not say).
+    pub lock_delay_seconds: Option<u64>,
 }
 
 pub enum Acquired {
@@ -76,13 +80,21 @@ pub enum GatewayError {
 struct Granted {
     lease_id: String,
     fencing_token: u64,
+    lock_delay_seconds: Option<u64>,
+}
+
+/// A lock-delay in the gateway's whole seconds, rounded up: the delay is a
+/// floor for the next run.
+pub fn whole_seconds(delay: Duration) -> u64 {
+    delay.as_secs() + u64::from(delay.subsec_nanos() > 0)
 }
 
 #[derive(Clone)]
 pub struct Gateway {
     client: reqwest::Client,
     base: GatewayUrl,
-    token: Option<String>,
+    /// Read again for every call: renewals present a rotated token.
+    token: Bearer,
 }
 
 impl Gateway {
@@ -119,8 +131,7 @@ impl Gateway {
             "owner": owner,
             "ttl_seconds": ttl.as_secs(),
             "wait_seconds": wait.as_secs_f64(),
-            // Whole seconds, rounded up: the delay is a floor for the next run.
-            "lock_delay_seconds": lock_delay.as_secs() + u64::from(lock_delay.subsec_nanos() > 0),
+            "lock_delay_seconds": whole_seconds(lock_delay),
             "info": info,
         });
         if let Some(serde_json::Value::Object(fields)) = target.acquire_fields() {
@@ -145,6 +156,7 @@ impl Gateway {
                     fencing_token: granted.fencing_token,
                     sent,
                     waited: !wait.is_zero(),
+                    lock_delay_seconds: granted.lock_delay_seconds,
                 }))
             }
             _ => answer
@@ -175,6 +187,46 @@ impl Gateway {
             StatusCode::NO_CONTENT,
         )
         .await
+    }
+
+    /// Whether the lease with `fencing_token` still holds `target`, as
+    /// `GET` of the lock or the pool shows it (never a lease_id, so the
+    /// fencing token tells the lease): the id's authority answers that from
+    /// memory, so asking every second costs ClickHouse nothing. `deadline`
+    /// bounds the whole call.
+    pub async fn holds(
+        &self,
+        target: &Target,
+        fencing_token: u64,
+        deadline: Duration,
+    ) -> Result<bool, GatewayError> {
+        let path = target.path();
+        let answer = self.call(Method::GET, &path, None, Some(deadline)).await?;
+        /// A lock's holder, or a pool's holders: only the tokens matter.
+        #[derive(Deserialize)]
+        struct Held {
+            fencing_token: Option<u64>,
+            #[serde(default)]
+            holders: Vec<Token>,
+        }
+        #[derive(Deserialize)]
+        struct Token {
+            fencing_token: u64,
+        }
+        match answer.status {
+            StatusCode::OK => {
+                let held: Held = serde_json::from_slice(&answer.body).map_err(|e| {
+                    self.refused(&Method::GET, &path, &answer, format!("unreadable: {e}"))
+                })?;
+                Ok(held.fencing_token == Some(fencing_token)
+                    || held
+                        .holders
+                        .iter()
+                        .any(|h| h.fencing_token == fencing_token))
+            }
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.error(&Method::GET, &path, &answer)),
+        }
     }
 
     /// Records a run under the state_id's lease; answers its run_id.
@@ -260,9 +312,7 @@ impl Gateway {
         let mut request = self
             .client
             .request(method, format!("{}{path}", self.base.as_str()));
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
+        request = self.token.authorize(request);
         // The gateway's span joins the runner's (acquire, release, ...).
         let mut traced = reqwest::header::HeaderMap::new();
         traces::inject(&mut traced);

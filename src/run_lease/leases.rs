@@ -123,6 +123,7 @@ impl Leases {
                     return Err(Ending::Unusable);
                 }
             };
+            warn_if_cut(target, &lease, args.lock_delay());
             let index = self.held.len();
             self.held.push(Held {
                 target: target.clone(),
@@ -142,7 +143,7 @@ impl Leases {
             let keeper = tokio::spawn(keep(
                 self.gateway.clone(),
                 target.clone(),
-                held.lease.lease_id.clone(),
+                held.lease.clone(),
                 clock,
                 self.lost_tx.clone(),
             ));
@@ -216,6 +217,18 @@ impl Leases {
     }
 }
 
+/// Says so when the gateway granted less lock-delay than asked (it cuts
+/// them to its `--max-lock-delay`): should the lease be lost, the next run
+/// may then start before this one's command is gone.
+fn warn_if_cut(target: &Target, lease: &Lease, asked: Duration) {
+    let asked = client::whole_seconds(asked);
+    if let Some(granted) = lease.lock_delay_seconds.filter(|&granted| granted < asked) {
+        say(format_args!(
+            "the gateway cut the lock-delay on {target} to {granted}s (its --max-lock-delay) from the {asked}s asked: should this lease be lost, the next run may start before this one's command is gone"
+        ));
+    }
+}
+
 /// When the run stops asking: `give_up` for a busy answer, `retry_until`
 /// for a 503 that says when to come back.
 struct Wait {
@@ -285,22 +298,62 @@ async fn start_clock(
 }
 
 /// Renews one lease on schedule until it is lost; then says why on `lost`.
+/// Between renewals it looks every [`WATCH_EVERY`] whether the lease still
+/// holds its target (see [`watching`]), and renews at once when it does not:
+/// a 409 then is the loss, noticed within about a second of the lease's end
+/// rather than at the next renewal (design.md, "Run leases (contract)").
 async fn keep(
     gateway: Gateway,
     target: Target,
-    lease_id: String,
+    lease: Lease,
     mut clock: LeaseClock,
     lost: mpsc::UnboundedSender<LostLease>,
 ) {
     let ttl = clock.ttl();
+    let watch = watching(ttl);
     let mut failing: Option<String> = None;
+    let mut look_at = Instant::now() + WATCH_EVERY;
+    let mut refused_look = false;
     let why = loop {
-        tokio::time::sleep_until(clock.next_attempt()).await;
+        let renew_at = clock.next_attempt();
+        if watch && look_at < renew_at {
+            tokio::time::sleep_until(look_at).await;
+            look_at = Instant::now() + WATCH_EVERY;
+            // One look at a time, and never one that holds up the renewal
+            // due next: a look stuck on a peer that does not answer gives
+            // way to the next, which may be routed afresh.
+            let within = renew_at
+                .saturating_duration_since(Instant::now())
+                .min(WATCH_EVERY);
+            match gateway.holds(&target, lease.fencing_token, within).await {
+                Ok(false) => {}
+                // No word on the lease now: the next look, or the renewal.
+                Ok(true)
+                | Err(
+                    client::GatewayError::Unreachable { .. } | client::GatewayError::Busy { .. },
+                ) => continue,
+                Err(err) => {
+                    // Renewals still find the loss; only later.
+                    if !std::mem::replace(&mut refused_look, true) {
+                        say(format_args!(
+                            "cannot look at the lease on {target} between renewals ({err}); its loss is found at the next renewal"
+                        ));
+                    }
+                    continue;
+                }
+            }
+        } else {
+            tokio::time::sleep_until(renew_at).await;
+        }
         let sent = Instant::now();
         let Some(time_left) = clock.time_left(sent) else {
             break Lost::Unreachable(failing.unwrap_or_else(|| "no answer".into()));
         };
-        let renewal = gateway.renew(&target, &lease_id, ttl);
+        // On schedule, or early because the look found the lease gone: the
+        // renewal's verdict is the one that counts (a look through a gateway
+        // that has not yet heard of the grant may miss it), and a renewal
+        // that lands is one like any other.
+        let renewal = gateway.renew(&target, &lease.lease_id, ttl);
         let error = match tokio::time::timeout(time_left, renewal).await {
             Ok(Ok(Verdict::Done)) => {
                 if failing.take().is_some() {
@@ -324,10 +377,25 @@ async fn keep(
         }
     };
     let _ = lost.send(LostLease {
-        lease_id,
+        lease_id: lease.lease_id,
         what: target.to_string(),
         why,
     });
+}
+
+/// How often a lease is looked at between renewals. The contract gives the
+/// runner [`super::args::NOTICED_WITHIN`] to notice its lease's end (a force-unlock, an expiry it did
+/// not see coming, a claim lost); a look every second, answered by the
+/// authority from memory, keeps within it with room for the look and the
+/// renewal that confirms it. The locks API has no long-poll to wait on
+/// instead, and one GET a second per run is cheaper than renewing (a
+/// ClickHouse write) every second.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether a lease with this TTL is looked at between renewals: not when
+/// renewals (every third of the TTL) come as often as the looks would.
+fn watching(ttl: Duration) -> bool {
+    ttl / 3 > WATCH_EVERY
 }
 
 /// Releases the lease; false when the gateway said it was no longer current.

@@ -9,7 +9,8 @@
 //! command's process group, and releases the leases when the command ends.
 //! When a lease is lost (a renewal answers 409, or the gateway stays
 //! unreachable until the lease would have expired) the group gets SIGTERM,
-//! and SIGKILL after `--grace`. Nothing of the group outlives the runner:
+//! and SIGKILL after `--grace`; a look at each lease every second between
+//! renewals finds a lease ended early (force-unlocked) within 2 s. Nothing of the group outlives the runner:
 //! what the command leaves running is stopped before the leases go, and a
 //! watchdog process stops the group if the runner dies (`kill -9`).
 //!

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use reqwest::header::{ETAG, IF_NONE_MATCH};
 
-use crate::client::{Connection, error_chain, path_segment, read_body, retry_after};
+use crate::client::{Bearer, Connection, error_chain, path_segment, read_body, retry_after};
 use crate::run_lease::problem::Answer;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,8 +61,8 @@ pub struct Poller {
     url: String,
     /// The gateway's base URL, as a failure names it.
     gateway: String,
-    /// The bearer token, if any.
-    token: Option<String>,
+    /// The bearer token, if any, read again for each poll.
+    token: Bearer,
 }
 
 impl Poller {
@@ -94,9 +94,7 @@ impl Poller {
             .get(&self.url)
             .query(&[("wait", format!("{}ms", wait.as_millis()))])
             .timeout(wait + ANSWER_MARGIN);
-        if let Some(token) = &self.token {
-            request = request.bearer_auth(token);
-        }
+        request = self.token.authorize(request);
         if let Some(etag) = etag {
             request = request.header(IF_NONE_MATCH, etag);
         }

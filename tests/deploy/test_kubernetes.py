@@ -3,6 +3,7 @@ object validates against the Kubernetes 1.31 schemas (strict: no unknown
 fields), and the gateway's Deployments keep what the contract asks of them
 (design.md, "Deployment"). No cluster is needed."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -172,5 +173,49 @@ def test_the_meltano_cronjob_uses_one_set_of_settings():
     # The one set: no runner-only URL, no scheme-specific Meltano token.
     for other in ("STATEHOUSE_URL", "MELTANO_STATE_BACKEND_STATEHOUSE_TOKEN"):
         assert other not in env
+    unknown = {n for n in env if n.startswith("STATEHOUSE_")} - source_env_names()
+    assert not unknown, f"variables the runner does not read: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("name", KUSTOMIZATIONS)
+def test_the_gateway_takes_the_clusters_service_account_tokens(name):
+    """Workload identity: an issuers file from the ConfigMap, whose issuer's CA
+    file and the file itself are mounted where the gateway reads them."""
+    objects = rendered(name)
+    (deployment,) = deployments(objects)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = env_of(container)["STATEHOUSE_JWT_ISSUERS"]["value"]
+
+    def volume_at(file: str) -> dict:
+        mount = next(m for m in container["volumeMounts"] if file.startswith(m["mountPath"] + "/"))
+        return next(v for v in pod["volumes"] if v["name"] == mount["name"])
+
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert volume_at(path)["configMap"]["name"] == config_map["metadata"]["name"]
+    issuers = json.loads(config_map["data"][path.rsplit("/", 1)[1]])
+    (issuer,) = issuers
+    assert issuer["audience"] == "statehouse"
+    assert set(issuer["algorithms"]) <= {"RS256", "ES256"}
+    assert volume_at(issuer["ca_file"])["configMap"]["name"] == "kube-root-ca.crt"
+    assert issuer["bindings"] and all(binding["claims"] for binding in issuer["bindings"])
+
+
+def test_the_workload_identity_cronjob_presents_a_projected_token():
+    objects = [o for o in yaml.safe_load_all((KUBERNETES / "examples" / "meltano-cronjob-workload-identity.yaml").read_text()) if o]
+    (cronjob,) = [o for o in objects if o["kind"] == "CronJob"]
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    assert "STATEHOUSE_TOKEN" not in env, "no Secret token: the projected one"
+    token_file = env["STATEHOUSE_TOKEN_FILE"]["value"]
+    mount = next(m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (source,) = volume["projected"]["sources"]
+    projected = source["serviceAccountToken"]
+    assert projected["audience"] == "statehouse"
+    assert token_file.endswith("/" + projected["path"])
+    (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
     unknown = {n for n in env if n.startswith("STATEHOUSE_")} - source_env_names()
     assert not unknown, f"variables the runner does not read: {sorted(unknown)}"

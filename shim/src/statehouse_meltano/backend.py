@@ -41,6 +41,7 @@ RUN_LEASE_ID = "STATEHOUSE_LEASE_ID"
 # The names `statehouse lock` reads, taken when Meltano's own setting is
 # unset: one environment then serves the runner and the shim alike.
 TOKEN_ENV = "STATEHOUSE_TOKEN"
+TOKEN_FILE_ENV = "STATEHOUSE_TOKEN_FILE"
 CA_FILE_ENV = "STATEHOUSE_CA_FILE"
 CLIENT_CERT_FILE_ENV = "STATEHOUSE_CLIENT_CERT_FILE"
 CLIENT_KEY_FILE_ENV = "STATEHOUSE_CLIENT_KEY_FILE"
@@ -119,6 +120,7 @@ class StatehouseStateStoreManager(StateStoreManager):
         lock_timeout_seconds: int = 10,
         lock_retry_seconds: int = 1,  # noqa: ARG002 - the gateway queues waiters itself
         token: str | None = None,
+        token_file: str | None = None,
         request_timeout: int | None = 10,
         lease_ttl: int | None = 30,
         owner: str | None = None,
@@ -140,6 +142,8 @@ class StatehouseStateStoreManager(StateStoreManager):
         self.client = GatewayClient(
             gateway_url(uri),
             token=setting_or_env(token, TOKEN_ENV, env),
+            # A token given outright wins; the runner's file only when none is.
+            token_file=None if token else setting_or_env(token_file, TOKEN_FILE_ENV, env),
             timeout=float(request_timeout or 10),
             tls=TlsSettings(
                 ca_file=setting_or_env(ca_file, CA_FILE_ENV, env),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+import threading
 import time
 import typing as t
 from dataclasses import dataclass
@@ -139,6 +140,29 @@ def _retry_after(response: requests.Response) -> float | None:
     return max(0.1, pause)
 
 
+class TokenFile:
+    """A bearer token in a file that its platform rotates in place: read again
+    for every request; a read that fails or finds it empty (caught
+    mid-replacement) keeps the last token read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._last = ""
+        self._guard = threading.Lock()
+        self.current()
+
+    def current(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                token = file.read().strip()
+        except OSError:
+            token = ""
+        with self._guard:
+            if token:
+                self._last = token
+            return self._last
+
+
 def _segment(state_id: str) -> str:
     return quote(state_id, safe="")
 
@@ -151,6 +175,7 @@ class GatewayClient:
         base_url: str,
         *,
         token: str | None = None,
+        token_file: str | None = None,
         timeout: float = 10.0,
         tls: TlsSettings | None = None,
         allow_regression: str | None = None,
@@ -165,7 +190,8 @@ class GatewayClient:
         if not tls.ca_file:
             self.session.mount("https://", SystemTrustAdapter())
         self.session.headers["User-Agent"] = "statehouse-meltano/0.1.0"
-        if token:
+        self._token_file = TokenFile(token_file) if token_file else None
+        if token and self._token_file is None:
             self.session.headers["Authorization"] = f"Bearer {token}"
         if allow_regression:
             # Streams whose bookmarks this project's writes may move backwards.
@@ -189,7 +215,9 @@ class GatewayClient:
         extra_wait: float = 0.0,
     ) -> requests.Response:
         url = f"{self.base_url}{path}"
-        headers = {"Lease-Id": lease_id} if lease_id else None
+        headers = {"Lease-Id": lease_id} if lease_id else {}
+        if self._token_file is not None and (token := self._token_file.current()):
+            headers["Authorization"] = f"Bearer {token}"
         # Sent with send(), not request(): request() would swap verify=True for
         # REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE, and the shim trusts what the
         # runner does (ca_file, else the system store). Proxies from the

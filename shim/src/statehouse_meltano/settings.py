@@ -15,6 +15,13 @@ SPECS: dict[str, dict[str, t.Any]] = {
         "kind": SettingKind.STRING,
         "sensitive": True,
     },
+    "token_file": {
+        "label": "statehouse token file",
+        "description": "File holding the bearer token, read again for every request so that a rotated "
+        "token (a Kubernetes projected service account token, a CI ID token) is used; instead of token "
+        "(unset: STATEHOUSE_TOKEN_FILE)",
+        "kind": SettingKind.STRING,
+    },
     "request_timeout": {
         "label": "Request timeout",
         "description": "Seconds to wait for the gateway to answer a request (lock waits come on top)",
@@ -76,6 +83,7 @@ def setting(scheme: str, key: str) -> SettingDefinition:
 
 
 STATEHOUSE_TOKEN = setting("statehouse", "token")
+STATEHOUSE_TOKEN_FILE = setting("statehouse", "token_file")
 STATEHOUSE_REQUEST_TIMEOUT = setting("statehouse", "request_timeout")
 STATEHOUSE_LEASE_TTL = setting("statehouse", "lease_ttl")
 STATEHOUSE_OWNER = setting("statehouse", "owner")
@@ -83,6 +91,7 @@ STATEHOUSE_ALLOW_REGRESSION = setting("statehouse", "allow_regression")
 STATEHOUSE_ALLOW_LOSS = setting("statehouse", "allow_loss")
 STATEHOUSE_WRITE_BEHIND = setting("statehouse", "write_behind")
 STATEHOUSES_TOKEN = setting("statehouses", "token")
+STATEHOUSES_TOKEN_FILE = setting("statehouses", "token_file")
 STATEHOUSES_REQUEST_TIMEOUT = setting("statehouses", "request_timeout")
 STATEHOUSES_LEASE_TTL = setting("statehouses", "lease_ttl")
 STATEHOUSES_OWNER = setting("statehouses", "owner")

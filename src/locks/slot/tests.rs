@@ -467,3 +467,25 @@ fn an_inherited_delay_holds_the_first_grant_and_the_later_of_two_ends_wins() {
         Step::Granted(..)
     ));
 }
+
+/// A release's row is queued before a waiter wakes: a woken waiter may hand
+/// the claim over, and the hand-over writes only the rows queued by then.
+#[test]
+fn what_a_transition_records_is_done_before_any_waiter_wakes() {
+    use futures_util::FutureExt;
+
+    let slot = Slot::default();
+    let woken = slot.changed();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let mut recorded = false;
+    slot.apply_recording(
+        |_, _| Effects::waking(()),
+        |()| {
+            assert!(woken.as_mut().now_or_never().is_none(), "woken first");
+            recorded = true;
+        },
+    );
+    assert!(recorded);
+    assert!(woken.now_or_never().is_some(), "the waiter is woken after");
+}

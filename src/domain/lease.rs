@@ -24,8 +24,10 @@ pub struct Lease {
     pub lock_delay: Duration,
     /// What its holder said of itself on acquire (host, pid, command...).
     pub info: LeaseInfo,
-    /// How many leases its id admits at once: 1 on a state_id, a pool's limit.
+    /// How many places its id has: 1 on a state_id, a pool's limit.
     pub limit: usize,
+    /// How many of those places it occupies: 1 on a state_id, 1..=limit on a pool.
+    pub slots: usize,
 }
 
 impl Lease {

@@ -70,7 +70,7 @@ pub enum ApiError {
     #[error("{0}")]
     BookmarkLoss(String, Vec<Loss>),
     /// No slot of the pool within the acquire's wait: who holds it.
-    #[error("pool {name:?} is full ({} of {} held)", .view.holders_len(), .view.limit())]
+    #[error("pool {name:?} is full ({} of {} slots held)", .view.used(), .view.limit())]
     PoolFull {
         name: String,
         view: Box<PoolView>,

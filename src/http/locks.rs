@@ -31,15 +31,36 @@ pub struct AcquireRequest {
     wait_seconds: Option<f64>,
     lock_delay_seconds: Option<f64>,
     info: Option<serde_json::Value>,
-    /// A pool's only: how many may hold it at once.
+    /// A pool's only: how many slots it has.
     pub limit: Option<f64>,
+    /// A pool's only: how many of its slots the lease occupies.
+    pub slots: Option<f64>,
+    /// A pool's only: the waiter's place in line.
+    pub priority: Option<f64>,
+}
+
+/// Where a pool acquire waits, and how much of the pool it takes.
+#[derive(Clone, Copy)]
+pub struct PoolPlace {
+    pub limit: usize,
+    pub slots: usize,
+    pub priority: i32,
+}
+
+impl PoolPlace {
+    /// A state_id's: its one place, at the default priority.
+    const LOCK: Self = Self {
+        limit: 1,
+        slots: 1,
+        priority: 0,
+    };
 }
 
 impl AcquireRequest {
-    /// The lease asked for, on an id of `limit` places. A forwarded acquire
-    /// is granted for a few seconds until the forwarding gateway confirms it
+    /// The lease asked for, taking `place`. A forwarded acquire is granted
+    /// for a few seconds until the forwarding gateway confirms it
     /// (`http::forward`).
-    pub fn into_ask(self, limit: usize, headers: &HeaderMap) -> Result<Ask, ApiError> {
+    pub fn into_ask(self, place: PoolPlace, headers: &HeaderMap) -> Result<Ask, ApiError> {
         let owner = self.owner.unwrap_or_default();
         if owner.is_empty() || owner.len() > MAX_OWNER_BYTES {
             return Err(ApiError::InvalidBody(format!(
@@ -65,7 +86,9 @@ impl AcquireRequest {
         };
         Ok(Ask {
             owner,
-            limit,
+            limit: place.limit,
+            slots: place.slots,
+            priority: place.priority,
             ttl,
             wait: Duration::from_secs_f64(wait),
             lock_delay,
@@ -136,14 +159,14 @@ pub async fn acquire(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
-    if request.limit.is_some() {
+    if request.limit.is_some() || request.slots.is_some() || request.priority.is_some() {
         return Err(ApiError::InvalidBody(
-            "limit is a pool's (POST /v1/pools/{name}); a state_id has one lease at a time".into(),
+            "limit, slots and priority are a pool's (POST /v1/pools/{name}); a state_id has one lease at a time, first come first served".into(),
         ));
     }
     let lease = ctx
         .locks
-        .acquire(&id, request.into_ask(1, &headers)?)
+        .acquire(&id, request.into_ask(PoolPlace::LOCK, &headers)?)
         .await?;
     Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response())
 }

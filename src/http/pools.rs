@@ -1,6 +1,7 @@
-//! `/v1/pools`: named semaphores, up to `limit` leases at a time and FIFO
-//! for the rest, on the same lock core as `/v1/locks` (one authority per
-//! pool, fencing tokens, lock-delay), over tables of their own.
+//! `/v1/pools`: named semaphores of `limit` slots, each lease occupying
+//! `slots` of them, and a line for the rest (highest `priority` first, first
+//! come first served within one), on the same lock core as `/v1/locks` (one
+//! authority per pool, fencing tokens, lock-delay), over tables of their own.
 
 use axum::Json;
 use axum::extract::{Extension, State};
@@ -11,15 +12,18 @@ use serde::Serialize;
 use super::context::AppContext;
 use super::error::ApiError;
 use super::extract::{ApiQuery, LeasePath, OptionalJson, StatePath};
-use super::locks::{AcquireRequest, ForceUnlockParams, RenewRequest, forced_by, ttl};
+use super::locks::{AcquireRequest, ForceUnlockParams, PoolPlace, RenewRequest, forced_by, ttl};
 use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
 use crate::domain::{LeaseInfo, Provenance, Scope, StateId};
 use crate::locks::{Lease, LockError};
 use crate::telemetry::ClientText;
 
-/// The most leases one pool may admit at once.
+/// The most slots one pool may have.
 pub const MAX_POOL_LIMIT: usize = 1000;
+
+/// How far a waiter's priority may go either way from the default 0.
+pub const MAX_PRIORITY: i32 = 1000;
 
 /// A pool lease as its holder sees it: with the `lease_id` that proves holding it.
 #[derive(Serialize)]
@@ -31,6 +35,7 @@ struct PoolLeaseBody<'a> {
     acquired_at: String,
     expires_at: String,
     limit: usize,
+    slots: usize,
     lock_delay_seconds: u64,
     info: &'a LeaseInfo,
 }
@@ -44,6 +49,7 @@ fn lease_body(lease: &Lease) -> PoolLeaseBody<'_> {
         acquired_at: rfc3339_millis(lease.acquired_ms),
         expires_at: rfc3339_millis(lease.expires_ms),
         limit: lease.limit,
+        slots: lease.slots,
         lock_delay_seconds: lease.lock_delay.as_secs(),
         info: &lease.info,
     }
@@ -64,6 +70,33 @@ fn pool_limit(raw: Option<f64>) -> Result<usize, ApiError> {
     Ok(limit as usize)
 }
 
+/// The lease's slots, a whole number 1 to `limit` (default 1), and the
+/// waiter's priority, a whole number within ±[`MAX_PRIORITY`] (default 0).
+fn pool_place(
+    limit: usize,
+    slots: Option<f64>,
+    priority: Option<f64>,
+) -> Result<PoolPlace, ApiError> {
+    let slots = slots.unwrap_or(1.0);
+    if slots.fract() != 0.0 || !(1.0..=limit as f64).contains(&slots) {
+        return Err(ApiError::InvalidBody(format!(
+            "slots must be a whole number between 1 and the limit, {limit}, got {slots}"
+        )));
+    }
+    let priority = priority.unwrap_or(0.0);
+    let bound = f64::from(MAX_PRIORITY);
+    if priority.fract() != 0.0 || !(-bound..=bound).contains(&priority) {
+        return Err(ApiError::InvalidBody(format!(
+            "priority must be a whole number between -{MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}"
+        )));
+    }
+    Ok(PoolPlace {
+        limit,
+        slots: slots as usize,
+        priority: priority as i32,
+    })
+}
+
 pub async fn acquire(
     State(ctx): State<AppContext>,
     StatePath(name): StatePath,
@@ -71,7 +104,8 @@ pub async fn acquire(
     OptionalJson(mut request): OptionalJson<AcquireRequest>,
 ) -> Result<Response, ApiError> {
     let limit = pool_limit(request.limit.take())?;
-    let ask = request.into_ask(limit, &headers)?;
+    let place = pool_place(limit, request.slots.take(), request.priority.take())?;
+    let ask = request.into_ask(place, &headers)?;
     match ctx.pools.acquire(&name, ask).await {
         Ok(lease) => Ok((StatusCode::CREATED, Json(lease_body(&lease))).into_response()),
         Err(LockError::Held { .. }) => Err(full(&ctx, name, limit, None).await?),

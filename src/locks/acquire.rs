@@ -14,7 +14,9 @@ use uuid::Uuid;
 use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::{Recorder, withdraw_after_rows};
-use super::slot::{Adopted, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter};
+use super::slot::{
+    Adopted, Asking, ClaimAttempt, Grant, InLine, Released, Rules, Slot, Step, Waiter,
+};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::{Lease, LeaseInfo, StateId};
@@ -29,8 +31,13 @@ const HOLDER_POLL: Duration = Duration::from_millis(25);
 pub struct Ask {
     /// Who takes the lease.
     pub owner: String,
-    /// How many leases the id admits at once: 1 on a state_id, a pool's limit.
+    /// How many slots the id has: 1 on a state_id, a pool's limit.
     pub limit: usize,
+    /// How many of them the lease occupies (1..=limit).
+    pub slots: usize,
+    /// Its place in line: waiters of a higher priority are granted first,
+    /// those of one priority in arrival order.
+    pub priority: i32,
     pub ttl: Duration,
     /// How long to wait behind earlier waiters.
     pub wait: Duration,
@@ -79,7 +86,12 @@ impl Acquirer<'_> {
     /// runs one claim attempt (settle included) even with no wait at all.
     pub async fn acquire(self, id: &StateId, ask: Ask) -> Result<Lease, LockError> {
         let deadline = Instant::now() + ask.wait;
-        let in_line = InLine::join(self.slots.get_or_make(id), ask.limit).map_err(|held| {
+        let asking = Asking {
+            limit: ask.limit,
+            slots: ask.slots,
+            priority: ask.priority,
+        };
+        let in_line = InLine::join(self.slots.get_or_make(id), asking).map_err(|held| {
             LockError::LimitMismatch {
                 state_id: id.clone(),
                 limit: held,
@@ -87,6 +99,7 @@ impl Acquirer<'_> {
         })?;
         let waiter = Waiter {
             ticket: in_line.ticket,
+            slots: ask.slots,
             owner: &ask.owner,
             ttl: ask.ttl,
             deadline,
@@ -141,7 +154,7 @@ impl Acquirer<'_> {
             let decision = slot.apply_current(id, metrics, |st, now| {
                 st.next_step(id, &waiter, &rules, now, now_ms())
             });
-            let attempt =
+            let mut attempt =
                 matches!(decision.step, Step::Claim(_)).then(|| ClaimAttempt::under_way(slot));
             if let Some(candidate) = decision.withdraw {
                 withdraw_after_rows(self.recorder, self.coordinator, id.clone(), candidate);
@@ -178,13 +191,16 @@ impl Acquirer<'_> {
                         .coordinator
                         .try_claim(id, deadline, lapsed.as_ref())
                         .await;
-                    // Cleared before the outcome is applied: the guard takes the lock.
-                    drop(attempt);
                     waiter.attempted_claim = true;
                     if let (Some(lapsed), Ok(ClaimOutcome::Elsewhere(_) | ClaimOutcome::Lost)) =
                         (&lapsed, &outcome)
                     {
                         slot.apply(|st, _| st.lapse_refused(lapsed.claim.claim_id));
+                    }
+                    if !matches!(outcome, Ok(ClaimOutcome::Won(_))) {
+                        // Cleared before anything else waits; a won claim
+                        // ends the attempt as it is taken on (`claim_won`).
+                        attempt = None;
                     }
                     match outcome? {
                         ClaimOutcome::Won(won) => {
@@ -199,6 +215,9 @@ impl Acquirer<'_> {
                                 };
                                 st.claim_won(*won, grant, write_budget)
                             });
+                            if let Some(attempt) = attempt.take() {
+                                attempt.ended();
+                            }
                             for (lease, version) in adopted {
                                 self.recorder.held(&lease, version);
                             }

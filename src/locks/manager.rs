@@ -19,9 +19,10 @@ use super::error::LockError;
 use super::forward::{ForwardError, Router};
 use super::issued::Issued;
 use super::maintain::Maintenance;
+use super::occupancy::Occupancy;
 use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row, withdraw_after_rows};
-use super::slot::{LeaseAct, Released, SlotState};
+use super::slot::{LeaseAct, Released};
 use super::slots::Slots;
 use super::timing::ClaimTiming;
 use super::write_claim::RecentWrites;
@@ -29,42 +30,6 @@ use crate::config::LockSettings;
 use crate::domain::{Forced, Lease, StateId};
 use crate::metrics::{LockEvent, Metrics};
 use crate::store::{KeeperClaimStore, LeaseStore, now_ms};
-
-/// Who holds an id and how many wait for it.
-#[derive(Debug)]
-pub struct Occupancy {
-    pub id: StateId,
-    /// How many may hold it at once: 1 on a state_id, a pool's limit.
-    pub limit: usize,
-    /// Its leases, oldest first.
-    pub holders: Vec<Lease>,
-    pub waiting: usize,
-}
-
-impl Occupancy {
-    /// As the id's authority sees it; None when none holds or waits.
-    fn of(id: &StateId, st: &SlotState) -> Option<Self> {
-        let occupancy = Self {
-            id: id.clone(),
-            limit: st.limit(),
-            holders: st.holders(),
-            waiting: st.waiting(),
-        };
-        (!occupancy.holders.is_empty() || occupancy.waiting > 0).then_some(occupancy)
-    }
-
-    /// As ClickHouse records it: holders only, with the limit they were
-    /// granted under; None when there are none.
-    fn recorded(id: StateId, holders: Vec<Lease>) -> Option<Self> {
-        let limit = holders.iter().map(|l| l.limit).max()?;
-        Some(Self {
-            id,
-            limit,
-            holders,
-            waiting: 0,
-        })
-    }
-}
 
 pub struct LockManager {
     settings: LockSettings,

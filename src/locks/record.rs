@@ -213,6 +213,7 @@ mod tests {
             lock_delay: Duration::ZERO,
             info: LeaseInfo::default(),
             limit: 1,
+            slots: 1,
         }
     }
 

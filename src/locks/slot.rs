@@ -1,8 +1,9 @@
 //! One id's lock state on this gateway: a state_id's one lease, or a pool's
-//! up to its limit, with the FIFO line of waiters for them, the claim they
-//! are granted under and the fencing tokens they take; the pure decision of
-//! what a waiter does next; and the guards that keep the state right when an
-//! acquire is abandoned at an await point.
+//! leases up to its limit of slots, with the line of waiters for them
+//! (highest priority first, first come first served within a priority), the
+//! claim they are granted under and the fencing tokens they take; the pure
+//! decision of what a waiter does next; and the guards that keep the state
+//! right when an acquire is abandoned at an await point.
 //!
 //! The state sits behind a std `Mutex` that is never held across an
 //! `.await`: every critical section is a few field updates, so an async mutex
@@ -158,14 +159,16 @@ pub(super) struct SlotState {
     /// other waiter starts one meanwhile.
     claiming: bool,
     /// The leases granted under the claim, oldest first: one at most on a
-    /// state_id, up to `limit` on a pool.
+    /// state_id, on a pool as many as their slots fit in `limit`.
     leases: Vec<LocalLease>,
-    /// How many leases may run at once: 1 on a state_id, a pool's limit. The
-    /// first waiter of a slot nobody holds or waits on sets it; while anyone
-    /// does, a waiter asking for another is refused.
+    /// How many slots may be held at once: 1 on a state_id, a pool's limit.
+    /// The first waiter of a slot nobody holds or waits on sets it; while
+    /// anyone does, a waiter asking for another is refused.
     limit: usize,
-    /// Tickets of waiting acquires, first come first served.
-    queue: VecDeque<u64>,
+    /// The waiting acquires in the order they are granted: highest priority
+    /// first, by ticket (arrival) within a priority. Only the first may be
+    /// granted, so no later waiter passes it, even one that would fit.
+    queue: VecDeque<Queued>,
     /// The ticket the next waiter to join the line gets.
     next_ticket: u64,
     /// Fencing tokens reserved for this gateway's grants.
@@ -257,18 +260,40 @@ pub(super) struct Delay {
     pub until: Instant,
     /// The same instant by the clock of `free_at` answers (ms since the epoch).
     pub free_at_ms: i64,
+    /// The slots it keeps: its lease's.
+    pub slots: usize,
 }
 
 impl Delay {
-    /// A delay that ends at `free_at_ms`, placed on the monotonic clock by
-    /// `now` and `now_ms`, the same moment on both clocks.
-    pub fn ending(free_at_ms: i64, now: Instant, now_ms: i64) -> Self {
+    /// A delay of `slots` that ends at `free_at_ms`, placed on the monotonic
+    /// clock by `now` and `now_ms`, the same moment on both clocks.
+    pub fn ending(free_at_ms: i64, slots: usize, now: Instant, now_ms: i64) -> Self {
         let left = u64::try_from(free_at_ms.saturating_sub(now_ms)).unwrap_or(0);
         Self {
             until: now + Duration::from_millis(left),
             free_at_ms,
+            slots,
         }
     }
+}
+
+/// What an acquire asks of a slot as it joins the line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Asking {
+    /// The slot's limit as the acquire knows it.
+    pub limit: usize,
+    /// How many of the limit its lease will occupy.
+    pub slots: usize,
+    /// Its place in line: higher goes first.
+    pub priority: i32,
+}
+
+/// A waiter in line, as the line orders it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Queued {
+    pub ticket: u64,
+    pub priority: i32,
+    pub slots: usize,
 }
 
 pub(super) struct HeldClaim {
@@ -320,6 +345,8 @@ pub(super) struct LocalLease {
 /// A waiting acquire, as the decision sees it.
 pub(super) struct Waiter<'a> {
     pub ticket: u64,
+    /// How many slots its lease will occupy.
+    pub slots: usize,
     pub owner: &'a str,
     pub ttl: Duration,
     /// When its `wait_seconds` run out.
@@ -399,10 +426,10 @@ impl InLine {
         &self.slot
     }
 
-    /// Joins `slot`'s line, asking for `limit` places; a slot in use with
-    /// another limit refuses, answering its own.
-    pub fn join(slot: Arc<Slot>, limit: usize) -> Result<Self, usize> {
-        let ticket = slot.apply(|st, _| st.join(limit))?;
+    /// Joins `slot`'s line as `asking` says; a slot in use with another
+    /// limit refuses, answering its own.
+    pub fn join(slot: Arc<Slot>, asking: Asking) -> Result<Self, usize> {
+        let ticket = slot.apply(|st, _| st.join(asking))?;
         Ok(Self { slot, ticket })
     }
 }
@@ -416,18 +443,27 @@ impl Drop for InLine {
 /// A claim attempt under way, marked so by the decision that started it
 /// (`SlotState::next_step`); clears the mark however the attempt ends, so an
 /// abandoned one never blocks the waiters behind it.
-pub(super) struct ClaimAttempt<'a>(&'a Slot);
+pub(super) struct ClaimAttempt<'a>(Option<&'a Slot>);
 
 impl<'a> ClaimAttempt<'a> {
     /// Taken at once after the decision, with no await in between.
     pub fn under_way(slot: &'a Slot) -> Self {
-        Self(slot)
+        Self(Some(slot))
+    }
+
+    /// The attempt was ended by the transition that took its won claim on
+    /// ([`SlotState::claim_won`]): there is no mark left to clear, and one
+    /// cleared now might be a later attempt's.
+    pub fn ended(mut self) {
+        self.0 = None;
     }
 }
 
 impl Drop for ClaimAttempt<'_> {
     fn drop(&mut self) {
-        self.0.apply(|st, _| st.end_claim_attempt());
+        if let Some(slot) = self.0 {
+            slot.apply(|st, _| st.end_claim_attempt());
+        }
     }
 }
 
@@ -465,5 +501,7 @@ mod fixtures;
 mod lapse_tests;
 #[cfg(test)]
 mod pool_tests;
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tests;

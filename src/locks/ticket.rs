@@ -181,6 +181,7 @@ pub(super) async fn request_ticket(
                 lock_delay: Duration::ZERO,
                 info: LeaseInfo::default(),
                 limit: 1,
+                slots: 1,
             })
         })
         .collect();

@@ -60,11 +60,18 @@ pub struct LockArgs {
     #[arg(long = "no-run")]
     pub no_run: bool,
 
-    /// Also take a slot of pool NAME, which lets at most LIMIT (1 to 1000)
-    /// runs hold it at once; repeatable. Pools are taken in name order, then
-    /// the state_id, all within --wait; a pool still full past it exits 75.
-    #[arg(long = "pool", value_name = "NAME=LIMIT", value_parser = parse_pool)]
-    pub pools: Vec<(String, u16)>,
+    /// Also take SLOTS (default 1) of pool NAME's LIMIT (1 to 1000) slots:
+    /// runs whose slots add up to at most LIMIT hold it at once; repeatable.
+    /// Pools are taken in name order, then the state_id, all within --wait;
+    /// a pool still full past it exits 75.
+    #[arg(long = "pool", value_name = "NAME=LIMIT[:SLOTS]", value_parser = parse_pool)]
+    pub pools: Vec<PoolArg>,
+
+    /// This run's place in the pools' lines, -1000 to 1000: higher goes
+    /// first, runs of one priority in arrival order.
+    #[arg(long, default_value_t = 0, requires = "pools", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i16).range(-1000..=1000))]
+    pub priority: i16,
 
     /// The state_id to hold; for `meltano run` it is <environment>:<tap>-to-<target>.
     /// May be left out when --pool is given.
@@ -90,13 +97,16 @@ impl LockArgs {
     /// for), then the state_id. A pool named twice is a bad command line.
     pub fn targets(&self) -> Result<Vec<Target>, String> {
         let mut pools = self.pools.clone();
-        pools.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(twice) = pools.windows(2).find(|pair| pair[0].0 == pair[1].0) {
-            return Err(format!("--pool {:?} is given twice", twice[0].0));
+        pools.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(twice) = pools.windows(2).find(|pair| pair[0].name == pair[1].name) {
+            return Err(format!("--pool {:?} is given twice", twice[0].name));
         }
-        let pools = pools
-            .into_iter()
-            .map(|(name, limit)| Target::Pool { name, limit });
+        let pools = pools.into_iter().map(|pool| Target::Pool {
+            name: pool.name,
+            limit: pool.limit,
+            slots: pool.slots,
+            priority: self.priority,
+        });
         Ok(pools
             .chain(self.state_id.clone().map(Target::State))
             .collect())
@@ -113,17 +123,39 @@ impl LockArgs {
 /// The limits a pool may have, as the gateway takes them.
 const POOL_LIMITS: std::ops::RangeInclusive<u16> = 1..=1000;
 
-/// A `--pool NAME=LIMIT`: the name is whatever comes before the last `=`
-/// (a pool name may hold one, as a state_id may), the limit 1 to 1000.
-fn parse_pool(raw: &str) -> Result<(String, u16), String> {
-    let (name, limit) = raw
+/// A `--pool NAME=LIMIT[:SLOTS]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolArg {
+    pub name: String,
+    pub limit: u16,
+    pub slots: u16,
+}
+
+/// A `--pool NAME=LIMIT[:SLOTS]`: the name is whatever comes before the
+/// last `=` (a pool name may hold one, as a state_id may), the limit 1 to
+/// 1000, the slots 1 (the default) to the limit.
+fn parse_pool(raw: &str) -> Result<PoolArg, String> {
+    let (name, value) = raw
         .rsplit_once('=')
         .filter(|(name, _)| !name.is_empty())
-        .ok_or("expected NAME=LIMIT with a non-empty NAME")?;
-    match limit.parse::<u16>() {
-        Ok(limit) if POOL_LIMITS.contains(&limit) => Ok((name.to_owned(), limit)),
+        .ok_or("expected NAME=LIMIT[:SLOTS] with a non-empty NAME")?;
+    let (limit, slots) = value.split_once(':').unwrap_or((value, "1"));
+    let limit = match limit.parse::<u16>() {
+        Ok(limit) if POOL_LIMITS.contains(&limit) => limit,
+        _ => {
+            return Err(format!(
+                "the LIMIT of pool {name:?} must be a whole number from 1 to 1000, not {limit:?}"
+            ));
+        }
+    };
+    match slots.parse::<u16>() {
+        Ok(slots) if (1..=limit).contains(&slots) => Ok(PoolArg {
+            name: name.to_owned(),
+            limit,
+            slots,
+        }),
         _ => Err(format!(
-            "the LIMIT of pool {name:?} must be a whole number from 1 to 1000, not {limit:?}"
+            "the SLOTS of pool {name:?} must be a whole number from 1 to its LIMIT, {limit}, not {slots:?}"
         )),
     }
 }
@@ -225,6 +257,14 @@ mod tests {
             &["--pool=db=1.5", "--", "true"],
             &["--pool=db=2", "--"],
             &["--pool=db=2"],
+            &["--pool=db=4:0", "--", "true"],
+            &["--pool=db=4:5", "--", "true"],
+            &["--pool=db=4:", "--", "true"],
+            &["--pool=db=4:2:1", "--", "true"],
+            &["--pool=db=2", "--priority=1001", "--", "true"],
+            &["--pool=db=2", "--priority=-1001", "--", "true"],
+            &["--pool=db=2", "--priority=high", "--", "true"],
+            &["--priority=5", "id", "--", "true"],
         ] {
             assert!(parse(argv).is_err(), "{argv:?}");
         }
@@ -235,6 +275,8 @@ mod tests {
         let pool = |name: &str, limit| Target::Pool {
             name: name.into(),
             limit,
+            slots: 1,
+            priority: 0,
         };
         let args = parse(&[
             "--pool=source-db=2",
@@ -287,13 +329,61 @@ mod tests {
     }
 
     #[test]
-    fn pool_limits_run_from_1_to_1000() {
-        assert_eq!(parse_pool("db=1"), Ok(("db".into(), 1)));
-        assert_eq!(parse_pool("db=1000"), Ok(("db".into(), 1000)));
+    fn pool_limits_run_from_1_to_1000_and_slots_from_1_to_the_limit() {
+        let arg = |name: &str, limit, slots| PoolArg {
+            name: name.into(),
+            limit,
+            slots,
+        };
+        assert_eq!(parse_pool("db=1"), Ok(arg("db", 1, 1)));
+        assert_eq!(parse_pool("db=1000"), Ok(arg("db", 1000, 1)));
+        assert_eq!(parse_pool("db=4:2"), Ok(arg("db", 4, 2)));
+        assert_eq!(parse_pool("db=4:4"), Ok(arg("db", 4, 4)));
+        assert_eq!(parse_pool("dev:db=4:1"), Ok(arg("dev:db", 4, 1)));
         for bad in ["db=0", "db=1001", "db=65536", "db=", "db=two", "=5", "db"] {
             assert!(parse_pool(bad).is_err(), "{bad}");
         }
+        for bad in ["db=4:0", "db=4:5", "db=4:", "db=4:x", "db=:2"] {
+            assert!(parse_pool(bad).is_err(), "{bad}");
+        }
         assert!(parse_pool("db=0").unwrap_err().contains("1 to 1000"));
+        assert!(
+            parse_pool("db=4:5")
+                .unwrap_err()
+                .contains("to its LIMIT, 4")
+        );
+    }
+
+    #[test]
+    fn a_priority_goes_with_every_pool_and_the_slots_with_theirs() {
+        let args = parse(&[
+            "--pool=b=4:3",
+            "--pool=a=2",
+            "--priority",
+            "-7",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.targets().unwrap(),
+            [
+                Target::Pool {
+                    name: "a".into(),
+                    limit: 2,
+                    slots: 1,
+                    priority: -7
+                },
+                Target::Pool {
+                    name: "b".into(),
+                    limit: 4,
+                    slots: 3,
+                    priority: -7
+                },
+            ]
+        );
+        let args = parse(&["--pool=a=2", "--", "true"]).unwrap();
+        assert_eq!(args.priority, 0);
     }
 
     #[test]

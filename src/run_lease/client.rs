@@ -134,8 +134,8 @@ impl Gateway {
             "lock_delay_seconds": whole_seconds(lock_delay),
             "info": info,
         });
-        if let Some(limit) = target.limit() {
-            body["limit"] = limit.into();
+        if let Some(serde_json::Value::Object(fields)) = target.acquire_fields() {
+            body.as_object_mut().expect("an object").extend(fields);
         }
         let sent = Instant::now();
         let answer = self

@@ -492,6 +492,8 @@ mod tests {
         let pool = Target::Pool {
             name: "db".into(),
             limit: 2,
+            slots: 1,
+            priority: 0,
         };
         let full = Busy::Full {
             limit: Some(2),

@@ -1,6 +1,7 @@
-//! What one lease of a run is on: the lock of a state_id, or a slot of a
+//! What one lease of a run is on: the lock of a state_id, or slots of a
 //! pool. Both take the same requests, at their own paths; a pool's acquire
-//! also names its limit, which every run of the pool must agree on.
+//! also names its limit, which every run of the pool must agree on, the
+//! slots the run takes, and its priority in the pool's line.
 
 use std::fmt;
 
@@ -10,8 +11,13 @@ use crate::client::path_segment as segment;
 pub enum Target {
     /// The lock of a state_id: one holder at a time.
     State(String),
-    /// A pool: up to `limit` holders at a time.
-    Pool { name: String, limit: u16 },
+    /// `slots` of a pool of `limit` slots, waiting at `priority`.
+    Pool {
+        name: String,
+        limit: u16,
+        slots: u16,
+        priority: i16,
+    },
 }
 
 impl Target {
@@ -28,11 +34,19 @@ impl Target {
         format!("{}/{}", self.path(), segment(lease_id))
     }
 
-    /// The pool's limit; a state_id has none.
-    pub fn limit(&self) -> Option<u16> {
+    /// What an acquire of it says besides the lease: a pool's limit, slots
+    /// and priority; nothing for a state_id.
+    pub fn acquire_fields(&self) -> Option<serde_json::Value> {
         match self {
             Self::State(_) => None,
-            Self::Pool { limit, .. } => Some(*limit),
+            Self::Pool {
+                limit,
+                slots,
+                priority,
+                ..
+            } => Some(serde_json::json!({
+                "limit": limit, "slots": slots, "priority": priority,
+            })),
         }
     }
 }
@@ -67,10 +81,16 @@ mod tests {
         let pool = Target::Pool {
             name: "source db".into(),
             limit: 2,
+            slots: 1,
+            priority: -3,
         };
         assert_eq!(pool.path(), "/v1/pools/source%20db");
         assert_eq!(pool.lease_path("l-2"), "/v1/pools/source%20db/l-2");
         assert_eq!(pool.to_string(), "pool source db");
-        assert_eq!((state.limit(), pool.limit()), (None, Some(2)));
+        assert_eq!(state.acquire_fields(), None);
+        assert_eq!(
+            pool.acquire_fields(),
+            Some(serde_json::json!({"limit": 2, "slots": 1, "priority": -3}))
+        );
     }
 }

@@ -112,6 +112,7 @@ impl StoredLease {
                     lock_delay: std::time::Duration::ZERO,
                     info: LeaseInfo::default(),
                     limit: 1,
+                    slots: 1,
                 },
                 version: LeaseVersion::granted(7),
                 state,
@@ -151,6 +152,8 @@ pub(super) struct LeaseRowOut {
     pub(super) reason: String,
     /// The lease's limit: 1 on a state_id, a pool's limit.
     pub(super) pool_limit: u32,
+    /// The places it occupies: 1 on a state_id, 1..=limit on a pool.
+    pub(super) slots: u32,
 }
 
 const KIND_CLAIM: i8 = 1;
@@ -179,6 +182,8 @@ pub(super) struct LockRowIn {
     pub(super) actor: String,
     pub(super) reason: String,
     pub(super) pool_limit: u32,
+    /// 0 on a row written before leases had it: one place.
+    pub(super) slots: u32,
     /// Not expired by ClickHouse's clock.
     pub(super) unexpired: u8,
 }
@@ -265,6 +270,7 @@ fn stored_lease(row: LockRowIn) -> Result<Option<StoredLease>, StoreError> {
             lock_delay: std::time::Duration::from_millis(row.lock_delay_ms),
             info: LeaseInfo::from_stored(&row.info),
             limit: usize::try_from(row.pool_limit).unwrap_or(1).max(1),
+            slots: usize::try_from(row.slots).unwrap_or(1).max(1),
         },
         version: LeaseVersion::from_bits(row.version),
         state: LeaseState::from_column(row.released),
@@ -305,7 +311,7 @@ pub(super) const LOCK_COLUMNS: &str =
     fencing_token, toUnixTimestamp64Milli(created_at) AS created_ms,
     toUnixTimestamp64Milli(expires_at) AS expires_ms, released, version,
     advertise_url, lock_delay_ms, toUnixTimestamp64Milli(ended_at) AS ended_ms,
-    info, ended_by, actor, reason, pool_limit,
+    info, ended_by, actor, reason, pool_limit, slots,
     expires_at > now64(3) AS unexpired";
 
 /// The rows of [`lock_rows_sql`]: those `filter` selects that may matter.
@@ -351,7 +357,8 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement, rows: LeaseRo
             ended_by LowCardinality(String) DEFAULT '',
             actor String DEFAULT '',
             reason String DEFAULT '',
-            pool_limit UInt32 DEFAULT 0
+            pool_limit UInt32 DEFAULT 0,
+            slots UInt32 DEFAULT 0
         ) ENGINE = {}
         ORDER BY (state_id, kind, claim_id)
         TTL toDateTime(expires_at) + INTERVAL 1 DAY DELETE WHERE {gone}",
@@ -388,6 +395,7 @@ mod tests {
             actor: String::new(),
             reason: String::new(),
             pool_limit: 0,
+            slots: 0,
             unexpired: 1,
         }
     }

@@ -126,6 +126,9 @@ impl LeaseStore {
         if !has("pool_limit") {
             changes.push("ADD COLUMN IF NOT EXISTS pool_limit UInt32 DEFAULT 0".to_owned());
         }
+        if !has("slots") {
+            changes.push("ADD COLUMN IF NOT EXISTS slots UInt32 DEFAULT 0".to_owned());
+        }
         if !has("ended_at") {
             changes.push("ADD COLUMN IF NOT EXISTS ended_at DateTime64(3) DEFAULT 0".to_owned());
         }
@@ -515,6 +518,7 @@ impl LeaseStore {
                                 .as_ref()
                                 .map_or_else(String::new, |f| f.reason.clone()),
                             pool_limit: u32::try_from(lease.limit).unwrap_or(u32::MAX),
+                            slots: u32::try_from(lease.slots).unwrap_or(u32::MAX),
                         })
                         .await?;
                 }

@@ -46,6 +46,7 @@ struct RouteRowIn {
     actor: String,
     reason: String,
     pool_limit: u32,
+    slots: u32,
     unexpired: u8,
     partial_state: Option<String>,
     completed_state: Option<String>,
@@ -90,6 +91,7 @@ impl RouteRowIn {
             actor: self.actor,
             reason: self.reason,
             pool_limit: self.pool_limit,
+            slots: self.slots,
             unexpired: self.unexpired,
         });
     }
@@ -113,7 +115,7 @@ fn route_rows_sql(lease_table: &str, state_table: &str, rows: LeaseRows) -> Stri
                 toUInt64(0) AS version, '' AS advertise_url, toUInt64(0) AS lock_delay_ms,
                 toInt64(0) AS ended_ms, '' AS info,
                 CAST('' AS LowCardinality(String)) AS ended_by, '' AS actor, '' AS reason,
-                toUInt32(0) AS pool_limit, toUInt8(0) AS unexpired,
+                toUInt32(0) AS pool_limit, toUInt32(0) AS slots, toUInt8(0) AS unexpired,
                 partial_state, completed_state,
                 toUnixTimestamp64Milli(updated_at) AS updated_at_ms
          FROM {state_table} FINAL WHERE {ids}",
@@ -189,6 +191,7 @@ mod tests {
             actor: String::new(),
             reason: String::new(),
             pool_limit: 0,
+            slots: 0,
             unexpired: 1,
             partial_state: (kind_code == KIND_STATE).then(|| "{}".into()),
             completed_state: (kind_code == KIND_STATE).then(|| r#"{"a": 1}"#.into()),

@@ -95,7 +95,7 @@ def test_a_waiting_acquire_is_counted(page, gateway: Gateway):
     try:
         page.goto(gateway.base + "/#/pools")
         row = page.locator(f'[data-testid="pool-row"][data-pool="{pool}"]')
-        expect(row.get_by_test_id("waiting")).to_have_text("1")
+        expect(row.get_by_test_id("waiting")).to_have_text("1 (priority 0)")
         expect(row.get_by_test_id("held")).to_have_text("1 / 1 (full)")
     finally:
         gateway.call("DELETE", f"/v1/pools/{pool}/{held['lease_id']}")
@@ -119,7 +119,7 @@ def test_the_waiters_show_through_a_gateway_that_is_not_the_pools_authority(page
             # cannot count them, the pool's own GET (forwarded) can.
             page.goto(other.base + "/#/pools")
             row = page.locator(f'[data-testid="pool-row"][data-pool="{pool}"]')
-            expect(row.get_by_test_id("waiting")).to_have_text("1")
+            expect(row.get_by_test_id("waiting")).to_have_text("1 (priority 0)")
             expect(page.get_by_test_id("holder-owner")).to_have_text("etl-1:4242")
         finally:
             authority.call("DELETE", f"/v1/pools/{pool}/{held['lease_id']}")
@@ -127,6 +127,40 @@ def test_the_waiters_show_through_a_gateway_that_is_not_the_pools_authority(page
     finally:
         stop(other)
         stop(authority)
+
+
+def test_the_slots_used_and_the_waiters_by_priority_show(page, gateway: Gateway):
+    pool = "shared-warehouse"
+    path = f"/v1/pools/{pool}"
+    held = gateway.call("POST", path, json={"owner": "backfill", "limit": 4, "slots": 3, "ttl_seconds": 600})
+    assert held.status_code == 201, held.text
+    held = held.json()
+    # Two waiters that do not fit beside the 3 slots, the higher priority second.
+    waiters = [threading.Thread(target=lambda body=body: gateway.call("POST", path, json=body)) for body in (
+        {"owner": "hourly-low", "limit": 4, "slots": 2, "priority": 0, "ttl_seconds": 600, "wait_seconds": 8},
+        {"owner": "hourly-high", "limit": 4, "slots": 2, "priority": 10, "ttl_seconds": 600, "wait_seconds": 8},
+    )]
+    try:
+        for n, waiter in enumerate(waiters, start=1):
+            waiter.start()
+            deadline = time.monotonic() + 5
+            while gateway.call("GET", path).json()["waiting"] != n:
+                assert time.monotonic() < deadline, "the acquire never waited"
+                time.sleep(0.1)
+        page.goto(gateway.base + "/#/pools")
+        row = page.locator(f'[data-testid="pool-row"][data-pool="{pool}"]')
+        expect(row.get_by_test_id("held")).to_have_text("3 / 4")
+        expect(row.get_by_test_id("waiting")).to_have_text("2 (priority 10, 0)")
+        section = page.locator(f'[data-testid="pool"][data-pool="{pool}"]')
+        expect(section.get_by_test_id("holder-slots")).to_have_text("3")
+        expect(section.get_by_test_id("waiter-priority")).to_have_text(["10", "0"])
+        expect(section.get_by_test_id("waiter-slots")).to_have_text(["2", "2"])
+        for selector in ['[data-testid="pools"] tr', '[data-testid="pool-waiters"] tr']:
+            assert rows_outside(page, selector) == [], selector
+    finally:
+        gateway.call("DELETE", f"{path}/{held['lease_id']}")
+        for waiter in waiters:
+            waiter.join()
 
 
 def test_without_pools_in_use_the_view_says_so(page, gateway: Gateway):

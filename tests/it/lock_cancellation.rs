@@ -372,6 +372,8 @@ fn ask(owner: &str, wait: Duration) -> Ask {
     Ask {
         owner: owner.to_owned(),
         limit: 1,
+        slots: 1,
+        priority: 0,
         ttl: Duration::from_secs(30),
         wait,
         lock_delay: Duration::ZERO,

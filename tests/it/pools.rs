@@ -285,7 +285,10 @@ async fn a_pool_leases_info_shows_everywhere_and_over_4_kib_is_refused() {
     let full = no_slot(&app, name, 1, "pool-full", &[&held]).await;
     assert_eq!(full["holders"][0]["info"], info, "the 409: {full}");
     // No wait was asked for, so none is said to have run out.
-    assert_eq!(full["detail"], "pool \"with-info\" is full (1 of 1 held)");
+    assert_eq!(
+        full["detail"],
+        "pool \"with-info\" is full (1 of 1 slots held)"
+    );
 
     // {"k":"…"} is 8 bytes around the value: 4097 in all, as for locks.
     let over = json!({"owner": "w", "limit": 1, "info": {"k": "x".repeat(4089)}});
@@ -537,3 +540,5 @@ async fn a_forced_end_keeps_a_delayed_leases_slot_for_the_delay() {
     }
     assert!(next.token > held.token);
 }
+
+mod scheduling;

@@ -360,3 +360,69 @@ async fn a_signal_while_waiting_for_a_pool_releases_those_taken() {
     std::fs::write(scratch.path("go"), "").unwrap();
     assert_eq!(ended(holder, Duration::from_secs(20)).await.0, Some(0));
 }
+
+/// Issue 57, acceptance 6: `--pool P=4:2` holds 2 of the pool's slots
+/// while its command runs.
+#[tokio::test]
+async fn a_run_holds_the_slots_it_names_while_its_command_runs() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let run = lock_with(&app.base, &["--pool", "P=4:2"], &scratch.0, WAIT_FOR_GO);
+    until("the command starts", STARTS, || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let view = app.pool_view("P").await;
+    view.expect(StatusCode::OK);
+    let view = view.json();
+    assert_eq!(
+        (view["limit"].as_u64(), view["used"].as_u64()),
+        (Some(4), Some(2)),
+        "{view}"
+    );
+    assert_eq!(view["holders"][0]["slots"], 2, "{view}");
+    std::fs::write(scratch.path("go"), "").unwrap();
+    let (status, stderr) = ended(run, Duration::from_secs(20)).await;
+    assert_eq!(status, Some(0), "{stderr}");
+    app.pool_view("P").await.expect(StatusCode::NOT_FOUND);
+}
+
+/// Issue 57, acceptance 6: of two runs waiting on a held pool, the one of
+/// the higher `--priority` goes first, though it came second.
+#[tokio::test]
+async fn the_higher_priority_of_two_waiting_runs_goes_first() {
+    let app = spawn_app().await;
+    let scratch = Scratch::new();
+    let holder = lock_with(&app.base, &["--pool", "P=1"], &scratch.0, WAIT_FOR_GO);
+    until("the holder's command starts", STARTS, || {
+        scratch.path("ready").exists()
+    })
+    .await;
+    let mut waiting = Vec::new();
+    for (n, priority) in [(1_u64, "0"), (2, "5")] {
+        let args = ["--pool", "P=1", "--priority", priority, "--wait", "60s"];
+        let script = format!("echo {priority} >> order");
+        waiting.push(lock_with(&app.base, &args, &scratch.0, &script));
+        // Arrival is what the gateway saw: this one is in line.
+        let in_line = Instant::now() + Duration::from_secs(20);
+        while app.pool_view("P").await.json()["waiting"] != n {
+            assert!(
+                Instant::now() < in_line,
+                "run of priority {priority} never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let view = app.pool_view("P").await.json();
+    assert_eq!(
+        view["waiters"],
+        serde_json::json!([{"priority": 5, "slots": 1}, {"priority": 0, "slots": 1}]),
+        "{view}"
+    );
+    std::fs::write(scratch.path("go"), "").unwrap();
+    for run in std::iter::once(holder).chain(waiting) {
+        let (status, stderr) = ended(run, Duration::from_secs(30)).await;
+        assert_eq!(status, Some(0), "{stderr}");
+    }
+    assert_eq!(scratch.read("order").as_deref(), Some("5\n0\n"));
+}

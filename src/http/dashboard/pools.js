@@ -1,6 +1,7 @@
 // The Pools view: every pool someone holds or waits for (GET /v1/pools), how
-// full it is, and who holds its slots. A pool's name, a holder's owner and
-// its info are whatever clients sent: they are put on the page as text only.
+// many of its slots are used, who holds them, and who waits in what order
+// (by priority). A pool's name, a holder's owner and its info are whatever
+// clients sent: they are put on the page as text only.
 
 import { api, cardTable, el, infoList, problemText, say, show } from "./common.js";
 
@@ -18,11 +19,18 @@ async function exact(listed) {
   return reply.status === 404 ? null : listed;
 }
 
-/** "2 / 4": slots taken of the limit, marked when none is left. */
+/** "3 / 4": slots used of the limit, marked when none is left. */
 function heldCell(pool) {
-  const full = pool.holders.length >= pool.limit;
+  const full = pool.used >= pool.limit;
   return el("td", { "data-testid": "held", class: full ? "full" : undefined,
-    text: pool.holders.length + " / " + pool.limit + (full ? " (full)" : "") });
+    text: pool.used + " / " + pool.limit + (full ? " (full)" : "") });
+}
+
+/** "2 (priority 10, 0)": how many wait, and their priorities in line order. */
+function waitingCell(pool) {
+  const priorities = pool.waiters.map((w) => String(w.priority));
+  const text = String(pool.waiting) + (priorities.length ? " (priority " + priorities.join(", ") + ")" : "");
+  return el("td", { "data-testid": "waiting", text });
 }
 
 function summary(pools) {
@@ -30,10 +38,10 @@ function summary(pools) {
     el("td", { class: "id", text: p.pool }),
     el("td", { text: String(p.limit) }),
     heldCell(p),
-    el("td", { "data-testid": "waiting", text: String(p.waiting) })));
+    waitingCell(p)));
   return el("section", {}, el("h2", { text: "Pools" }),
-    el("p", { text: "Pools that someone holds or waits for, by name. Each grants at most its limit of leases at once." }),
-    cardTable([["Pool"], ["Limit"], ["Held"], ["Waiting"]], rows, "pools"));
+    el("p", { text: "Pools that someone holds or waits for, by name. Each lease holds some of its pool's slots, never more than its limit in all; waiters go by priority, highest first." }),
+    cardTable([["Pool"], ["Limit"], ["Slots used"], ["Waiting"]], rows, "pools"));
 }
 
 /** One pool's holders; on a phone each is a card, so a row never needs a sideways scroll. */
@@ -41,15 +49,27 @@ function holdersSection(pool) {
   const rows = pool.holders.map((h) => el("tr", { "data-testid": "pool-holder-row", "data-fencing-token": String(h.fencing_token) },
     el("td", { "data-testid": "holder-owner", text: h.owner }),
     el("td", { "data-testid": "holder-token", text: String(h.fencing_token) }),
+    el("td", { "data-testid": "holder-slots", text: String(h.slots) }),
     el("td", { text: h.acquired_at }),
     el("td", { text: h.expires_at }),
     el("td", { class: "id", text: h.gateway_id }),
     el("td", { "data-testid": "holder-info" }, infoList(h.info))));
   return el("section", { "data-testid": "pool", "data-pool": pool.pool },
     el("h2", { class: "name", "data-testid": "pool-name", text: pool.pool }),
-    el("p", { class: "muted", text: pool.holders.length + " of " + pool.limit + " held, " + pool.waiting + " waiting." }),
+    el("p", { class: "muted", text: pool.used + " of " + pool.limit + " slots used, " + pool.waiting + " waiting." }),
     rows.length === 0 ? el("p", { text: "No lease of this pool runs now." })
-      : cardTable([["Owner"], ["Fencing token"], ["Since"], ["Expires"], ["Gateway"], ["Info"]], rows, "pool-holders"));
+      : cardTable([["Owner"], ["Fencing token"], ["Slots"], ["Since"], ["Expires"], ["Gateway"], ["Info"]], rows, "pool-holders"),
+    waitersTable(pool));
+}
+
+/** The waiters in the order they will be granted: highest priority first, then arrival. */
+function waitersTable(pool) {
+  if (pool.waiters.length === 0) return null;
+  const rows = pool.waiters.map((w, i) => el("tr", { "data-testid": "pool-waiter-row" },
+    el("td", { text: String(i + 1) }),
+    el("td", { "data-testid": "waiter-priority", text: String(w.priority) }),
+    el("td", { "data-testid": "waiter-slots", text: String(w.slots) })));
+  return cardTable([["Next"], ["Priority"], ["Slots"]], rows, "pool-waiters");
 }
 
 export async function renderPools() {

@@ -140,7 +140,10 @@ impl Claimant {
                     },
                 });
             } else if let Some(free_at) = place_end(&stored, now_ms) {
-                inherited.delays.push(Delay::ending(free_at, now, now_ms));
+                let slots = stored.record.lease.slots;
+                inherited
+                    .delays
+                    .push(Delay::ending(free_at, slots, now, now_ms));
             }
         }
         inherited

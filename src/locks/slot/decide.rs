@@ -57,8 +57,9 @@ impl SlotState {
     /// Starts `ended`'s lock-delay, if it has one, from `at` (`at_ms`).
     fn delay_after(&mut self, ended: &LocalLease, at: Instant, at_ms: i64) {
         if !ended.lease.lock_delay.is_zero() {
+            let free_at_ms = ended.lease.free_at_ms(at_ms);
             self.delayed
-                .push(Delay::ending(ended.lease.free_at_ms(at_ms), at, at_ms));
+                .push(Delay::ending(free_at_ms, ended.lease.slots, at, at_ms));
         }
     }
 
@@ -100,23 +101,39 @@ impl SlotState {
         self.leases.is_empty() && self.sending.is_empty() && self.delayed.is_empty()
     }
 
-    /// Whether a place is free: fewer leases and kept places than the limit.
-    pub(super) fn has_room(&self) -> bool {
-        self.leases.len() + self.delayed.len() < self.limit.max(1)
+    /// The slots kept by delays: ended leases' lock-delays, and an earlier
+    /// authority's leases.
+    fn kept(&self) -> usize {
+        self.delayed.iter().map(|d| d.slots).sum()
     }
 
-    /// With no lease running and every place kept by a delay: the delay
-    /// whose end frees the first place.
-    fn delay_to_wait_out(&self) -> Option<Delay> {
-        if !self.leases.is_empty() || self.has_room() {
+    /// Whether `slots` more fit beside the leases and the kept places.
+    pub(super) fn fits(&self, slots: usize) -> bool {
+        self.used() + self.kept() + slots <= self.limit()
+    }
+
+    /// Whether `ticket` is first in line: the only waiter that may be granted.
+    pub(super) fn is_first(&self, ticket: u64) -> bool {
+        self.queue.front().is_some_and(|q| q.ticket == ticket)
+    }
+
+    /// With no lease running and delays keeping too many places for the
+    /// first in line (`slots` when the line is empty): the delay whose end
+    /// frees enough of them.
+    fn delay_to_wait_out(&self, slots: usize) -> Option<Delay> {
+        let slots = self.queue.front().map_or(slots, |q| q.slots);
+        if !self.leases.is_empty() || self.fits(slots) {
             return None;
         }
         let mut ends = self.delayed.clone();
         ends.sort_by_key(|d| d.until);
-        // Places free one by one as delays end: the first that brings the
-        // count under the limit is the one to wait for.
-        let must_end = self.delayed.len() + 1 - self.limit.max(1);
-        ends.get(must_end - 1).copied()
+        // Places free as delays end: the first end that leaves room is the
+        // one to wait for (slots <= limit, so the last end always does).
+        let mut kept = self.kept();
+        ends.into_iter().find(|d| {
+            kept -= d.slots;
+            kept + slots <= self.limit()
+        })
     }
 
     /// Decides what `waiter` does next on `id`, from this state and the time
@@ -130,7 +147,7 @@ impl SlotState {
         now: Instant,
         now_ms: i64,
     ) -> Effects<Decision> {
-        if let Some(delay) = self.delay_to_wait_out() {
+        if let Some(delay) = self.delay_to_wait_out(waiter.slots) {
             // No lease exists during a lock-delay, and none is granted: a
             // waiter that cannot wait it out is told when it ends.
             let step = if waiter.deadline < delay.until {
@@ -144,8 +161,8 @@ impl SlotState {
             });
         }
         let mut withdraw = None;
-        let first = self.queue.front() == Some(&waiter.ticket);
-        let turn = first && self.has_room() && !self.claiming && self.sending.is_empty();
+        let first = self.is_first(waiter.ticket);
+        let turn = first && self.fits(waiter.slots) && !self.claiming && self.sending.is_empty();
         if turn {
             if self.leases.is_empty() && self.claim.as_ref().is_some_and(|c| c.handover) {
                 // Another gateway is waiting: let it go first.
@@ -232,7 +249,8 @@ impl SlotState {
             expires_ms: now_ms.saturating_add(millis(waiter.ttl)),
             lock_delay: waiter.lock_delay,
             info: waiter.info.clone(),
-            limit: self.limit.max(1),
+            limit: self.limit(),
+            slots: waiter.slots,
         };
         let version = LeaseVersion::granted(token);
         self.leases.push(LocalLease {

@@ -18,10 +18,33 @@ pub fn rules() -> Rules {
     }
 }
 
-/// A waiter for a lease of 30 s with no lock-delay, giving up at `deadline`.
+/// One slot of `limit`, at the default priority.
+pub fn one_of(limit: usize) -> Asking {
+    Asking {
+        limit,
+        slots: 1,
+        priority: 0,
+    }
+}
+
+/// A line of waiters for one slot each at the default priority, in this order.
+pub fn line(tickets: &[u64]) -> VecDeque<Queued> {
+    tickets
+        .iter()
+        .map(|&ticket| Queued {
+            ticket,
+            priority: 0,
+            slots: 1,
+        })
+        .collect()
+}
+
+/// A waiter for a lease of one slot for 30 s with no lock-delay, giving up
+/// at `deadline`.
 pub fn waiter(ticket: u64, deadline: Instant) -> Waiter<'static> {
     Waiter {
         ticket,
+        slots: 1,
         owner: "worker",
         ttl: Duration::from_secs(30),
         deadline,

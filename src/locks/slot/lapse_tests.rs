@@ -5,7 +5,7 @@
 //! Which attempt counts as "nothing in between" is each protocol's to say
 //! (`locks::claim`); here both answers are taken.
 
-use super::fixtures::{GATEWAY, claim, rules, state_id, waiter};
+use super::fixtures::{GATEWAY, claim, line, rules, state_id, waiter};
 use super::*;
 
 const LAPSED: Uuid = Uuid::from_u128(1);
@@ -78,7 +78,7 @@ fn a_kept_lease_is_neither_renewed_nor_written_under_a_lapsed_claim() {
 fn no_waiter_is_granted_while_a_kept_lease_holds_the_place() {
     let now = Instant::now();
     let (mut st, lease, at) = lapsed(now, 1);
-    st.queue = [1].into();
+    st.queue = line(&[1]);
     let competitor = waiter(1, at + Duration::from_secs(1));
     let step = st
         .next_step(&id(), &competitor, &rules(), at, 10_000)
@@ -97,7 +97,7 @@ fn no_waiter_is_granted_while_a_kept_lease_holds_the_place() {
 fn a_pool_with_room_claims_again_with_the_lapsed_claim_to_re_win() {
     let now = Instant::now();
     let (mut st, lease, at) = lapsed(now, 2);
-    st.queue = [1].into();
+    st.queue = line(&[1]);
     let step = st
         .next_step(
             &id(),
@@ -191,7 +191,7 @@ fn won_with_another_claim_in_between_the_kept_lease_ends() {
 fn a_waiters_attempt_that_re_wins_grants_beside_the_kept_lease() {
     let now = Instant::now();
     let (mut st, lease, at) = lapsed(now, 2);
-    st.queue = [1].into();
+    st.queue = line(&[1]);
     let me = waiter(1, at + Duration::from_secs(5));
     let grant = Grant {
         id: &id(),

@@ -5,7 +5,7 @@
 
 use super::*;
 
-use super::fixtures::{GATEWAY, claim, rules, waiter};
+use super::fixtures::{GATEWAY, claim, one_of, rules, waiter};
 
 const CLAIM: Uuid = Uuid::from_u128(1);
 
@@ -21,7 +21,7 @@ fn pool_of(limit: usize, waiters: usize, now: Instant) -> SlotState {
         ..SlotState::default()
     };
     for _ in 0..waiters {
-        st.join(limit).out.expect("the limit is the pool's");
+        st.join(one_of(limit)).out.expect("the limit is the pool's");
     }
     st
 }
@@ -33,7 +33,7 @@ fn decide(st: &mut SlotState, waiter: &Waiter<'_>, now: Instant) -> Step {
 
 /// Grants the first in line and lets it leave the line, as an acquire does.
 fn grant_first(st: &mut SlotState, now: Instant, lock_delay: Duration) -> Lease {
-    let ticket = st.queue[0];
+    let ticket = st.queue[0].ticket;
     let first = Waiter {
         lock_delay,
         ..waiter(ticket, now + Duration::from_secs(60))
@@ -49,12 +49,15 @@ fn grant_first(st: &mut SlotState, now: Instant, lock_delay: Duration) -> Lease 
 fn a_pool_takes_the_first_limit_and_refuses_another_while_in_use() {
     let now = Instant::now();
     let mut st = pool_of(3, 1, now);
-    assert_eq!(st.join(2).out, Err(3), "a waiter is in line");
+    assert_eq!(st.join(one_of(2)).out, Err(3), "a waiter is in line");
     let lease = grant_first(&mut st, now, Duration::ZERO);
     assert_eq!(lease.limit, 3);
-    assert_eq!(st.join(1).out, Err(3), "a lease runs");
+    assert_eq!(st.join(one_of(1)).out, Err(3), "a lease runs");
     let _ = st.release(lease.lease_id, now);
-    assert!(st.join(2).out.is_ok(), "empty: the new limit is taken");
+    assert!(
+        st.join(one_of(2)).out.is_ok(),
+        "empty: the new limit is taken"
+    );
     assert_eq!(st.limit(), 2);
 }
 
@@ -73,7 +76,7 @@ fn up_to_the_limit_are_granted_in_line_order_with_rising_tokens() {
     let second = grant_first(&mut st, later, Duration::ZERO);
     assert_eq!((first.fencing_token, second.fencing_token), (5, 6));
     assert_eq!(st.holders().len(), 2);
-    assert_eq!(st.waiting(), 2);
+    assert_eq!(st.waiters().len(), 2);
     // Full: the next sleeps until the first lease ends, then takes its place.
     assert_eq!(
         decide(&mut st, &waiter(2, deadline), later),
@@ -164,8 +167,8 @@ fn a_release_frees_one_place_and_the_claim_goes_only_once_all_are_free() {
 fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
     let now = Instant::now();
     let mut st = SlotState::default();
-    let ticket = st.join(2).out.unwrap();
-    let ends = |secs: u64| Delay::ending(1_000 + 1_000 * secs as i64, now, 1_000);
+    let ticket = st.join(one_of(2)).out.unwrap();
+    let ends = |secs: u64| Delay::ending(1_000 + 1_000 * secs as i64, 1, now, 1_000);
     let won = WonClaim {
         claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },
@@ -241,7 +244,7 @@ fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
     grant_first(&mut before, now, Duration::ZERO);
     let (_, handed) = before.hand_back().out.unwrap();
     let mut st = SlotState::default();
-    let ticket = st.join(3).out.unwrap();
+    let ticket = st.join(one_of(3)).out.unwrap();
     let won = WonClaim {
         claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },

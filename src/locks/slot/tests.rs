@@ -1,7 +1,7 @@
 //! The slot's transitions, pure state in and a decision out, no I/O: the
 //! line, grants, hand-overs, lapses and writes that may still land.
 
-use super::fixtures::{GATEWAY, claim, rules, state_id, waiter};
+use super::fixtures::{GATEWAY, claim, line, rules, state_id, waiter};
 use super::*;
 
 fn id() -> StateId {
@@ -13,7 +13,7 @@ fn claimed(now: Instant, tickets: &[u64]) -> SlotState {
     SlotState {
         claim: Some(claim(Uuid::from_u128(1), now + Duration::from_secs(9))),
         tokens: TokenBlock { next: 5, last: 9 },
-        queue: tickets.iter().copied().collect(),
+        queue: line(tickets),
         next_ticket: tickets.len() as u64,
         ..SlotState::default()
     }
@@ -93,7 +93,7 @@ fn a_waiter_out_of_time_behind_a_claim_attempt_waits_to_name_the_holder() {
     let now = Instant::now();
     let mut st = SlotState {
         claiming: true,
-        queue: [0, 1].into(),
+        queue: line(&[0, 1]),
         ..SlotState::default()
     };
     // Wait 0: its deadline is now, but the lease is about to exist.
@@ -115,7 +115,7 @@ fn past_the_grace_a_waiter_gives_up_without_a_holder_it_does_not_know() {
     let now = Instant::now();
     let mut st = SlotState {
         claiming: true,
-        queue: [0, 1].into(),
+        queue: line(&[0, 1]),
         ..SlotState::default()
     };
     let after_grace = now + Duration::from_secs(2);
@@ -186,7 +186,7 @@ fn a_claim_that_lapses_keeps_its_lease_and_the_next_waiter_claims_once_it_ends()
 
 /// A lease granted in `st` to the first waiter, for 30 s from `now`.
 fn granted(st: &mut SlotState, now: Instant) -> Lease {
-    let Step::Granted(lease, _) = decide(st, &waiter(st.queue[0], now), now).step else {
+    let Step::Granted(lease, _) = decide(st, &waiter(st.queue[0].ticket, now), now).step else {
         panic!("the first in line is granted")
     };
     lease
@@ -250,11 +250,11 @@ fn a_lapsed_claim_keeps_its_lease_and_lapsing_none_changes_nothing() {
         "with no lease, nothing is kept"
     );
     let mut st = SlotState {
-        queue: [3].into(),
+        queue: line(&[3]),
         ..SlotState::default()
     };
     st.lapse_claim(&id(), &Metrics::default());
-    assert_eq!(st.queue, [3]);
+    assert_eq!(st.queue, line(&[3]));
 }
 
 #[test]
@@ -328,7 +328,7 @@ fn a_token_block_is_taken_only_under_the_claim_it_was_reserved_for_and_above_the
 fn only_the_first_in_line_claims_and_a_second_attempt_past_the_deadline_gives_up() {
     let now = Instant::now();
     let mut st = SlotState {
-        queue: [0, 1].into(),
+        queue: line(&[0, 1]),
         ..SlotState::default()
     };
     let deadline = now + Duration::from_secs(5);
@@ -356,7 +356,7 @@ fn a_slot_is_idle_only_with_nothing_held_claimed_queued_or_landing() {
             ..SlotState::default()
         },
         SlotState {
-            queue: [0].into(),
+            queue: line(&[0]),
             ..SlotState::default()
         },
         SlotState {
@@ -372,7 +372,7 @@ fn a_slot_is_idle_only_with_nothing_held_claimed_queued_or_landing() {
 fn granted_with_delay(st: &mut SlotState, now: Instant) -> Lease {
     let delayed = Waiter {
         lock_delay: Duration::from_secs(4),
-        ..waiter(st.queue[0], now)
+        ..waiter(st.queue[0].ticket, now)
     };
     let Step::Granted(lease, _) = decide(st, &delayed, now).step else {
         panic!("the first in line is granted")
@@ -443,6 +443,7 @@ fn an_inherited_delay_holds_the_first_grant_and_the_later_of_two_ends_wins() {
     let end = |secs| Delay {
         until: now + Duration::from_secs(secs),
         free_at_ms: 1_000 + 1_000 * i64::try_from(secs).unwrap(),
+        slots: 1,
     };
     st.delayed = vec![end(3), end(2)];
     assert_eq!(

@@ -6,24 +6,35 @@
 use super::*;
 
 impl SlotState {
-    /// Joins the line of a slot of `limit` places: answers the new waiter's
-    /// ticket. A slot nobody holds or waits on takes the limit; one in use
-    /// refuses another, answering its own.
-    pub fn join(&mut self, limit: usize) -> Effects<Result<u64, usize>> {
+    /// Joins the line of a slot of `asking.limit` places: answers the new
+    /// waiter's ticket. A slot nobody holds or waits on takes the limit; one
+    /// in use refuses another, answering its own. The waiter goes behind
+    /// every waiter of its priority or higher, ahead of the lower ones.
+    pub fn join(&mut self, asking: Asking) -> Effects<Result<u64, usize>> {
         if self.leases.is_empty() && self.queue.is_empty() {
-            self.limit = limit;
-        } else if self.limit() != limit {
+            self.limit = asking.limit;
+        } else if self.limit() != asking.limit {
             return Effects::quiet(Err(self.limit()));
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.queue.push_back(ticket);
+        let queued = Queued {
+            ticket,
+            priority: asking.priority,
+            slots: asking.slots,
+        };
+        let at = self
+            .queue
+            .iter()
+            .position(|q| q.priority < asking.priority)
+            .unwrap_or(self.queue.len());
+        self.queue.insert(at, queued);
         Effects::quiet(Ok(ticket))
     }
 
     /// Leaves the line, granted or not: the next in line may now go first.
     pub fn leave(&mut self, ticket: u64) -> Effects<()> {
-        self.queue.retain(|t| *t != ticket);
+        self.queue.retain(|q| q.ticket != ticket);
         Effects::waking(())
     }
 
@@ -123,8 +134,13 @@ impl SlotState {
     }
 
     /// A claim attempt won: the claim and its tokens are taken on, with what
-    /// the earlier authority left (running leases, kept places). The winner
-    /// is granted at once, before any hand-over, if a place is free.
+    /// the earlier authority left (running leases, kept places), and the
+    /// attempt ends, in one step: no waiter sees the id unclaimed with no
+    /// attempt under way, to start one that would wait in line behind this
+    /// gateway's own claim (a waiter that joined ahead of the winner). The winner
+    /// is granted at once, before any hand-over, if it is still first in
+    /// line (a higher priority may have joined ahead meanwhile) and its
+    /// slots fit.
     /// Gateways without the claim admitted writes under an adopted lease by
     /// its row, so the next grant also waits out their budget,
     /// `write_budget` from `now`.
@@ -141,8 +157,9 @@ impl SlotState {
             now,
             now_ms,
         } = grant;
+        self.claiming = false;
         let adopted = self.take_claim(won, now, write_budget);
-        let granted = if self.has_room() {
+        let granted = if self.is_first(waiter.ticket) && self.fits(waiter.slots) {
             self.grant(id, waiter, gateway_id, now_ms, now)
         } else {
             None
@@ -409,9 +426,14 @@ impl SlotState {
         self.limit.max(1)
     }
 
-    /// How many acquires wait in line.
-    pub fn waiting(&self) -> usize {
-        self.queue.len()
+    /// How many slots the current leases hold.
+    pub fn used(&self) -> usize {
+        self.leases.iter().map(|l| l.lease.slots).sum()
+    }
+
+    /// The waiters in the order they are granted.
+    pub fn waiters(&self) -> Vec<Queued> {
+        self.queue.iter().copied().collect()
     }
 
     /// Whether no write sent under the claim may still land.

@@ -2,7 +2,7 @@
 //! changes, what it answers, and whether it wakes the waiters. A pool's
 //! slot of several leases is in `slot::pool_tests`.
 
-use super::super::fixtures::{GATEWAY, claim, state_id, waiter};
+use super::super::fixtures::{GATEWAY, claim, line, one_of, state_id, waiter};
 use super::*;
 
 const CLAIM: Uuid = Uuid::from_u128(1);
@@ -35,12 +35,12 @@ fn holding(now: Instant, lock_delay: Duration) -> (SlotState, Lease) {
 #[test]
 fn tickets_are_handed_out_in_order_and_leaving_the_line_wakes_the_rest() {
     let mut st = SlotState::default();
-    let first = st.join(1);
-    let second = st.join(1);
+    let first = st.join(one_of(1));
+    let second = st.join(one_of(1));
     assert_eq!((first.out, first.wake), (Ok(0), false));
     assert_eq!(second.out, Ok(1));
     assert!(st.leave(0).wake);
-    assert_eq!(st.queue, [1]);
+    assert_eq!(st.queue, line(&[1]));
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn a_release_hands_a_contested_claim_over_only_when_nothing_needs_it() {
 
     let (mut st, lease) = holding(now, Duration::ZERO);
     st.claim.as_mut().unwrap().handover = true;
-    let _ = st.join(1);
+    let _ = st.join(one_of(1));
     assert!(
         st.release(lease.lease_id, now)
             .out
@@ -161,7 +161,9 @@ fn won(now: Instant, inherited: Inherited) -> WonClaim {
     }
 }
 
+/// `won` taken on for the waiter of ticket 0, first in line.
 fn claim_won(st: &mut SlotState, won: WonClaim, now: Instant) -> Effects<Adopted> {
+    st.queue = line(&[0]);
     let waiter = waiting(0);
     let grant = Grant {
         id: &id(),
@@ -205,7 +207,7 @@ fn a_won_claim_adopts_a_running_lease_and_waits_out_its_writes() {
 #[test]
 fn a_won_claim_grants_nothing_during_an_inherited_delay() {
     let now = Instant::now();
-    let delay = Delay::ending(6_000, now, 1_000);
+    let delay = Delay::ending(6_000, 1, now, 1_000);
     let inherited = Inherited {
         leases: Vec::new(),
         delays: vec![delay],
@@ -271,7 +273,7 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
         "its lease runs"
     );
     // Someone waits here, so the release keeps the claim.
-    let _ = st.join(1);
+    let _ = st.join(one_of(1));
     assert!(
         st.release(lease.lease_id, now)
             .out
@@ -296,7 +298,7 @@ fn a_claim_goes_when_contested_or_idle_and_never_under_a_lease() {
         "not idle long enough"
     );
     assert!(!not_yet.wake);
-    let ticket = st.join(1).out.unwrap();
+    let ticket = st.join(one_of(1)).out.unwrap();
     let waits = st.tick(now + idle, idle).out;
     assert_eq!(waits, Tick::Held(CLAIM, Vec::new()), "someone waits");
     let _ = st.leave(ticket);
@@ -367,7 +369,7 @@ async fn apply_wakes_the_waiters_only_when_the_transition_asks() {
     let quiet = slot.changed();
     tokio::pin!(quiet);
     quiet.as_mut().enable();
-    let _ = slot.apply(|st, _| st.join(1));
+    let _ = slot.apply(|st, _| st.join(one_of(1)));
     let woken = tokio::time::timeout(Duration::from_millis(20), quiet.as_mut()).await;
     assert!(woken.is_err(), "joining the line wakes no one");
     slot.apply(|st, _| st.leave(0));
@@ -387,7 +389,7 @@ fn a_claim_for_writes_starts_only_on_a_free_slot_and_waiters_wait_for_it() {
     );
     assert!(!st.is_idle(), "a slot with an attempt under way is kept");
     let _ = st.end_claim_attempt();
-    let ticket = st.join(1).out.unwrap();
+    let ticket = st.join(one_of(1)).out.unwrap();
     assert!(
         !st.start_claim_for_writes().out,
         "an acquire in line runs the attempt, for its own grant"

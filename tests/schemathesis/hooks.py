@@ -28,6 +28,8 @@ Positive cases (which must be accepted) are kept to what the schema can say:
   duration (`7`, `90s`, `2m`); what is left is refused with 400 at once.
 - A bulk import names each state_id once (no schema says "unique by a
   member"): a positive batch keeps the first entry of each id.
+- A pool acquire's `slots` must not pass its `limit` (a rule between two
+  fields, which no schema can say): a positive case asks at most its limit.
 - An `at` (a read as of an instant, a restore) is valid only between the
   oldest instant history keeps and the gateway's clock, which no schema can
   say: a positive case asks a second ago.
@@ -89,6 +91,16 @@ def recent_at(case):
         case.body["at"] = a_second_ago()
 
 
+def slots_within_limit(case):
+    """Cuts a positive pool acquire's slots to its limit, in place."""
+    body = case.body
+    if not case.operation.path.startswith("/v1/pools/") or not isinstance(body, dict):
+        return
+    slots, limit = body.get("slots"), body.get("limit")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (slots, limit)) and slots > limit:
+        body["slots"] = limit
+
+
 @schemathesis.hook
 def map_body(context, body):
     return shorten(body)
@@ -104,6 +116,7 @@ def map_case(context, case):
     if not positive:
         return case
     recent_at(case)
+    slots_within_limit(case)
     if case.query:
         case.query.pop("cursor", None)
         case.query.pop("since", None)

@@ -37,7 +37,11 @@ impl Maintenance {
                 self.maintain_once().await;
             }
         };
-        tokio::join!(claims, self.recorder.run());
+        tokio::join!(
+            claims,
+            self.recorder.run(),
+            self.coordinator.keep_membership()
+        );
     }
 
     async fn maintain_once(&self) {

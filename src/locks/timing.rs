@@ -18,6 +18,15 @@ pub const UNCONFIRMED_GRANT: Duration = Duration::from_secs(3);
 /// flush of the recorder (at most a second apart).
 const HOLDER_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a table-mode member's row lives without a heartbeat: what it is
+/// written with (see `claim::membership`).
+const MEMBER_TTL: Duration = Duration::from_secs(15);
+
+/// The longest `--claim-settle`: a member sends claims only while its row
+/// has a settle and a tenth of its TTL to live, and beats every fifth of it,
+/// so a longer settle leaves no time between two beats to claim in.
+pub const MAX_SETTLE: Duration = Duration::from_secs(5);
+
 /// The claim TTL, the settle time and the query timeout, and what follows
 /// from them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +117,49 @@ impl ClaimTiming {
         self.settle / 2
     }
 
+    /// How long a member's row lives without a heartbeat: what each beat writes.
+    pub fn member_ttl(&self) -> Duration {
+        MEMBER_TTL
+    }
+
+    /// How often a member beats: a fifth of its row's TTL.
+    pub fn member_beat(&self) -> Duration {
+        MEMBER_TTL / 5
+    }
+
+    /// Until when a member whose beat was sent at `sent` may send claim
+    /// candidates: its row's TTL less a tenth (clock rate, scheduling, the
+    /// candidate's way to the server) and less a settle, so that every
+    /// candidate it sends is visible before its row can lapse. A lone member
+    /// reads the others' rows: none lapsed with a candidate still unseen.
+    pub fn member_valid_until(&self, sent: Instant) -> Instant {
+        sent + (MEMBER_TTL - MEMBER_TTL / 10).saturating_sub(self.settle)
+    }
+
+    /// From when a member whose join landed at `landed` may claim: one
+    /// settle on. A lone member's read that did not see it then has its own
+    /// candidate landed before this one's is even sent (see
+    /// [`ClaimTiming::alone_window`]).
+    pub fn member_settled_at(&self, landed: Instant) -> Instant {
+        landed + self.settle
+    }
+
+    /// How long after the start of a read that found no other live member a
+    /// candidate's write may complete and still win without settling: half
+    /// the settle. A gateway the read missed joined after it began and sends
+    /// no candidate for a settle after that, so the lone one's is earlier by
+    /// half a settle at least, room for clock rates and scheduling.
+    pub fn alone_window(&self) -> Duration {
+        self.settle / 2
+    }
+
+    /// How long a read of the other members' rows is reused: a quarter of
+    /// the settle, so that a candidate written on it has another quarter to
+    /// land within [`ClaimTiming::alone_window`].
+    pub fn members_read_fresh(&self) -> Duration {
+        self.settle / 4
+    }
+
     /// How long a write sent under a lease may keep the next grant waiting:
     /// one ClickHouse round trip at most.
     pub fn write_budget(&self) -> Duration {
@@ -166,6 +218,23 @@ mod tests {
         assert_eq!(t.seen_lease_fresh(), Duration::from_millis(250));
         assert_eq!(timing(30, 5000, 4).holder_wait(), Duration::from_secs(5));
         assert_eq!(t.write_budget(), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_lone_member_skips_the_settle_only_inside_what_a_newcomer_waits() {
+        let t = timing(10, 1000, 10);
+        let now = Instant::now();
+        assert_eq!(t.member_settled_at(now), now + Duration::from_secs(1));
+        assert_eq!(t.alone_window(), Duration::from_millis(500));
+        assert!(t.members_read_fresh() < t.alone_window());
+        assert!(t.alone_window() < t.settle());
+        assert_eq!(
+            t.member_valid_until(now),
+            now + Duration::from_millis(12_500)
+        );
+        // Between two beats a member stays valid, whatever the settle allowed.
+        let longest = timing(10, MAX_SETTLE.as_millis() as u64, 10);
+        assert!(longest.member_valid_until(now) > now + 2 * longest.member_beat());
     }
 
     #[test]

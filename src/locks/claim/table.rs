@@ -1,15 +1,18 @@
 //! `--coordination table`: a gateway proposes a candidate row in the lease
 //! table, stamped with the server's clock, lets it settle, and holds the
-//! claim once its candidate is the earliest live one. Correct only while
-//! every gateway's queries reach one ClickHouse node.
+//! claim once its candidate is the earliest live one; a lone member skips
+//! the settle (see [`super::membership`]). Correct only while every
+//! gateway's queries reach one ClickHouse node.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use uuid::Uuid;
 
 use super::claimant::{Claimant, TOKENS_PER_BLOCK};
 use super::guard::Withdrawing;
+use super::membership::{Membership, Turn};
 use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
@@ -21,6 +24,9 @@ use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 pub(super) struct TableClaims {
     /// This gateway, and the lease table the candidates are kept in.
     pub claimant: Claimant,
+    /// Whether this gateway may claim now and skip the settle; None where
+    /// no membership is kept, and every claim settles.
+    pub membership: Option<Arc<Membership>>,
 }
 
 impl TableClaims {
@@ -55,6 +61,10 @@ impl TableClaims {
                 expires_ms: 0,
             },
         );
+        let turn = match &self.membership {
+            Some(membership) => membership.turn().await?,
+            None => Turn::Settle,
+        };
         let mut written_at = Instant::now();
         claimant
             .leases
@@ -66,7 +76,9 @@ impl TableClaims {
                 claim_ttl,
             )
             .await?;
-        tokio::time::sleep(claimant.timing.settle()).await;
+        if !self.skips_settle(&turn).await {
+            tokio::time::sleep(claimant.timing.settle()).await;
+        }
         loop {
             let IdLocks {
                 candidates, leases, ..
@@ -141,6 +153,19 @@ impl TableClaims {
                 written_at = now;
             }
             tokio::time::sleep(poll).await;
+        }
+    }
+
+    /// Whether the candidate just written wins without settling: its
+    /// gateway read that it is the only live member, and the write landed
+    /// in time. A slower write settles, as every claim did before.
+    async fn skips_settle(&self, turn: &Turn) -> bool {
+        let landed = Instant::now();
+        match (turn, &self.membership) {
+            (Turn::Alone { since, until }, Some(membership)) => {
+                membership.still_alone(*since, *until, landed).await
+            }
+            _ => false,
         }
     }
 

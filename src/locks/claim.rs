@@ -28,7 +28,7 @@ pub(super) use self::protocol::{Authority, ClaimOutcome};
 use self::table::TableClaims;
 use super::peer::SeenLease;
 use super::slot::{Lapsed, TokenBlock};
-use super::timing::ClaimTiming;
+use super::timing::{ClaimTiming, MAX_SETTLE};
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, StateId};
 use crate::metrics::Metrics;
@@ -57,12 +57,14 @@ impl Coordinator {
         metrics: Arc<Metrics>,
     ) -> Self {
         let coordination = settings.coordination;
+        // A settle of MAX_SETTLE or more (which the command line refuses)
+        // leaves a member no time to claim between two beats: such a
+        // gateway keeps no membership and settles every claim, and others
+        // still see it live in the gateways table.
         let membership = match (coordination, leases.members()) {
-            (Coordination::Table, Some(members)) => Some(Arc::new(Membership::new(
-                members.clone(),
-                settings.gateway_id,
-                timing,
-            ))),
+            (Coordination::Table, Some(members)) if timing.settle() < MAX_SETTLE => Some(Arc::new(
+                Membership::new(members.clone(), settings.gateway_id, timing),
+            )),
             _ => None,
         };
         let claimant = Claimant {

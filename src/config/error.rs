@@ -25,10 +25,6 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("--claim-ttl must be at least 300ms")]
     ClaimTtl,
-    #[error(
-        "--claim-settle must be below 5s: a member claims only while its row has a settle to live"
-    )]
-    ClaimSettle,
     #[error("cannot use the CA file {path}: {reason}")]
     CaFile { path: String, reason: String },
     #[error(transparent)]

@@ -157,9 +157,6 @@ impl TryFrom<ServeArgs> for Config {
         if args.claim_ttl < Duration::from_millis(300) {
             return Err(ConfigError::ClaimTtl);
         }
-        if args.claim_settle >= crate::locks::MAX_SETTLE {
-            return Err(ConfigError::ClaimSettle);
-        }
         let token_sources = TokenSources {
             file: args.tokens_file.clone(),
             inline: args.tokens.clone(),

@@ -28,7 +28,7 @@ pub(super) use self::protocol::{Authority, ClaimOutcome};
 use self::table::TableClaims;
 use super::peer::SeenLease;
 use super::slot::{Lapsed, TokenBlock};
-use super::timing::{ClaimTiming, MAX_SETTLE};
+use super::timing::ClaimTiming;
 use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, StateId};
 use crate::metrics::Metrics;
@@ -57,14 +57,15 @@ impl Coordinator {
         metrics: Arc<Metrics>,
     ) -> Self {
         let coordination = settings.coordination;
-        // A settle of MAX_SETTLE or more (which the command line refuses)
-        // leaves a member no time to claim between two beats: such a
-        // gateway keeps no membership and settles every claim, and others
-        // still see it live in the gateways table.
+        // Every table-mode gateway is a member, whatever its settle: a
+        // lone member's skip is safe only if every gateway that may claim
+        // announces itself (see `membership`).
         let membership = match (coordination, leases.members()) {
-            (Coordination::Table, Some(members)) if timing.settle() < MAX_SETTLE => Some(Arc::new(
-                Membership::new(members.clone(), settings.gateway_id, timing),
-            )),
+            (Coordination::Table, Some(members)) => Some(Arc::new(Membership::new(
+                members.clone(),
+                settings.gateway_id,
+                timing,
+            ))),
             _ => None,
         };
         let claimant = Claimant {
@@ -92,8 +93,8 @@ impl Coordinator {
 
     /// Keeps this gateway a member (table mode): joins at once, then beats
     /// every `member_beat`, for as long as it runs. A beat that fails is
-    /// retried at the next; if the row may lapse meanwhile, the next claim
-    /// joins again and waits a settle.
+    /// retried at the next; if the row may have lapsed meanwhile, the next
+    /// beat (or claim) joins again, and claims wait the join out.
     pub(super) async fn keep_membership(&self) {
         let Some(membership) = &self.membership else {
             return std::future::pending().await;
@@ -114,6 +115,19 @@ impl Coordinator {
                 Err(err) => tracing::debug!(error = %err, "membership heartbeat not written"),
             }
         }
+    }
+
+    /// Whether a routing read asked for at `at` still stands in for a fresh
+    /// one: for half the settle, as a new claim grants nothing before it
+    /// settles; in table mode only while this gateway has been a member
+    /// throughout, as only a gateway that read no other live member grants
+    /// without settling.
+    pub fn seen_fresh(&self, at: Instant) -> bool {
+        at.elapsed() < self.timing.seen_lease_fresh()
+            && self
+                .membership
+                .as_ref()
+                .is_none_or(|membership| membership.member_since(at))
     }
 
     /// The claim timing, for the acquire loop, routing and maintenance.
@@ -193,7 +207,7 @@ impl Coordinator {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, StoreError> {
-        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.timing.seen_lease_fresh()) {
+        if let Some(seen) = seen.filter(|s| self.seen_fresh(s.at)) {
             return Ok(seen.lease.clone());
         }
         Ok(self.authority(id, false).await?.lease_in_force().cloned())

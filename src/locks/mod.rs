@@ -89,7 +89,7 @@ pub use self::forward::ForwardError;
 pub use self::manager::{LockManager, Occupancy};
 pub use self::peer::{FORWARDED_BY, Peer, Route, SeenLease};
 pub use self::ticket::{TICKETS_PATH, TicketGrant, TicketRequest};
-pub use self::timing::{MAX_SETTLE, UNCONFIRMED_GRANT};
+pub use self::timing::UNCONFIRMED_GRANT;
 pub use self::write::{Admitted, Sending};
 pub use crate::config::LockSettings;
 pub use crate::domain::Lease;

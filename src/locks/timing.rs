@@ -22,10 +22,11 @@ const HOLDER_WAIT: Duration = Duration::from_secs(3);
 /// written with (see `claim::membership`).
 const MEMBER_TTL: Duration = Duration::from_secs(15);
 
-/// The longest `--claim-settle`: a member sends claims only while its row
-/// has a settle and a tenth of its TTL to live, and beats every fifth of it,
-/// so a longer settle leaves no time between two beats to claim in.
-pub const MAX_SETTLE: Duration = Duration::from_secs(5);
+/// How long a gateway that joins (or joins again after its row may have
+/// lapsed) waits before it writes any claim row: twice the alone window,
+/// whatever the settle, so that gateways with different settles still
+/// keep the margin (see `claim::membership`).
+const JOIN_WAIT: Duration = Duration::from_millis(500);
 
 /// The claim TTL, the settle time and the query timeout, and what follows
 /// from them.
@@ -44,6 +45,18 @@ impl ClaimTiming {
             settle: settings.settle,
             idle: settings.claim_idle,
             query_timeout,
+        }
+    }
+
+    /// A 10 s claim TTL, a 1 s settle, a 10 s query timeout: for tests of
+    /// what uses the timing.
+    #[cfg(test)]
+    pub fn for_tests() -> Self {
+        Self {
+            ttl: Duration::from_secs(10),
+            settle: Duration::from_secs(1),
+            idle: Duration::from_secs(60),
+            query_timeout: Duration::from_secs(10),
         }
     }
 
@@ -127,37 +140,29 @@ impl ClaimTiming {
         MEMBER_TTL / 5
     }
 
-    /// Until when a member whose beat was sent at `sent` may send claim
-    /// candidates: its row's TTL less a tenth (clock rate, scheduling, the
-    /// candidate's way to the server) and less a settle, so that every
-    /// candidate it sends is visible before its row can lapse. A lone member
-    /// reads the others' rows: none lapsed with a candidate still unseen.
+    /// Until when claim rows this member writes count, after a beat sent at
+    /// `sent` was answered: its row's TTL less a tenth (clock rate and
+    /// scheduling). A claim row answered by then was visible before the
+    /// row could lapse, so a gateway that reads the row lapsed sees it.
+    /// Whatever the settle: a member stays valid across four missed beats.
     pub fn member_valid_until(&self, sent: Instant) -> Instant {
-        sent + (MEMBER_TTL - MEMBER_TTL / 10).saturating_sub(self.settle)
+        sent + (MEMBER_TTL - MEMBER_TTL / 10)
     }
 
-    /// From when a member whose join landed at `landed` may claim: one
-    /// settle on. A lone member's read that did not see it then has its own
-    /// candidate landed before this one's is even sent (see
-    /// [`ClaimTiming::alone_window`]).
-    pub fn member_settled_at(&self, landed: Instant) -> Instant {
-        landed + self.settle
+    /// From when a gateway whose join was answered at `answered` may write
+    /// claim rows: [`JOIN_WAIT`] on.
+    pub fn member_settled_at(&self, answered: Instant) -> Instant {
+        answered + JOIN_WAIT
     }
 
-    /// How long after the start of a read that found no other live member a
-    /// candidate's write may complete and still win without settling: half
-    /// the settle. A gateway the read missed joined after it began and sends
-    /// no candidate for a settle after that, so the lone one's is earlier by
-    /// half a settle at least, room for clock rates and scheduling.
+    /// How long after a read that found no other gateway began, a lone
+    /// member's read of the id's rows must be answered to decide its claim
+    /// without settling: half of [`JOIN_WAIT`]. A gateway the read missed
+    /// joined after it began and writes no claim row for [`JOIN_WAIT`]
+    /// after that, so the decision read saw every claim row that could
+    /// matter, with half of it to spare for clock rates.
     pub fn alone_window(&self) -> Duration {
-        self.settle / 2
-    }
-
-    /// How long a read of the other members' rows is reused: a quarter of
-    /// the settle, so that a candidate written on it has another quarter to
-    /// land within [`ClaimTiming::alone_window`].
-    pub fn members_read_fresh(&self) -> Duration {
-        self.settle / 4
+        JOIN_WAIT / 2
     }
 
     /// How long a write sent under a lease may keep the next grant waiting:
@@ -221,20 +226,16 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_member_skips_the_settle_only_inside_what_a_newcomer_waits() {
-        let t = timing(10, 1000, 10);
-        let now = Instant::now();
-        assert_eq!(t.member_settled_at(now), now + Duration::from_secs(1));
-        assert_eq!(t.alone_window(), Duration::from_millis(500));
-        assert!(t.members_read_fresh() < t.alone_window());
-        assert!(t.alone_window() < t.settle());
-        assert_eq!(
-            t.member_valid_until(now),
-            now + Duration::from_millis(12_500)
-        );
-        // Between two beats a member stays valid, whatever the settle allowed.
-        let longest = timing(10, MAX_SETTLE.as_millis() as u64, 10);
-        assert!(longest.member_valid_until(now) > now + 2 * longest.member_beat());
+    fn a_lone_member_decides_inside_what_a_newcomer_waits_whatever_the_settle() {
+        for settle_ms in [100, 1000, 60_000] {
+            let t = timing(10, settle_ms, 10);
+            let now = Instant::now();
+            assert_eq!(t.member_settled_at(now), now + JOIN_WAIT);
+            assert_eq!(t.alone_window() * 2, JOIN_WAIT);
+            // Valid across four missed beats.
+            assert!(t.member_valid_until(now) > now + 4 * t.member_beat());
+            assert!(t.member_valid_until(now) < now + t.member_ttl());
+        }
     }
 
     #[test]

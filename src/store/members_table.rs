@@ -33,9 +33,8 @@ pub(super) fn create_table_sql(table: &str, placement: &Placement) -> String {
 pub struct MemberStore {
     ch: ClickHouse,
     table: String,
-    /// The gateways table (see `gateways_table`), whose live table-mode
-    /// records count as members too: gateways of versions that keep no
-    /// members row record themselves there.
+    /// The gateways table (see `gateways_table`): a table-mode gateway
+    /// there without a members row is of an earlier version.
     gateways: String,
 }
 
@@ -70,18 +69,22 @@ impl MemberStore {
         self.ch.timed("member_beat", query.execute()).await
     }
 
-    /// Whether a gateway other than `gateway_id` is live now (server time):
-    /// a member, or a table-mode gateway recorded in the gateways table.
-    pub async fn others_live(&self, gateway_id: Uuid) -> Result<bool, StoreError> {
+    /// Whether a gateway other than `gateway_id` may claim in table mode:
+    /// a live member, or a gateway of an earlier version (which keeps no
+    /// members row), known by a table-mode row in the gateways table
+    /// without a members row, live or not: such a gateway registers before
+    /// it serves, and its row stays a day after it stopped (the TTL).
+    pub async fn others(&self, gateway_id: Uuid) -> Result<bool, StoreError> {
         let sql = format!(
             "SELECT count() FROM (
-                 SELECT gateway_id FROM {} FINAL
+                 SELECT gateway_id FROM {members} FINAL
                  WHERE expires_at > now64(3) AND gateway_id != {{gateway:UUID}}
                  UNION ALL
-                 SELECT gateway_id FROM {} FINAL
-                 WHERE coordination = 'table' AND expires_at > now64(3)
-                   AND gateway_id != {{gateway:UUID}})",
-            self.table, self.gateways
+                 SELECT gateway_id FROM {gateways} FINAL
+                 WHERE coordination = 'table' AND gateway_id != {{gateway:UUID}}
+                   AND gateway_id NOT IN (SELECT gateway_id FROM {members}))",
+            members = self.table,
+            gateways = self.gateways
         );
         let query = self
             .ch

@@ -389,6 +389,7 @@ mod tests {
                 "ReplacingMergeTree",
                 "MergeTree",
                 "ReplacingMergeTree",
+                "ReplacingMergeTree",
                 "KeeperMap",
                 "ReplacingMergeTree",
                 "ReplacingMergeTree",
@@ -412,6 +413,7 @@ mod tests {
                 "ReplicatedReplacingMergeTree",
                 "ReplicatedReplacingMergeTree",
                 "ReplicatedMergeTree",
+                "ReplicatedReplacingMergeTree",
                 "ReplicatedReplacingMergeTree",
                 "KeeperMap",
                 "ReplicatedReplacingMergeTree",
@@ -440,7 +442,7 @@ mod tests {
             "CREATE MATERIALIZED VIEW IF NOT EXISTS `m`.`state_history_writes` ON CLUSTER 'prod-1' TO `m`.`state`"
         ));
         assert!(
-            statements[6]
+            statements[7]
                 .contains("ENGINE = KeeperMap('/statehouse/m/state_claims') PRIMARY KEY state_id")
         );
     }
@@ -456,6 +458,7 @@ mod tests {
                     "ReplicatedReplacingMergeTree",
                     "ReplicatedReplacingMergeTree",
                     "ReplicatedMergeTree",
+                    "ReplicatedReplacingMergeTree",
                     "ReplicatedReplacingMergeTree",
                     "KeeperMap",
                     "ReplicatedReplacingMergeTree",

@@ -10,6 +10,7 @@
 mod claimant;
 mod guard;
 mod keeper;
+mod key_reads;
 mod membership;
 mod protocol;
 mod table;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 use self::claimant::Claimant;
 use self::keeper::KeeperClaims;
+use self::key_reads::KeyReads;
 use self::membership::Membership;
 use self::protocol::ClaimProtocol;
 pub(super) use self::protocol::{Authority, ClaimOutcome};
@@ -82,6 +84,7 @@ impl Coordinator {
             Coordination::Keeper => Box::new(KeeperClaims {
                 claimant,
                 store: keeper,
+                routed: KeyReads::default(),
             }),
         };
         Self {

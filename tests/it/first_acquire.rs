@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
+use statehouse::domain::Coordination;
 
 use crate::api::Api;
 use crate::checker::{Held, Log, check, retried};
-use crate::helpers::{spawn_configured, test_config, unique_schema};
+use crate::helpers::{metric, raw_sql, spawn_configured, test_config, unique_schema};
 
 /// Fresh ids the first gateway locks one after the other.
 const IDS: usize = 12;
@@ -149,4 +150,40 @@ async fn a_second_gateway_starting_while_a_lone_one_grants_fresh_ids_never_share
 #[tokio::test]
 async fn a_newcomer_aiming_at_the_ids_being_claimed_never_shares_one() {
     second_gateway_starts_while_the_first_grants(true).await;
+}
+
+/// A lone gateway beside the record of a gateway of an earlier version (a
+/// table-mode row in `<table>_gateways` with no members row: such a gateway
+/// keeps none, and waits nothing after it starts) settles every claim: it
+/// decides none alone (docs/gateways.md, the upgrade case). Table mode only.
+#[tokio::test]
+async fn a_lone_gateway_beside_a_gateway_of_an_earlier_version_settles_every_claim() {
+    let schema = unique_schema();
+    let config = test_config(&schema);
+    if config.locks.coordination != Coordination::Table {
+        return;
+    }
+    let app = spawn_configured(config).await;
+    raw_sql(&format!(
+        "INSERT INTO `{schema}`.state_gateways (gateway_id, coordination, expires_at, version)
+         SETTINGS async_insert=0
+         VALUES (generateUUIDv4(), 'table', now64(3) + INTERVAL 15 SECOND, 1)"
+    ))
+    .await;
+    for n in 0..3 {
+        let id = format!("upgrade-{n}");
+        let (lease, _) = app.api.lease(&id, "new", 30, 30.0).await;
+        retried(|| app.api.release(&id, &lease))
+            .await
+            .expect_because(StatusCode::NO_CONTENT, "new");
+    }
+    let metrics = app.api.get("/metrics").await.text;
+    let event = |name: &str| {
+        metric(
+            &metrics,
+            &format!(r#"statehouse_lock_events_total{{event="{name}"}}"#),
+        )
+    };
+    assert!(event("claim_win") >= Some(3.0), "each id claimed");
+    assert_eq!(event("claim_alone"), Some(0.0));
 }

@@ -204,7 +204,11 @@ impl TableClaims {
             }
         };
         let read = self.claimant.leases.id_locks(id).await?;
-        Ok((Instant::now() < until).then_some(read))
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        self.claimant.metrics.lock_event(LockEvent::ClaimAlone);
+        Ok(Some(read))
     }
 
     /// Takes over a claim just won: a block of fencing tokens above every

@@ -101,6 +101,9 @@ pub enum LockEvent {
     ClaimReadopted,
     /// This gateway claimed a state_id for its repeated unlocked writes.
     ClaimForWrites,
+    /// A table-mode claim decided without settling: this gateway read that
+    /// no other may claim (see `locks::claim::membership`).
+    ClaimAlone,
     Renewal,
     /// A lease ran out without being released.
     Expiry,
@@ -109,7 +112,7 @@ pub enum LockEvent {
 }
 
 impl LockEvent {
-    const ALL: [Self; 12] = [
+    const ALL: [Self; 13] = [
         Self::Grant,
         Self::Wait,
         Self::Timeout,
@@ -118,6 +121,7 @@ impl LockEvent {
         Self::ClaimLost,
         Self::ClaimReadopted,
         Self::ClaimForWrites,
+        Self::ClaimAlone,
         Self::Renewal,
         Self::Expiry,
         Self::Release,
@@ -134,6 +138,7 @@ impl LockEvent {
             Self::ClaimLost => "claim_lapsed",
             Self::ClaimReadopted => "claim_readopted",
             Self::ClaimForWrites => "claim_for_writes",
+            Self::ClaimAlone => "claim_alone",
             Self::Renewal => "renewal",
             Self::Expiry => "expiry",
             Self::Release => "release",

@@ -1,15 +1,17 @@
 //! The gateway claim: which gateway is a state_id's authority. One
 //! interface ([`protocol::ClaimProtocol`]), two protocols chosen at start
 //! with `--coordination`: [`table`] (candidates in the lease table and a
-//! settle, for one ClickHouse node) and [`keeper`] (a KeeperMap key per
-//! state_id, for any topology), each in its own file; the steps their claim
-//! attempts share are in [`claimant`], the guard that withdraws an
-//! abandoned claim in [`guard`]. Everything above the claim (leases in
+//! settle, for one ClickHouse node, which a lone member of [`membership`]
+//! skips) and [`keeper`] (a KeeperMap key per state_id, for any topology),
+//! each in its own file; the steps their claim attempts share are in
+//! [`claimant`], the guard that withdraws an abandoned claim in [`guard`]. Everything above the claim (leases in
 //! memory, forwarding, lease rows) is the same for both.
 
 mod claimant;
 mod guard;
 mod keeper;
+mod key_reads;
+mod membership;
 mod protocol;
 mod table;
 
@@ -21,6 +23,8 @@ use uuid::Uuid;
 
 use self::claimant::Claimant;
 use self::keeper::KeeperClaims;
+use self::key_reads::KeyReads;
+use self::membership::Membership;
 use self::protocol::ClaimProtocol;
 pub(super) use self::protocol::{Authority, ClaimOutcome};
 use self::table::TableClaims;
@@ -42,6 +46,8 @@ pub(super) struct Coordinator {
     /// Every wait and margin derived from the claim TTL, the settle time
     /// and the query timeout.
     timing: ClaimTiming,
+    /// Table mode's membership, kept alive by [`Coordinator::keep_membership`].
+    membership: Option<Arc<Membership>>,
 }
 
 impl Coordinator {
@@ -53,6 +59,17 @@ impl Coordinator {
         metrics: Arc<Metrics>,
     ) -> Self {
         let coordination = settings.coordination;
+        // Every table-mode gateway is a member, whatever its settle: a
+        // lone member's skip is safe only if every gateway that may claim
+        // announces itself (see `membership`).
+        let membership = match (coordination, leases.members()) {
+            (Coordination::Table, Some(members)) => Some(Arc::new(Membership::new(
+                members.clone(),
+                settings.gateway_id,
+                timing,
+            ))),
+            _ => None,
+        };
         let claimant = Claimant {
             leases,
             settings,
@@ -60,13 +77,60 @@ impl Coordinator {
             metrics,
         };
         let protocol: Box<dyn ClaimProtocol> = match coordination {
-            Coordination::Table => Box::new(TableClaims { claimant }),
+            Coordination::Table => Box::new(TableClaims {
+                claimant,
+                membership: membership.clone(),
+            }),
             Coordination::Keeper => Box::new(KeeperClaims {
                 claimant,
                 store: keeper,
+                routed: KeyReads::default(),
             }),
         };
-        Self { protocol, timing }
+        Self {
+            protocol,
+            timing,
+            membership,
+        }
+    }
+
+    /// Keeps this gateway a member (table mode): joins at once, then beats
+    /// every `member_beat`, for as long as it runs. A beat that fails is
+    /// retried at the next; if the row may have lapsed meanwhile, the next
+    /// beat (or claim) joins again, and claims wait the join out.
+    pub(super) async fn keep_membership(&self) {
+        let Some(membership) = &self.membership else {
+            return std::future::pending().await;
+        };
+        let mut tick = tokio::time::interval(self.timing.member_beat());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            match membership.beat().await {
+                Ok(()) => failing = false,
+                // Said once a run of failures: a user that may not write
+                // fails every beat, and takes no lock either.
+                Err(err) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %err, "membership heartbeat not written; retrying");
+                }
+                Err(err) => tracing::debug!(error = %err, "membership heartbeat not written"),
+            }
+        }
+    }
+
+    /// Whether a routing read asked for at `at` still stands in for a fresh
+    /// one: for half the settle, as a new claim grants nothing before it
+    /// settles; in table mode only while this gateway has been a member
+    /// throughout, as only a gateway that read no other live member grants
+    /// without settling.
+    pub fn seen_fresh(&self, at: Instant) -> bool {
+        at.elapsed() < self.timing.seen_lease_fresh()
+            && self
+                .membership
+                .as_ref()
+                .is_none_or(|membership| membership.member_since(at))
     }
 
     /// The claim timing, for the acquire loop, routing and maintenance.
@@ -146,7 +210,7 @@ impl Coordinator {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, StoreError> {
-        if let Some(seen) = seen.filter(|s| s.at.elapsed() < self.timing.seen_lease_fresh()) {
+        if let Some(seen) = seen.filter(|s| self.seen_fresh(s.at)) {
             return Ok(seen.lease.clone());
         }
         Ok(self.authority(id, false).await?.lease_in_force().cloned())

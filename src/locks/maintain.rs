@@ -37,7 +37,11 @@ impl Maintenance {
                 self.maintain_once().await;
             }
         };
-        tokio::join!(claims, self.recorder.run());
+        tokio::join!(
+            claims,
+            self.recorder.run(),
+            self.coordinator.keep_membership()
+        );
     }
 
     async fn maintain_once(&self) {
@@ -60,6 +64,14 @@ impl Maintenance {
                 }
                 Tick::Unclaimed => {}
             }
+        }
+        // Handed over or idle: the gateway that claims an id next must read
+        // how its leases ended (see `record::withdraw_after_rows`), where a
+        // release just queued would keep its place until it would expire.
+        if !withdrawn.is_empty()
+            && let Err(err) = self.recorder.flush().await
+        {
+            tracing::warn!(error = %err, claims = withdrawn.len(), "lease rows not written before claims were given up");
         }
         if !withdrawn.is_empty()
             && let Err(err) = self.coordinator.withdraw_claims(&withdrawn).await

@@ -376,7 +376,7 @@ impl LockManager {
     /// store keeps (`StateStore::take_read_ahead`).
     pub fn seen_at(&self, seen: Option<&SeenLease>) -> Option<Instant> {
         seen.map(|s| s.at)
-            .filter(|at| at.elapsed() < self.coordinator.timing().seen_lease_fresh())
+            .filter(|&at| self.coordinator.seen_fresh(at))
     }
 
     /// How long a routing read's findings stand in for a fresh read.

@@ -18,6 +18,16 @@ pub const UNCONFIRMED_GRANT: Duration = Duration::from_secs(3);
 /// flush of the recorder (at most a second apart).
 const HOLDER_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a table-mode member's row lives without a heartbeat: what it is
+/// written with (see `claim::membership`).
+const MEMBER_TTL: Duration = Duration::from_secs(15);
+
+/// How long a gateway that joins (or joins again after its row may have
+/// lapsed) waits before it writes any claim row: twice the alone window,
+/// whatever the settle, so that gateways with different settles still
+/// keep the margin (see `claim::membership`).
+const JOIN_WAIT: Duration = Duration::from_millis(500);
+
 /// The claim TTL, the settle time and the query timeout, and what follows
 /// from them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +45,18 @@ impl ClaimTiming {
             settle: settings.settle,
             idle: settings.claim_idle,
             query_timeout,
+        }
+    }
+
+    /// A 10 s claim TTL, a 1 s settle, a 10 s query timeout: for tests of
+    /// what uses the timing.
+    #[cfg(test)]
+    pub fn for_tests() -> Self {
+        Self {
+            ttl: Duration::from_secs(10),
+            settle: Duration::from_secs(1),
+            idle: Duration::from_secs(60),
+            query_timeout: Duration::from_secs(10),
         }
     }
 
@@ -108,6 +130,41 @@ impl ClaimTiming {
         self.settle / 2
     }
 
+    /// How long a member's row lives without a heartbeat: what each beat writes.
+    pub fn member_ttl(&self) -> Duration {
+        MEMBER_TTL
+    }
+
+    /// How often a member beats: a fifth of its row's TTL.
+    pub fn member_beat(&self) -> Duration {
+        MEMBER_TTL / 5
+    }
+
+    /// Until when claim rows this member writes count, after a beat sent at
+    /// `sent` was answered: its row's TTL less a tenth (clock rate and
+    /// scheduling). A claim row answered by then was visible before the
+    /// row could lapse, so a gateway that reads the row lapsed sees it.
+    /// Whatever the settle: a member stays valid across four missed beats.
+    pub fn member_valid_until(&self, sent: Instant) -> Instant {
+        sent + (MEMBER_TTL - MEMBER_TTL / 10)
+    }
+
+    /// From when a gateway whose join was answered at `answered` may write
+    /// claim rows: [`JOIN_WAIT`] on.
+    pub fn member_settled_at(&self, answered: Instant) -> Instant {
+        answered + JOIN_WAIT
+    }
+
+    /// How long after a read that found no other gateway began, a lone
+    /// member's read of the id's rows must be answered to decide its claim
+    /// without settling: half of [`JOIN_WAIT`]. A gateway the read missed
+    /// joined after it began and writes no claim row for [`JOIN_WAIT`]
+    /// after that, so the decision read saw every claim row that could
+    /// matter, with half of it to spare for clock rates.
+    pub fn alone_window(&self) -> Duration {
+        JOIN_WAIT / 2
+    }
+
     /// How long a write sent under a lease may keep the next grant waiting:
     /// one ClickHouse round trip at most.
     pub fn write_budget(&self) -> Duration {
@@ -166,6 +223,19 @@ mod tests {
         assert_eq!(t.seen_lease_fresh(), Duration::from_millis(250));
         assert_eq!(timing(30, 5000, 4).holder_wait(), Duration::from_secs(5));
         assert_eq!(t.write_budget(), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_lone_member_decides_inside_what_a_newcomer_waits_whatever_the_settle() {
+        for settle_ms in [100, 1000, 60_000] {
+            let t = timing(10, settle_ms, 10);
+            let now = Instant::now();
+            assert_eq!(t.member_settled_at(now), now + JOIN_WAIT);
+            assert_eq!(t.alone_window() * 2, JOIN_WAIT);
+            // Valid across four missed beats.
+            assert!(t.member_valid_until(now) > now + 4 * t.member_beat());
+            assert!(t.member_valid_until(now) < now + t.member_ttl());
+        }
     }
 
     #[test]

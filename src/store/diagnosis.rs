@@ -56,7 +56,11 @@ impl StoreError {
     /// pass (refused connections, timeouts, a 5xx, any other exception).
     pub fn blocker(&self) -> Option<Blocker> {
         match self {
-            Self::Timeout(_) | Self::Corrupt { .. } | Self::Abandoned | Self::Stale => None,
+            Self::Timeout(_)
+            | Self::Corrupt { .. }
+            | Self::Abandoned
+            | Self::Stale
+            | Self::MembershipLapsed => None,
             Self::InBatch(err) => err.blocker(),
             Self::Unrecognized { status, .. } => {
                 // A proxy answers 5xx for a ClickHouse that is not up yet.

@@ -29,6 +29,11 @@ pub enum StoreError {
     /// it checks changed since the change was decided; nothing landed.
     #[error("a state changed in ClickHouse since the write was decided against it")]
     Stale,
+    /// A table-mode claim renewal answered after this gateway's membership
+    /// may have lapsed (see `locks::claim::membership`): it may have landed,
+    /// but the claim keeps only the validity it had.
+    #[error("the claim renewal was answered after this gateway's membership may have lapsed")]
+    MembershipLapsed,
 }
 
 impl StoreError {

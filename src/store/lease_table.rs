@@ -15,6 +15,7 @@ use super::lease_rows::{
     Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LeaseRows,
     LockRowIn, NIL_UUID, create_table_sql, lock_rows_sql, parse_uuid,
 };
+use super::members_table::MemberStore;
 use super::read_ahead::ReadAhead;
 use super::read_batch::ReadBatch;
 use super::route_read::{RouteRows, route_reads};
@@ -35,6 +36,9 @@ pub struct LeaseStore {
     /// Routing reads of writes to the states of this table's ids; None on
     /// a table whose ids name no state (a pool's).
     route_reads: Option<RouteReads>,
+    /// The gateways taking part in this table's claims in table mode; None
+    /// where no membership is kept (every claim then settles).
+    members: Option<MemberStore>,
 }
 
 /// A write's routing reads: the lock rows with the current row (see
@@ -72,7 +76,21 @@ impl LeaseStore {
             advertise_url: String::new(),
             lock_reads: Arc::new(lock_reads),
             route_reads: None,
+            members: None,
         }
+    }
+
+    /// The store whose table-mode claims keep membership in `members`.
+    pub fn with_members(self, members: MemberStore) -> Self {
+        Self {
+            members: Some(members),
+            ..self
+        }
+    }
+
+    /// The members table of this table's claims, if membership is kept.
+    pub fn members(&self) -> Option<&MemberStore> {
+        self.members.as_ref()
     }
 
     /// The store whose routing reads of a write also read the id's current

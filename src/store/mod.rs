@@ -19,6 +19,7 @@ mod keeper_claims;
 mod lease_history;
 mod lease_rows;
 mod lease_table;
+mod members_table;
 mod ping;
 mod read_ahead;
 mod read_batch;
@@ -43,6 +44,7 @@ pub use keeper_claims::{ClaimHolder, ClaimRead, KeeperClaim, KeeperClaimStore, N
 pub use lease_history::{LeaseEnd, LeaseHistoryStore, PastLease};
 pub use lease_rows::{Candidate, IdLocks, LeaseRecord, LeaseRows, StoredLease};
 pub use lease_table::LeaseStore;
+pub use members_table::MemberStore;
 pub use runs_table::{RunEnd, RunQuery, RunStart, RunStore, StoredRun};
 pub use state_table::{Selection, StateStore, StateSummary, next_version};
 pub use stored::{StoredRow, StoredState};
@@ -79,6 +81,7 @@ impl Default for Layout {
 /// `schema`.`table_lease_history` for each id's leases and `schema`.`table_runs`
 /// for their runs (with history),
 /// `schema`.`table_gateways` for the gateways serving them,
+/// `schema`.`table_members` for the gateways taking part in table-mode claims,
 /// `schema`.`table_pool_lease` for pools, and in keeper mode
 /// `schema`.`table_claims` and `schema`.`table_pool_claims` (KeeperMap) for claims.
 #[derive(Clone)]
@@ -92,6 +95,8 @@ pub struct Store {
     /// Each state's versions and each id's leases, unless history is off.
     pub journal: Journal,
     pub gateways: GatewayStore,
+    /// The gateways taking part in table-mode claims (see `locks::claim::membership`).
+    pub members: MemberStore,
     pub claims: KeeperClaimStore,
     /// Every change, in insert order, for the change feed.
     pub changes: ChangesStore,
@@ -119,6 +124,11 @@ impl Store {
         let journal = Journal::new(&ch, history, table, qualified);
         // A write's routing read files the id's row here for its write.
         let read_ahead = std::sync::Arc::new(read_ahead::ReadAhead::default());
+        let members = MemberStore::new(
+            ch.clone(),
+            qualified(&companion(table, "members")),
+            qualified(&companion(table, "gateways")),
+        );
         Self {
             states: StateStore::new(ch.clone(), qualified(table.as_str()), read_ahead.clone()),
             leases: LeaseStore::new(
@@ -126,18 +136,21 @@ impl Store {
                 qualified(&companion(table, "lease")),
                 LeaseRows::PerId,
             )
-            .routing_writes_to(qualified(table.as_str()), read_ahead),
+            .routing_writes_to(qualified(table.as_str()), read_ahead)
+            .with_members(members.clone()),
             pool_leases: LeaseStore::new(
                 ch.clone(),
                 qualified(&companion(table, "pool_lease")),
                 LeaseRows::PerLease,
-            ),
+            )
+            .with_members(members.clone()),
             pool_claims: KeeperClaimStore::new(
                 ch.clone(),
                 qualified(&companion(table, "pool_claims")),
                 keeper_claims::keeper_path(schema.as_str(), &companion(table, "pool_claims")),
             ),
             gateways: GatewayStore::new(ch.clone(), qualified(&companion(table, "gateways"))),
+            members,
             claims: KeeperClaimStore::new(
                 ch.clone(),
                 qualified(&claims_table),
@@ -186,6 +199,7 @@ impl Store {
         let history_table = companion(&self.table, "history");
         let history_view = companion(&self.table, "history_writes");
         let gateways_table = companion(&self.table, "gateways");
+        let members_table = companion(&self.table, "members");
         let lease_history_table = companion(&self.table, "lease_history");
         let lease_history_view = companion(&self.table, "lease_history_writes");
         let runs_table = companion(&self.table, "runs");
@@ -202,6 +216,7 @@ impl Store {
                     &history_table,
                     &history_view,
                     &gateways_table,
+                    &members_table,
                     &lease_history_table,
                     &lease_history_view,
                     &runs_table,
@@ -240,6 +255,9 @@ impl Store {
             .await?;
         if engine_of(&gateways_table).is_none() {
             self.gateways.ensure_table(&placement).await?;
+        }
+        if engine_of(&members_table).is_none() {
+            self.members.ensure_table(&placement).await?;
         }
         self.changes
             .ensure(
@@ -326,6 +344,7 @@ mod tests {
             )
             .unwrap(),
             gateways_table::create_table_sql("`m`.`state_gateways`", placement),
+            members_table::create_table_sql("`m`.`state_members`", placement),
             keeper_claims::create_table_sql(
                 "`m`.`state_claims`",
                 "/statehouse/m/state_claims",
@@ -370,6 +389,7 @@ mod tests {
                 "ReplacingMergeTree",
                 "MergeTree",
                 "ReplacingMergeTree",
+                "ReplacingMergeTree",
                 "KeeperMap",
                 "ReplacingMergeTree",
                 "ReplacingMergeTree",
@@ -393,6 +413,7 @@ mod tests {
                 "ReplicatedReplacingMergeTree",
                 "ReplicatedReplacingMergeTree",
                 "ReplicatedMergeTree",
+                "ReplicatedReplacingMergeTree",
                 "ReplicatedReplacingMergeTree",
                 "KeeperMap",
                 "ReplicatedReplacingMergeTree",
@@ -421,7 +442,7 @@ mod tests {
             "CREATE MATERIALIZED VIEW IF NOT EXISTS `m`.`state_history_writes` ON CLUSTER 'prod-1' TO `m`.`state`"
         ));
         assert!(
-            statements[6]
+            statements[7]
                 .contains("ENGINE = KeeperMap('/statehouse/m/state_claims') PRIMARY KEY state_id")
         );
     }
@@ -437,6 +458,7 @@ mod tests {
                     "ReplicatedReplacingMergeTree",
                     "ReplicatedReplacingMergeTree",
                     "ReplicatedMergeTree",
+                    "ReplicatedReplacingMergeTree",
                     "ReplicatedReplacingMergeTree",
                     "KeeperMap",
                     "ReplicatedReplacingMergeTree",

@@ -55,7 +55,7 @@ async fn the_quickstart_uri_creates_its_missing_database_and_serves() {
     assert_eq!(
         tables,
         "state\nstate_changes\nstate_changes_deletes\nstate_changes_writes\nstate_gateways\nstate_history\nstate_history_writes\nstate_lease\n\
-         state_lease_history\nstate_lease_history_writes\nstate_pool_lease\nstate_runs\n"
+         state_lease_history\nstate_lease_history_writes\nstate_members\nstate_pool_lease\nstate_runs\n"
     );
 }
 

@@ -454,11 +454,27 @@ pub fn metric(exposition: &str, sample: &str) -> Option<f64> {
 /// lock reads, current rows, INSERTs (background work, such as claim
 /// renewals and the gateway's heartbeat, left out).
 pub async fn write_path_statements(api: &Api) -> f64 {
+    joined(api).await;
     let text = api.get("/metrics").await.text;
     ["route_read", "lock_read", "get", "history_record", "put"]
         .iter()
         .map(|op| query_count(&text, op) as f64)
         .sum()
+}
+
+/// Waits until a table-mode gateway's membership joins have been answered
+/// (one per lock core): a routing read asked for before stands in for no
+/// fresh one (see docs/gateways.md, "A lone gateway claims without
+/// settling"), so statements counted from here on are the writes' own.
+pub async fn joined(api: &Api) {
+    if std::env::var("STATEHOUSE_COORDINATION").is_ok_and(|mode| mode == "keeper") {
+        return;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while queries(api, "member_beat").await < 2 {
+        assert!(std::time::Instant::now() < deadline, "no membership joined");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// How many ClickHouse statements of `operation` the gateway has sent.

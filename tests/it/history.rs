@@ -341,7 +341,7 @@ async fn with_history_off_no_versions_are_kept_and_the_endpoints_say_why() {
     .await;
     assert_eq!(
         tables.trim(),
-        "state\nstate_changes\nstate_changes_writes\nstate_gateways\nstate_lease\nstate_pool_lease",
+        "state\nstate_changes\nstate_changes_writes\nstate_gateways\nstate_lease\nstate_members\nstate_pool_lease",
         "no history table (the feed's changes table has no tombstone view)"
     );
 }

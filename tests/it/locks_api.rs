@@ -6,7 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    peer_config, queries, raw_sql, spawn_app, spawn_configured, test_config, two_peers,
+    joined, peer_config, queries, raw_sql, spawn_app, spawn_configured, test_config, two_peers,
     unique_schema,
 };
 
@@ -539,6 +539,7 @@ async fn an_unlocked_write_reads_the_lock_table_once() {
     config.locks.settle = Duration::from_secs(20);
     let app = spawn_configured(config).await;
     app.put_state("warm", &json!({"completed": {"n": 0}})).await;
+    joined(&app).await;
     let route_reads = queries(&app, "route_read").await;
     let lock_reads = queries(&app, "lock_read").await;
     let state_reads = queries(&app, "get").await;

@@ -22,6 +22,7 @@ mod docs;
 mod docs_examples;
 mod feed;
 mod feed_stream;
+mod first_acquire;
 mod first_start;
 mod frozen_peer;
 mod gateways;

@@ -2,7 +2,8 @@
 //! table `<table>_claims` (see `store::keeper_claims`). Keeper's writes are
 //! linearizable on any ClickHouse topology, so winning is one conditional
 //! write (a create-if-absent, or a takeover of a released or lapsed key),
-//! with no settle: a first acquire costs a read and a write to Keeper.
+//! with no settle: a first acquire costs the routing read of its key and a
+//! write to Keeper (the claim goes by the routing read, see [`super::key_reads`]).
 //!
 //! Fencing tokens are reserved in the same key, which outlives every
 //! claim, so they strictly increase across hand-overs, crashes and
@@ -24,6 +25,7 @@ use uuid::Uuid;
 
 use super::claimant::{Claimant, TOKENS_PER_BLOCK};
 use super::guard::Withdrawing;
+use super::key_reads::KeyReads;
 use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
 use crate::domain::{Lease, StateId};
 use crate::locks::peer::Peer;
@@ -48,6 +50,8 @@ pub(super) struct KeeperClaims {
     pub claimant: Claimant,
     /// The claim keys.
     pub store: KeeperClaimStore,
+    /// Routing reads of keys, for the claims that follow them.
+    pub routed: KeyReads,
 }
 
 impl KeeperClaims {
@@ -69,9 +73,15 @@ impl KeeperClaims {
         let ttl = claimant.timing.ttl();
         let mut marked = None;
         let mut raced = 0;
+        // The first attempt goes by the routing read of the key, if one was
+        // just made: its write is conditional on the key as read.
+        let mut routed = self.routed.take(id);
         loop {
             let started = Instant::now();
-            let read = store.read(id).await?;
+            let read = match routed.take() {
+                Some(read) => read,
+                None => store.read(id).await?,
+            };
             let readopting = lapsed.filter(|l| unclaimed_since(read.claim.as_ref(), l));
             // The lease rows are read after the key: a gateway that shuts
             // down writes its hand-over before it releases the key, so a read
@@ -344,11 +354,13 @@ impl ClaimProtocol for KeeperClaims {
 
     fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority> {
         Box::pin(async move {
+            let asked = Instant::now();
             let (read, locks) = tokio::join!(
                 self.store.read(id),
                 self.claimant.leases.id_locks_or_with_row(id, with_row)
             );
             let read = read?;
+            self.routed.keep(id, asked, read.clone());
             let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
                 claim_id: h.claim_id,
                 gateway_id: h.gateway_id,

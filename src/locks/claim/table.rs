@@ -1,15 +1,18 @@
 //! `--coordination table`: a gateway proposes a candidate row in the lease
 //! table, stamped with the server's clock, lets it settle, and holds the
-//! claim once its candidate is the earliest live one. Correct only while
-//! every gateway's queries reach one ClickHouse node.
+//! claim once its candidate is the earliest live one; a lone member skips
+//! the settle (see [`super::membership`]). Correct only while every
+//! gateway's queries reach one ClickHouse node.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use uuid::Uuid;
 
 use super::claimant::{Claimant, TOKENS_PER_BLOCK};
 use super::guard::Withdrawing;
+use super::membership::{Membership, Pass};
 use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
 use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
@@ -21,6 +24,9 @@ use crate::store::{Candidate, IdLocks, StoreError, StoredLease};
 pub(super) struct TableClaims {
     /// This gateway, and the lease table the candidates are kept in.
     pub claimant: Claimant,
+    /// Whether this gateway may claim now and skip the settle; None where
+    /// no membership is kept, and every claim settles.
+    pub membership: Option<Arc<Membership>>,
 }
 
 impl TableClaims {
@@ -55,6 +61,7 @@ impl TableClaims {
                 expires_ms: 0,
             },
         );
+        let pass = self.ready().await?;
         let mut written_at = Instant::now();
         claimant
             .leases
@@ -66,11 +73,23 @@ impl TableClaims {
                 claim_ttl,
             )
             .await?;
-        tokio::time::sleep(claimant.timing.settle()).await;
+        let landed = Instant::now();
+        if !self.counts(pass) {
+            // Answered after this gateway's membership may have lapsed:
+            // another may have read it gone and claimed without settling.
+            return Ok(claimant.unsettled());
+        }
+        let mut decided = self.decided_alone(id).await?;
+        if decided.is_none() {
+            tokio::time::sleep_until((landed + claimant.timing.settle()).into()).await;
+        }
         loop {
             let IdLocks {
                 candidates, leases, ..
-            } = claimant.leases.id_locks(id).await?;
+            } = match decided.take() {
+                Some(read) => read,
+                None => claimant.leases.id_locks(id).await?,
+            };
             let Some(mine) = candidates
                 .iter()
                 .find(|c| c.claim_id == proposed.candidate.claim_id)
@@ -105,11 +124,12 @@ impl TableClaims {
                     .await?;
                 let renewed = claimant
                     .renew_if_late(&mut won.claim, || async {
+                        let pass = self.ready().await?;
                         let renewed = claimant
                             .leases
                             .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
                             .await?;
-                        Ok(!renewed.is_empty())
+                        Ok(!renewed.is_empty() && self.counts(pass))
                     })
                     .await?;
                 proposed.settle();
@@ -134,14 +154,61 @@ impl TableClaims {
             let now = Instant::now();
             if now.duration_since(written_at) >= claimant.timing.renew_interval() {
                 // One that lapsed meanwhile is missing from the next read.
+                let pass = self.ready().await?;
+                written_at = Instant::now();
                 claimant
                     .leases
                     .renew_claims(gateway_id, &[proposed.candidate.claim_id], claim_ttl)
                     .await?;
-                written_at = now;
+                if !self.counts(pass) {
+                    return Ok(claimant.unsettled());
+                }
             }
             tokio::time::sleep(poll).await;
         }
+    }
+
+    /// Waits until this gateway may write a claim row (see
+    /// [`Membership::ready`]); None where no membership is kept.
+    async fn ready(&self) -> Result<Option<Pass>, StoreError> {
+        match &self.membership {
+            Some(membership) => Ok(Some(membership.ready().await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a claim row written under `pass`, answered just now, counts.
+    fn counts(&self, pass: Option<Pass>) -> bool {
+        match (&self.membership, pass) {
+            (Some(membership), Some(pass)) => membership.counts(pass),
+            _ => true,
+        }
+    }
+
+    /// The read of `id`'s rows that decides a claim whose candidate just
+    /// landed without settling, if this gateway may skip the settle: a read
+    /// begun after the landing found no other gateway that may claim, and
+    /// this read was answered within the alone window of its start. None:
+    /// the claim settles, as every claim did before.
+    async fn decided_alone(&self, id: &StateId) -> Result<Option<IdLocks>, StoreError> {
+        let Some(membership) = &self.membership else {
+            return Ok(None);
+        };
+        let until = match membership.alone().await {
+            Ok(Some(until)) => until,
+            Ok(None) => return Ok(None),
+            // The settle needs no such read: the claim goes on without it.
+            Err(err) => {
+                tracing::debug!(state_id = %id, error = %err, "members not read; the claim settles");
+                return Ok(None);
+            }
+        };
+        let read = self.claimant.leases.id_locks(id).await?;
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        self.claimant.metrics.lock_event(LockEvent::ClaimAlone);
+        Ok(Some(read))
     }
 
     /// Takes over a claim just won: a block of fencing tokens above every
@@ -234,11 +301,15 @@ impl ClaimProtocol for TableClaims {
     fn renew_claims<'a>(&'a self, held: &'a [(StateId, Uuid)]) -> Step<'a, Vec<Uuid>> {
         Box::pin(async move {
             let ids: Vec<Uuid> = held.iter().map(|(_, claim)| *claim).collect();
+            let pass = self.ready().await?;
             let renewed = self
                 .claimant
                 .leases
                 .renew_claims(self.claimant.gateway_id(), &ids, self.claimant.timing.ttl())
                 .await?;
+            if !self.counts(pass) {
+                return Err(StoreError::MembershipLapsed);
+            }
             Ok(ids.into_iter().filter(|id| !renewed.contains(id)).collect())
         })
     }

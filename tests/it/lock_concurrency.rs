@@ -58,8 +58,10 @@ async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     let (mut a, b) = two_gateways("3s").await;
 
     // Its write must land within the lease on a loaded machine; the lease
-    // then keeps its place until it would have expired.
-    let (lease, token) = a.api().lease("job", "worker-on-a", 10, 0.0).await;
+    // then keeps its place until it would have expired. Asked with a wait:
+    // with a 3 s claim TTL under load, a no-wait acquire's one claim attempt
+    // may not settle in time (a 409 with no holder, seen under stress).
+    let (lease, token) = a.api().lease("job", "worker-on-a", 10, 30.0).await;
     let write = a
         .api()
         .put_state_with_lease("job", &json!({"completed": {"counter": 41}}), &lease)

@@ -131,7 +131,13 @@ impl Proxy {
     /// for `delay` before ClickHouse sees it (the rest of the request waits
     /// behind it); `None` lets them through again.
     pub fn hold_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
-        self.set_hold(hold, false);
+        self.set_hold(hold, false, false);
+    }
+
+    /// As [`Self::hold_requests_containing`], for the first such request
+    /// only: the ones after it go through, however soon they follow.
+    pub fn hold_one_request_containing(&self, texts: &[&str], delay: Duration) {
+        self.set_hold(Some((texts, delay)), false, true);
     }
 
     /// As [`Self::hold_requests_containing`], but the request's head goes on
@@ -139,14 +145,15 @@ impl Proxy {
     /// (it is in `system.processes`) and waits for its rows, as it would
     /// for a slow INSERT.
     pub fn hold_bodies_of_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
-        self.set_hold(hold, true);
+        self.set_hold(hold, true, false);
     }
 
-    fn set_hold(&self, hold: Option<(&[&str], Duration)>, body_only: bool) {
+    fn set_hold(&self, hold: Option<(&[&str], Duration)>, body_only: bool, once: bool) {
         *self.shared.hold.lock().unwrap() = hold.map(|(texts, delay)| Hold {
             texts: texts.iter().map(|t| (*t).to_owned()).collect(),
             delay,
             body_only,
+            once,
         });
     }
 
@@ -184,6 +191,8 @@ struct Hold {
     texts: Vec<String>,
     delay: Duration,
     body_only: bool,
+    /// Cleared by the first request it holds.
+    once: bool,
 }
 
 async fn relay(client: TcpStream, shared: Arc<Shared>) {
@@ -242,6 +251,9 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                         .iter()
                         .all(|text| decoded.contains(text.as_str()))
                 {
+                    if hold.once {
+                        shared.hold.lock().unwrap().take();
+                    }
                     held = Some(hold);
                 }
             }

@@ -9,7 +9,9 @@
 
 use super::client::ClickHouse;
 use super::error::StoreError;
-use super::lease_rows::{IdLocks, LOCK_COLUMNS, LeaseRows, LockRowIn, in_lock_order, lock_rows_filter};
+use super::lease_rows::{
+    IdLocks, LOCK_COLUMNS, LeaseRows, LockRowIn, in_lock_order, lock_rows_filter,
+};
 use crate::domain::StateId;
 
 /// The row that carries the count of other gateways that may claim, in its
@@ -52,8 +54,9 @@ pub(super) async fn decision_read(
     let found = ch
         .timed("decision_read", query.fetch_all::<LockRowIn>())
         .await?;
-    let (counted, mut locks): (Vec<_>, Vec<_>) =
-        found.into_iter().partition(|row| row.kind_code == KIND_OTHERS);
+    let (counted, mut locks): (Vec<_>, Vec<_>) = found
+        .into_iter()
+        .partition(|row| row.kind_code == KIND_OTHERS);
     in_lock_order(&mut locks);
     let others = counted.iter().any(|row| row.fencing_token > 0);
     Ok((IdLocks::assemble(locks)?, others))

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
-use crate::locks::timing::ClaimTiming;
 use crate::domain::StateId;
+use crate::locks::timing::ClaimTiming;
 use crate::store::{IdLocks, LeaseStore, MemberStore, StoreError};
 
 /// This gateway's membership, for one lock core's claims.

@@ -27,7 +27,7 @@ fn decision_sql(lease_table: &str, rows: LeaseRows, others_sql: &str) -> String 
          UNION ALL
          SELECT toInt8({KIND_OTHERS}) AS kind_code, '' AS state_id, '' AS claim_id,
                 '' AS lease_id, '' AS gateway_id, '' AS owner,
-                toUInt64(({others_sql})) AS fencing_token,
+                toUInt64(ifNull(({others_sql}), 0)) AS fencing_token,
                 toInt64(0) AS created_ms, toInt64(0) AS expires_ms, toUInt8(0) AS released,
                 toUInt64(0) AS version, '' AS advertise_url, toUInt64(0) AS lock_delay_ms,
                 toInt64(0) AS ended_ms, '' AS info,

@@ -8,8 +8,9 @@ impl SlotState {
     /// Drops what has run out by now: a lapsed claim (its leases are kept,
     /// acting on nothing, until a claim attempt re-wins it or finds another
     /// gateway's), expired leases, an earlier authority's included (their
-    /// lock-delays begin), ended delays, writes that have surely landed. Nobody is woken for it: every waiter
-    /// already sleeps no later than the first of these ends (see `next_step`).
+    /// lock-delays begin), ended delays, writes that have surely landed.
+    /// Nobody is woken for it: every waiter already sleeps no later than the
+    /// first of these ends (see `next_step`).
     pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
         if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
             self.lapse_claim(id, metrics);
@@ -141,7 +142,8 @@ impl SlotState {
     }
 
     /// The leases an earlier authority granted that keep their places here,
-    /// oldest first: held, though not current here.
+    /// as their rows were read: they hold the id, though not as current
+    /// leases of this gateway's (nothing renews them or writes under them).
     pub fn orphaned(&self) -> Vec<Lease> {
         self.orphaned.iter().map(|l| l.lease.clone()).collect()
     }

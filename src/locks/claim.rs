@@ -231,7 +231,7 @@ impl Coordinator {
 mod tests {
     use std::time::Duration;
 
-    use super::claimant::place_end;
+    use super::claimant::{orphaned, place_end};
     use super::protocol::in_force;
     use super::*;
     use crate::domain::LeaseState;
@@ -275,15 +275,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_whose_authority_is_gone_keeps_its_place_until_it_would_have_expired() {
+    fn a_lease_whose_authority_is_gone_is_held_until_it_would_have_expired() {
         // Its holder may run on unaware (its authority may only be frozen):
-        // no other takes its place before its expiry and lock-delay are over.
-        let orphaned = delayed(LeaseState::Held, true, None);
-        assert_eq!(place_end(&orphaned, 7_000), Some(15_000));
-        let mut plain = orphaned.clone();
-        plain.record.lease.lock_delay = Duration::ZERO;
-        assert_eq!(place_end(&plain, 7_000), Some(10_000));
-        assert_eq!(place_end(&plain, 10_000), None);
+        // the next authority keeps it as held until its expiry, and its
+        // lock-delay runs from then (see `locks::slot::orphan_tests`).
+        let running = delayed(LeaseState::Held, true, None);
+        assert!(orphaned(&running, 7_000));
+        assert!(!orphaned(&running, 10_000), "expired: only its lock-delay");
+        assert_eq!(place_end(&running, 10_000), Some(15_000));
+        let forced = delayed(LeaseState::Released, true, Some(4_000));
+        assert!(!orphaned(&forced, 7_000), "ended by a force-unlock");
+        let handed = delayed(LeaseState::HandedOver, true, None);
+        assert!(!orphaned(&handed, 7_000), "adopted, not kept");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::maintain::Maintenance;
 use super::occupancy::Occupancy;
 use super::peer::{Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row, withdraw_after_rows};
-use super::slot::{LeaseAct, Released};
+use super::slot::{LeaseAct, Released, SlotState};
 use super::slots::Slots;
 use super::timing::ClaimTiming;
 use super::write_claim::RecentWrites;
@@ -296,10 +296,24 @@ impl LockManager {
     /// Who holds `id` and how many wait: this gateway's slot when it is the
     /// id's authority, else ClickHouse's record. None when none holds or waits.
     pub async fn occupancy(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
+        self.occupancy_by(id, Occupancy::of).await
+    }
+
+    /// [`LockManager::occupancy`] for the answer to a refused acquire: an
+    /// earlier authority's leases that keep their places on this one count
+    /// among the holders (see `Occupancy::refusing`).
+    pub async fn refusing(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
+        self.occupancy_by(id, Occupancy::refusing).await
+    }
+
+    async fn occupancy_by(
+        &self,
+        id: &StateId,
+        of: fn(&StateId, &SlotState) -> Option<Occupancy>,
+    ) -> Result<Option<Occupancy>, LockError> {
         if let Some(slot) = self.slots.existing(id)
-            && let Some(here) = slot.current(id, &self.metrics, |st| {
-                st.answers_for().then(|| Occupancy::of(id, st))
-            })
+            && let Some(here) =
+                slot.current(id, &self.metrics, |st| st.answers_for().then(|| of(id, st)))
         {
             return Ok(here);
         }

@@ -30,6 +30,17 @@ pub struct Waiting {
 impl Occupancy {
     /// As the id's authority sees it; None when none holds or waits.
     pub(super) fn of(id: &StateId, st: &SlotState) -> Option<Self> {
+        Self::holding(id, st, Vec::new())
+    }
+
+    /// As [`Occupancy::of`], with the leases of an earlier authority that
+    /// keep their places here (its claim lapsed while they ran) among the
+    /// holders: who keeps a refused acquire out.
+    pub(super) fn refusing(id: &StateId, st: &SlotState) -> Option<Self> {
+        Self::holding(id, st, st.orphaned())
+    }
+
+    fn holding(id: &StateId, st: &SlotState, orphaned: Vec<Lease>) -> Option<Self> {
         let waiters: Vec<Waiting> = st
             .waiters()
             .into_iter()
@@ -38,11 +49,14 @@ impl Occupancy {
                 slots: q.slots,
             })
             .collect();
+        let used = st.used() + orphaned.iter().map(|l| l.slots).sum::<usize>();
+        let mut holders = st.holders();
+        holders.extend(orphaned);
         let occupancy = Self {
             id: id.clone(),
             limit: st.limit(),
-            used: st.used(),
-            holders: st.holders(),
+            used,
+            holders,
             waiting: waiters.len(),
             waiters,
         };

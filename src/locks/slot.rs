@@ -184,10 +184,16 @@ pub(super) struct SlotState {
     sending: HashMap<u64, Instant>,
     /// The number the next write to go out gets.
     next_send: u64,
-    /// Leases with a lock-delay that ended by expiry or force-unlock, or that
-    /// an earlier authority granted: each keeps its place until it ends, so
+    /// Leases with a lock-delay that ended by expiry or force-unlock, here or
+    /// under an earlier authority: each keeps its place until it ends, so
     /// that the old holder's run is gone before another takes the place.
     delayed: Vec<Delay>,
+    /// Leases an earlier authority granted that ran when it lost the claim
+    /// (it crashed, froze, or its renewals did not land): their holders may
+    /// run on unaware, so each keeps its place until it would have expired,
+    /// then its lock-delay. Nothing renews them or writes under them here,
+    /// but they hold the id: a refused acquire names them.
+    orphaned: Vec<LocalLease>,
 }
 
 /// A lease released by its holder: its row to record, and the claim to
@@ -254,7 +260,7 @@ pub(super) struct Lapsed {
     pub leases: Vec<Uuid>,
 }
 
-/// The end of a lock-delay, or of a place an earlier authority's lease keeps.
+/// The end of a lock-delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Delay {
     pub until: Instant,
@@ -322,9 +328,11 @@ pub(super) struct WonClaim {
 pub(super) struct Inherited {
     /// Leases handed on by a gateway that shut down, still running.
     pub leases: Vec<LocalLease>,
-    /// Places kept by leases of an earlier authority: the rest of a
-    /// lock-delay, which holds across a restart or crash of that authority,
-    /// and on a pool a crashed authority's leases until they would have expired.
+    /// Leases of an earlier authority that lost its claim while they ran
+    /// (see `SlotState::orphaned`).
+    pub orphaned: Vec<LocalLease>,
+    /// The rest of the lock-delays of an earlier authority's ended leases,
+    /// which hold across a restart or crash of that authority.
     pub delays: Vec<Delay>,
 }
 
@@ -395,7 +403,7 @@ pub(super) enum Step {
     /// Give up: the wait ran out. With the holder this gateway knows of.
     GiveUp(Option<Lease>),
     /// Give up: the id is in a lock-delay that ends (ms since the epoch)
-    /// after the waiter's wait.
+    /// after the waiter's wait, and no lease holds it.
     Delayed(i64),
     /// Sleep until woken or until this instant.
     Wait(Instant),
@@ -499,6 +507,8 @@ mod transitions;
 mod fixtures;
 #[cfg(test)]
 mod lapse_tests;
+#[cfg(test)]
+mod orphan_tests;
 #[cfg(test)]
 mod pool_tests;
 #[cfg(test)]

@@ -169,8 +169,14 @@ async fn a_delay_outlives_a_restart_of_the_authority() {
     granted_after(&b.api, "restart-force", &force_ends).await;
 }
 
+/// The authority holding a lease with a lock-delay is killed: once its
+/// claim lapses, the survivor keeps the lease's place, and an acquire refused
+/// before the lease would have expired is told who holds it (409
+/// `lock-held`, the lease as it was granted), not of a lock-delay that has not
+/// begun; after its expiry, of its lock-delay (409 `lock-delay`), and it is
+/// granted once that ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lease_held_through_an_authority_that_crashes_keeps_its_place_and_then_its_delay() {
+async fn a_lease_held_through_an_authority_that_crashes_keeps_its_holder_and_then_its_delay() {
     let schema = unique_schema();
     let flags = [
         "--schema",
@@ -183,17 +189,29 @@ async fn a_lease_held_through_an_authority_that_crashes_keeps_its_place_and_then
     let mut a = spawn_peer_process(&clickhouse_url(), &flags).await;
     let b = spawn_peer_process(&clickhouse_url(), &flags).await;
     let id = "crashed-authority";
+    let info = json!({"host": "runner-1", "pid": 4242});
     // Longer than the take-over (the claim TTL) takes on a loaded machine.
-    let held = acquire(&a.api(), id, 20, 0.0, 3).await;
+    let held = a
+        .api()
+        .acquire(
+            id,
+            &json!({"owner": "worker", "ttl_seconds": 20, "wait_seconds": 0,
+                    "lock_delay_seconds": 3, "info": info}),
+        )
+        .await;
     held.expect(StatusCode::CREATED);
-    let expires_at = millis(&time(&held.json(), "expires_at"));
-    // The grant's row, which carries the delay, is written behind the grant.
+    let granted = held.json();
+    let expires_at = millis(&time(&granted, "expires_at"));
+    // The grant's row, which the survivor learns the lease from, is written
+    // behind the grant.
+    let shown = a.api().get(&format!("/v1/locks/{id}")).await;
+    shown.expect(StatusCode::OK);
+    let authority = shown.json()["gateway_id"].clone();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     a.child.kill().await.expect("kill -9");
 
     // Until the dead authority's claim lapses, the id is unreachable; then
-    // the survivor takes the claim, and the lease keeps its place until it
-    // would have expired, and its delay after that.
+    // the survivor takes the claim, and the lease keeps its place.
     let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
     let refused = loop {
         let reply = acquire(&b.api(), id, 30, 0.0, 0).await;
@@ -204,19 +222,36 @@ async fn a_lease_held_through_an_authority_that_crashes_keeps_its_place_and_then
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     refused.expect(StatusCode::CONFLICT);
-    assert_eq!(refused.problem_type(), "lock-delay", "{}", refused.text);
+    assert_eq!(refused.problem_type(), "lock-held", "{}", refused.text);
+    let holder = &refused.json()["holder"];
+    for field in [
+        "owner",
+        "fencing_token",
+        "acquired_at",
+        "expires_at",
+        "info",
+    ] {
+        assert_eq!(holder[field], granted[field], "{field}: {}", refused.text);
+    }
+    assert_eq!(holder["gateway_id"], authority, "its authority, now dead");
+
+    // Past its expiry, its lock-delay: the survivor answers it at once.
+    let refused = loop {
+        let reply = acquire(&b.api(), id, 30, 0.0, 0).await;
+        reply.expect(StatusCode::CONFLICT);
+        if reply.problem_type() == "lock-delay" {
+            break reply;
+        }
+        assert_eq!(reply.problem_type(), "lock-held", "{}", reply.text);
+        assert!(tokio::time::Instant::now() < give_up, "{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let free_at = time(&refused.json(), "free_at");
     assert_eq!(
         millis(&free_at),
         expires_at + 3_000,
         "free at the lease's expiry and its delay"
     );
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let wait = u64::try_from(millis(&free_at) - now_ms).unwrap_or(0);
-    tokio::time::sleep(Duration::from_millis(wait.saturating_sub(5_000))).await;
     granted_after(&b.api(), id, &free_at).await;
 }
 

@@ -118,26 +118,37 @@ impl Claimant {
     }
 
     /// What this gateway takes over with a claim just won, from the id's
-    /// lease rows: leases handed on at a shutdown and still running, and the
-    /// places the others keep (see [`place_end`]). The rows of the leases
-    /// that `readopting` keeps are this gateway's own, running on.
+    /// lease rows: leases handed on at a shutdown and still running, leases
+    /// whose authority is gone (see [`orphaned`]), and the lock-delays of
+    /// ended ones (see [`place_end`]). The rows of the leases that
+    /// `readopting` keeps are this gateway's own, running on.
     pub fn inherit(&self, rows: Vec<StoredLease>, readopting: Option<&Lapsed>) -> Inherited {
         let (now, now_ms) = (Instant::now(), now_ms());
         let mut inherited = Inherited::default();
         let kept = |stored: &StoredLease| {
             readopting.is_some_and(|l| l.leases.contains(&stored.record.lease.lease_id))
         };
+        let until_expiry = |lease: &Lease| {
+            let remaining = u64::try_from(lease.expires_ms - now_ms).unwrap_or(0);
+            now + Duration::from_millis(remaining)
+        };
         for stored in rows.into_iter().filter(|stored| !kept(stored)) {
             if stored.unexpired && stored.record.state == LeaseState::HandedOver {
                 let record = stored.record;
-                let remaining = u64::try_from(record.lease.expires_ms - now_ms).unwrap_or(0);
                 inherited.leases.push(LocalLease {
-                    deadline: now + Duration::from_millis(remaining),
+                    deadline: until_expiry(&record.lease),
                     version: record.version.renewed(),
                     lease: Lease {
                         gateway_id: self.settings.gateway_id,
                         ..record.lease
                     },
+                });
+            } else if orphaned(&stored, now_ms) {
+                let record = stored.record;
+                inherited.orphaned.push(LocalLease {
+                    deadline: until_expiry(&record.lease),
+                    version: record.version,
+                    lease: record.lease,
                 });
             } else if let Some(free_at) = place_end(&stored, now_ms) {
                 let slots = stored.record.lease.slots;
@@ -150,14 +161,23 @@ impl Claimant {
     }
 }
 
-/// Until when a recorded lease that is not in force keeps its place, if
-/// that is still to come: its lock-delay after its end. A release or
-/// force-unlock recorded its end; any other lease ends at its expiry, also
-/// an unexpired one whose authority lost its claim (it crashed, froze, or
-/// its renewals did not land). Its holder may run on unaware until its next
+/// Whether a recorded lease is held, not in force, by a gateway that lost
+/// its claim (it crashed, froze, or its renewals did not land) before the
+/// lease would have expired. Its holder may run on unaware until its next
 /// renewal, and its authority may only be frozen: nobody else is granted
-/// the place before the lease would have expired (design.md, "Several
-/// gateways"), though its holder's writes are refused from the take-over on.
+/// the place before then (design.md, "Several gateways"), and an acquire
+/// refused meanwhile names it as the holder, though its holder's renewals
+/// and writes are refused from the take-over on.
+pub(super) fn orphaned(stored: &StoredLease, now_ms: i64) -> bool {
+    let record = &stored.record;
+    record.state == LeaseState::Held
+        && record.ended_ms.is_none()
+        && record.lease.expires_ms > now_ms
+}
+
+/// Until when a recorded lease that has ended keeps its place, if that is
+/// still to come: its lock-delay after its end. A release or force-unlock
+/// recorded its end; any other lease ended at its expiry.
 pub(super) fn place_end(stored: &StoredLease, now_ms: i64) -> Option<i64> {
     let record = &stored.record;
     let ended = record.ended_ms.unwrap_or(record.lease.expires_ms);

@@ -7,9 +7,10 @@ use super::*;
 impl SlotState {
     /// Drops what has run out by now: a lapsed claim (its leases are kept,
     /// acting on nothing, until a claim attempt re-wins it or finds another
-    /// gateway's), expired leases (their lock-delays begin), ended delays,
-    /// writes that have surely landed. Nobody is woken for it: every waiter
-    /// already sleeps no later than the first of these ends (see `next_step`).
+    /// gateway's), expired leases, an earlier authority's included (their
+    /// lock-delays begin), ended delays, writes that have surely landed.
+    /// Nobody is woken for it: every waiter already sleeps no later than the
+    /// first of these ends (see `next_step`).
     pub fn expire(&mut self, id: &StateId, now: Instant, metrics: &Metrics) {
         if self.claim.as_ref().is_some_and(|c| now >= c.valid_until) {
             self.lapse_claim(id, metrics);
@@ -24,14 +25,25 @@ impl SlotState {
         if self.leases.is_empty() {
             self.lapsed = None;
         }
+        // Counted as expiries by the authority that granted them, if at all.
+        let (expired, running): (Vec<_>, Vec<_>) =
+            self.orphaned.drain(..).partition(|l| now >= l.deadline);
+        self.orphaned = running;
+        for lease in expired {
+            self.delay_after(&lease, lease.deadline, lease.lease.expires_ms);
+        }
         self.delayed.retain(|d| now < d.until);
         self.sending.retain(|_, until| now < *until);
     }
 
-    /// Ends every current lease by force (a force-unlock), at `now`: their
-    /// lock-delays start now.
+    /// Ends every lease holding the id by force (a force-unlock), at `now`:
+    /// the current ones and an earlier authority's; their lock-delays start now.
     pub(super) fn end_all_by_force(&mut self, now: Instant, now_ms: i64) -> Vec<LocalLease> {
-        let ended: Vec<LocalLease> = self.leases.drain(..).collect();
+        let ended: Vec<LocalLease> = self
+            .leases
+            .drain(..)
+            .chain(self.orphaned.drain(..))
+            .collect();
         for lease in &ended {
             self.delay_after(lease, now, now_ms);
         }
@@ -87,6 +99,7 @@ impl SlotState {
             && self.queue.is_empty()
             && self.sending.is_empty()
             && self.delayed.is_empty()
+            && self.orphaned.is_empty()
     }
 
     /// Until when writes sent earlier may still land, if any may.
@@ -98,13 +111,41 @@ impl SlotState {
     /// it, no place is kept, and no write sent under it may still land.
     pub(super) fn claim_can_go(&self) -> bool {
         // Held through a lock-delay too: another gateway would not know of it.
-        self.leases.is_empty() && self.sending.is_empty() && self.delayed.is_empty()
+        self.leases.is_empty()
+            && self.sending.is_empty()
+            && self.delayed.is_empty()
+            && self.orphaned.is_empty()
     }
 
-    /// The slots kept by delays: ended leases' lock-delays, and an earlier
-    /// authority's leases.
+    /// The slots kept besides the current leases: ended leases' lock-delays,
+    /// and an earlier authority's leases.
     fn kept(&self) -> usize {
-        self.delayed.iter().map(|d| d.slots).sum()
+        let orphaned: usize = self.orphaned.iter().map(|l| l.lease.slots).sum();
+        orphaned + self.delayed.iter().map(|d| d.slots).sum::<usize>()
+    }
+
+    /// Whether a lease holds the id: one granted here, or an earlier
+    /// authority's that keeps its place.
+    fn held(&self) -> bool {
+        !self.leases.is_empty() || !self.orphaned.is_empty()
+    }
+
+    /// The holder a refused acquire is told of: the current lease, else the
+    /// earlier authority's lease that ends first.
+    pub(super) fn holder(&self) -> Option<&Lease> {
+        self.lease().or_else(|| {
+            self.orphaned
+                .iter()
+                .min_by_key(|l| l.deadline)
+                .map(|l| &l.lease)
+        })
+    }
+
+    /// The leases an earlier authority granted that keep their places here,
+    /// as their rows were read: they hold the id, though not as current
+    /// leases of this gateway's (nothing renews them or writes under them).
+    pub fn orphaned(&self) -> Vec<Lease> {
+        self.orphaned.iter().map(|l| l.lease.clone()).collect()
     }
 
     /// Whether `slots` more fit beside the leases and the kept places.
@@ -117,12 +158,12 @@ impl SlotState {
         self.queue.front().is_some_and(|q| q.ticket == ticket)
     }
 
-    /// With no lease running and delays keeping too many places for the
-    /// first in line (`slots` when the line is empty): the delay whose end
-    /// frees enough of them.
+    /// With no lease holding the id and delays keeping too many places for
+    /// the first in line (`slots` when the line is empty): the delay whose
+    /// end frees enough of them.
     fn delay_to_wait_out(&self, slots: usize) -> Option<Delay> {
         let slots = self.queue.front().map_or(slots, |q| q.slots);
-        if !self.leases.is_empty() || self.fits(slots) {
+        if self.held() || self.fits(slots) {
             return None;
         }
         let mut ends = self.delayed.clone();
@@ -201,14 +242,14 @@ impl SlotState {
             // A lease about to exist (a claim attempt, a grant or the end of
             // a write under way ahead of this waiter) is worth a short wait,
             // so that the 409 names its holder.
-            let coming = self.leases.is_empty()
+            let coming = !self.held()
                 && !waiter.attempted_claim
                 && (self.claiming || landing.is_some() || !first);
             let grace_ends = waiter.deadline + rules.holder_grace;
             if coming && now < grace_ends {
                 Step::Wait(landing.map_or(grace_ends, |t| t.min(grace_ends)))
             } else {
-                Step::GiveUp(self.lease().cloned())
+                Step::GiveUp(self.holder().cloned())
             }
         } else {
             // Asleep no later than the first lease or kept place to end, so
@@ -216,6 +257,7 @@ impl SlotState {
             let until = self
                 .leases
                 .iter()
+                .chain(&self.orphaned)
                 .map(|l| l.deadline)
                 .chain(self.delayed.iter().map(|d| d.until))
                 .fold(waiter.deadline, Instant::min);

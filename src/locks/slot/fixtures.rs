@@ -68,3 +68,38 @@ pub fn claim(claim_id: Uuid, valid_until: Instant) -> HeldClaim {
         handover: false,
     }
 }
+
+/// The gateway an orphaned lease was granted by: an earlier authority.
+pub const DEAD: Uuid = Uuid::from_u128(9);
+
+/// A lease of `slots` on `id` that the earlier authority [`DEAD`] granted
+/// with token `token` and `lock_delay`, as a claim won inherits it when
+/// that authority lost its claim: it would expire in `secs`, at `now_ms`
+/// + `secs` by the wall clock.
+pub fn orphan(
+    id: &StateId,
+    token: u64,
+    slots: usize,
+    secs: u64,
+    now: Instant,
+    now_ms: i64,
+) -> LocalLease {
+    let expires_ms = now_ms + i64::try_from(secs * 1_000).unwrap();
+    LocalLease {
+        lease: Lease {
+            state_id: id.clone(),
+            lease_id: Uuid::new_v4(),
+            owner: "gone-worker".to_owned(),
+            fencing_token: token,
+            gateway_id: DEAD,
+            acquired_ms: now_ms - 1_000,
+            expires_ms,
+            lock_delay: Duration::ZERO,
+            info: LeaseInfo::default(),
+            limit: slots,
+            slots,
+        },
+        version: LeaseVersion::granted(token),
+        deadline: now + Duration::from_secs(secs),
+    }
+}

@@ -5,7 +5,7 @@
 
 use super::*;
 
-use super::fixtures::{GATEWAY, claim, one_of, rules, waiter};
+use super::fixtures::{GATEWAY, claim, one_of, orphan, rules, waiter};
 
 const CLAIM: Uuid = Uuid::from_u128(1);
 
@@ -168,13 +168,14 @@ fn a_claim_won_keeps_the_places_of_a_dead_authoritys_leases() {
     let now = Instant::now();
     let mut st = SlotState::default();
     let ticket = st.join(one_of(2)).out.unwrap();
-    let ends = |secs: u64| Delay::ending(1_000 + 1_000 * secs as i64, 1, now, 1_000);
+    let ends = |secs: u64| orphan(&pool(), 7, 1, secs, now, 1_000);
     let won = WonClaim {
         claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: Vec::new(),
-            delays: vec![ends(3), ends(5)],
+            orphaned: vec![ends(3), ends(5)],
+            delays: Vec::new(),
         },
         readopted: false,
     };
@@ -250,6 +251,7 @@ fn a_claim_won_adopts_every_lease_handed_on_and_grants_a_free_place() {
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: handed,
+            orphaned: Vec::new(),
             delays: Vec::new(),
         },
         readopted: false,

@@ -5,7 +5,7 @@
 
 use super::*;
 
-use super::fixtures::{GATEWAY, claim, rules, waiter};
+use super::fixtures::{GATEWAY, claim, orphan, rules, waiter};
 
 const CLAIM: Uuid = Uuid::from_u128(1);
 
@@ -240,14 +240,15 @@ fn a_dead_authoritys_leases_keep_their_slots_until_they_would_have_expired() {
     let mut st = SlotState::default();
     let two = join(&mut st, 4, 2, 0);
     let one = join(&mut st, 4, 1, 0);
-    // Its leases of 3 slots and 1 slot end in 5 s and 8 s.
-    let kept = |slots: usize, secs: i64| Delay::ending(1_000 + secs * 1_000, slots, now, 1_000);
+    // Its leases of 3 slots and 1 slot would expire in 5 s and 8 s.
+    let kept = |slots: usize, secs: u64| orphan(&pool(), 7, slots, secs, now, 1_000);
     let won = WonClaim {
         claim: claim(CLAIM, now + Duration::from_secs(600)),
         tokens: TokenBlock { next: 40, last: 99 },
         inherited: Inherited {
             leases: Vec::new(),
-            delays: vec![kept(3, 5), kept(1, 8)],
+            orphaned: vec![kept(3, 5), kept(1, 8)],
+            delays: Vec::new(),
         },
         readopted: false,
     };
@@ -265,7 +266,7 @@ fn a_dead_authoritys_leases_keep_their_slots_until_they_would_have_expired() {
             .granted
             .is_none()
     );
-    // No lease runs: the first waiter is told when enough slots come free.
+    // The first waiter sleeps until enough slots come free.
     assert_eq!(
         decide(&mut st, two, now),
         Step::Wait(now + Duration::from_secs(5))
@@ -275,7 +276,7 @@ fn a_dead_authoritys_leases_keep_their_slots_until_they_would_have_expired() {
     assert_eq!(granted.fencing_token, 40);
     let last = try_grant(&mut st, one, five).expect("1 + 2 + 1 fit");
     assert_eq!(last.fencing_token, 41);
-    assert_eq!(st.used(), 3, "the kept slot is no lease's");
+    assert_eq!(st.used(), 3, "the kept slot is no lease of this gateway's");
 }
 
 #[test]

@@ -116,7 +116,8 @@ impl SlotState {
     }
 
     /// A force-unlock through this gateway: None when it is not the id's
-    /// authority (no claim, lapsed or held), else every lease it ended.
+    /// authority (no claim, lapsed or held), else every lease it ended, an
+    /// earlier authority's that kept its place included.
     pub fn force_unlock(&mut self, now: Instant, now_ms: i64) -> Effects<Option<Vec<LocalLease>>> {
         if !self.answers_for() {
             return Effects::quiet(None);
@@ -224,6 +225,13 @@ impl SlotState {
         self.claim = Some(won.claim);
         self.tokens = won.tokens;
         self.delayed.extend(won.inherited.delays);
+        // A claim re-won after a lapse reads the same rows again.
+        for lease in won.inherited.orphaned {
+            let id = lease.lease.lease_id;
+            if !self.orphaned.iter().any(|l| l.lease.lease_id == id) {
+                self.orphaned.push(lease);
+            }
+        }
         let adopted: Vec<(Lease, LeaseVersion)> = won
             .inherited
             .leases

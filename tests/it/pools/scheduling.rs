@@ -370,6 +370,55 @@ async fn a_killed_authoritys_slots_are_kept_until_its_lease_would_have_expired()
     assert_eq!(shown["used"], 3, "{shown}");
 }
 
+/// The authority holding both slots of a pool is killed -9: until its lease
+/// would have expired, the survivor's 409 `pool-full` counts it in `used` and
+/// names it among the `holders`, with its dead authority's `gateway_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_pool_names_a_killed_authoritys_lease_as_a_holder() {
+    let schema = unique_schema();
+    let name = "killed-holder";
+    let flags = [
+        "--schema",
+        &schema,
+        "--claim-ttl",
+        "3s",
+        "--claim-settle",
+        "200ms",
+    ];
+    let mut first = spawn_peer_process(&clickhouse_url(), &flags).await;
+    let survivor = spawn_peer_process(&clickhouse_url(), &flags).await;
+    // Longer than the take-over (the claim TTL) takes on a loaded machine.
+    let info = json!({"host": "runner-1"});
+    let body = json!({"owner": "dead", "limit": 2, "slots": 2, "ttl_seconds": 20, "info": info});
+    let dead = take_with(&first.api(), name, &body).await;
+    let authority = view(&first.api(), name).await["holders"][0]["gateway_id"].clone();
+    // A pool lease's row is written before its grant is answered.
+    first.child.kill().await.expect("kill -9");
+
+    let ask = json!({"owner": "next", "limit": 2, "ttl_seconds": 30, "wait_seconds": 1});
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let full = loop {
+        let reply = survivor.api().pool_acquire(name, &ask).await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            break reply;
+        }
+        assert!(Instant::now() < give_up, "{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    problem(&full, StatusCode::CONFLICT, "pool-full");
+    let shown = full.json();
+    assert_eq!(shown["used"], 2, "{shown}");
+    let holders = shown["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 1, "{shown}");
+    let holder = &holders[0];
+    assert_eq!(holder["owner"], "dead");
+    assert_eq!(holder["fencing_token"], dead.token);
+    assert_eq!(holder["expires_at"], dead.body["expires_at"]);
+    assert_eq!(holder["slots"], 2);
+    assert_eq!(holder["info"], info);
+    assert_eq!(holder["gateway_id"], authority, "its authority, now dead");
+}
+
 /// Acquires `body` through `api`, retrying while the dead authority's claim
 /// has not lapsed (503); the 20 s is a give-up, not a bound under test.
 async fn take_after_takeover(api: &Api, name: &str, body: &Value) -> Grant {

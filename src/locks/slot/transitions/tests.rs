@@ -194,6 +194,7 @@ fn a_won_claim_adopts_a_running_lease_and_waits_out_its_writes() {
     let (mut before, lease) = holding(now, Duration::ZERO);
     let inherited = Inherited {
         leases: std::mem::take(&mut before.leases),
+        orphaned: Vec::new(),
         delays: Vec::new(),
     };
     let mut st = SlotState::default();
@@ -210,6 +211,7 @@ fn a_won_claim_grants_nothing_during_an_inherited_delay() {
     let delay = Delay::ending(6_000, 1, now, 1_000);
     let inherited = Inherited {
         leases: Vec::new(),
+        orphaned: Vec::new(),
         delays: vec![delay],
     };
     let mut st = SlotState::default();
@@ -443,6 +445,7 @@ fn a_claim_won_for_writes_adopts_the_leases_handed_on_to_it() {
     let mut st = SlotState::default();
     let inherited = Inherited {
         leases: handed,
+        orphaned: Vec::new(),
         delays: Vec::new(),
     };
     let adopted = st.claim_won_for_writes(won(now, inherited), now, Duration::from_secs(3));

@@ -377,7 +377,7 @@ impl ApiError {
             }
             Self::AuthorityUnreachable(_)
             | Self::AuthorityMoving
-            | Self::Lock(LockError::Moving(_) | LockError::Lapsed(_)) => {
+            | Self::Lock(LockError::Moving(_) | LockError::Lapsed(_) | LockError::Unsettled(_)) => {
                 ProblemType::AuthorityUnreachable
             }
         }

@@ -227,10 +227,11 @@ impl Acquirer<'_> {
                             }
                         }
                         ClaimOutcome::Elsewhere(peer) => return Err(LockError::Elsewhere(peer)),
-                        ClaimOutcome::Lost | ClaimOutcome::Unsettled
-                            if Instant::now() >= deadline =>
-                        {
+                        ClaimOutcome::Lost if Instant::now() >= deadline => {
                             return Err(self.held_elsewhere(id).await);
+                        }
+                        ClaimOutcome::Unsettled if Instant::now() >= deadline => {
+                            return Err(self.unsettled(id).await);
                         }
                         // Our candidate lapsed in line: stand in line again.
                         ClaimOutcome::Lost | ClaimOutcome::Unsettled => {}
@@ -272,6 +273,22 @@ impl Acquirer<'_> {
             // A claim attempt takes the settle and a few round trips; a write
             // under way, one.
             holder_grace: self.coordinator.timing().holder_grace(),
+        }
+    }
+
+    /// The answer to an acquire whose last claim attempt did not settle by
+    /// its deadline (its own candidate ran out first, or one of this
+    /// gateway's was ahead): unless ClickHouse records a holder (409 naming
+    /// it), nobody is known to hold the id, and the answer is 503, not a 409
+    /// naming no one.
+    async fn unsettled(&self, id: &StateId) -> LockError {
+        match self.coordinator.recorded_lease(id, None).await {
+            Ok(Some(holder)) => LockError::Held {
+                state_id: id.clone(),
+                holder: Some(Box::new(holder)),
+            },
+            Ok(None) => LockError::Unsettled(id.clone()),
+            Err(err) => err.into(),
         }
     }
 

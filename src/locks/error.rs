@@ -38,6 +38,15 @@ pub enum LockError {
         "the claim on {0} lapsed while Keeper or ClickHouse was out of reach; nothing was done or written; retry shortly"
     )]
     Lapsed(StateId),
+    /// An acquire's last claim attempt could not settle before its wait ran
+    /// out: its own claim ran out first (Keeper or ClickHouse slower than
+    /// the claim TTL) or an earlier one of this gateway's was still ahead,
+    /// and ClickHouse records no holder. Nobody is known to hold the id, so
+    /// it is not a 409: nothing was granted, try again.
+    #[error(
+        "the claim on {0} could not be settled in time (Keeper or ClickHouse answered slower than the claim TTL); no holder is recorded and nothing was granted; retry shortly"
+    )]
+    Unsettled(StateId),
     /// This gateway holds no claim on the id, so it cannot admit a write
     /// to it for another gateway (a ticket asked of the wrong gateway).
     #[error("this gateway is not the authority for {0}")]

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
+use statehouse::domain::Coordination;
 
 use crate::helpers::TestApp;
 use crate::proxy::{Proxy, spawn_app_behind_proxy};
@@ -207,4 +208,69 @@ async fn an_outage_under_traffic_loses_no_acknowledged_write_and_locks_stay_trut
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("GET /v1/locks still lists the lease released during the outage");
+}
+
+/// The claim TTL of the unsettled-claim test: the held answer outlasts it.
+const SHORT_CLAIM_TTL: Duration = Duration::from_secs(3);
+
+/// A no-wait acquire whose one claim attempt cannot settle: the answer to
+/// its candidate's INSERT reaches the gateway only after the claim TTL (held
+/// here, as a loaded ClickHouse delays it), so the candidate ran out before
+/// it was read back. Nobody holds the id or the pool, so the answer is 503
+/// `authority-unreachable` with `Retry-After` (what clients retry), not a
+/// 409 `lock-held` naming no holder or a `pool-full` of "0 of 2 held".
+/// Table mode: a Keeper claim has no read between its write and its win.
+/// With no wait, nothing is tried again, however the load moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_wait_acquire_whose_claim_cannot_settle_is_told_to_retry_not_that_it_is_held() {
+    let (app, proxy) = spawn_app_behind_proxy(|config| {
+        config.locks.coordination = Coordination::Table;
+        config.locks.claim_ttl = SHORT_CLAIM_TTL;
+    })
+    .await;
+    // A claim attempt's candidate (not its withdrawal, nor a renewal).
+    let proposal: &[&str] = &["'claim', {claim:UUID}", "toIntervalMillisecond"];
+    let held = SHORT_CLAIM_TTL + Duration::from_secs(1);
+    let body = json!({"owner": "worker", "ttl_seconds": 60});
+    let pool_body = json!({"owner": "worker", "limit": 2, "ttl_seconds": 60});
+    for (what, path) in [
+        ("state_id", "/v1/locks/unsettled"),
+        ("pool", "/v1/pools/unsettled"),
+    ] {
+        proxy.hold_the_answer_to_one_request_containing(proposal, held);
+        let reply = match what {
+            "pool" => app.pool_acquire("unsettled", &pool_body).await,
+            _ => app.acquire("unsettled", &body).await,
+        };
+        reply.expect_because(StatusCode::SERVICE_UNAVAILABLE, what);
+        assert_eq!(reply.problem_type(), "authority-unreachable", "{what}");
+        assert!(reply.header("retry-after").is_some(), "{what}");
+        assert!(
+            reply.json()["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("could not be settled")),
+            "{what}: {}",
+            reply.text
+        );
+        assert!(
+            !proxy.held_answers().is_empty(),
+            "{what}: the answer was held"
+        );
+        app.get(path)
+            .await
+            .expect_because(StatusCode::NOT_FOUND, format!("nobody holds the {what}"));
+    }
+    // Asked again, as Retry-After says: granted.
+    app.acquire(
+        "unsettled",
+        &json!({"owner": "worker", "ttl_seconds": 60, "wait_seconds": 30}),
+    )
+    .await
+    .expect(StatusCode::CREATED);
+    app.pool_acquire(
+        "unsettled",
+        &json!({"owner": "worker", "limit": 2, "ttl_seconds": 60, "wait_seconds": 30}),
+    )
+    .await
+    .expect(StatusCode::CREATED);
 }

@@ -161,7 +161,9 @@ async fn only_the_holder_renews_and_a_renewal_extends_the_expiry() {
 async fn only_a_lapsed_claim_is_taken_over_and_then_its_old_holder_has_lost_it() {
     let (a, b) = two_nodes().await;
     let target = id("dev:lapsing");
-    let first = claim(Duration::from_millis(400), 5);
+    // Live for the next statement on a loaded machine too (there one took
+    // up to 6 s; a 400 ms claim had lapsed before the take-over landed).
+    let first = claim(Duration::from_secs(10), 5);
     assert_eq!(a.create(&target, &first).await.unwrap(), Outcome::Done);
 
     let second = claim(Duration::from_secs(30), 5);

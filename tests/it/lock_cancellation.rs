@@ -18,6 +18,7 @@ use statehouse::metrics::Metrics;
 use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
+use crate::api::Reply;
 use crate::checker::retried;
 use crate::helpers::{TestApp, metric, spawn_app_with, test_config, unique_schema};
 use crate::proxy::{Proxy, spawn_app_behind_proxy};
@@ -265,10 +266,6 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
     }
 }
 
-/// The claim TTL of the late-renewal test: short, so that a renewal held
-/// past it is quick to come by.
-const SHORT_CLAIM_TTL: Duration = Duration::from_secs(3);
-
 /// What the above meets one claim at a time, made certain: a claim renewal
 /// that reaches ClickHouse (or Keeper) only after the claim ran out there,
 /// held past the claim TTL here as the load queued it there. No other
@@ -278,12 +275,14 @@ const SHORT_CLAIM_TTL: Duration = Duration::from_secs(3);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
     let mut coordination = Coordination::Table;
+    let mut claim_ttl = Duration::ZERO;
     let (app, proxy) = spawn_app_behind_proxy(|config| {
-        config.locks.claim_ttl = SHORT_CLAIM_TTL;
         coordination = config.locks.coordination;
+        claim_ttl = config.locks.claim_ttl;
+        config.query_timeout = HELD_QUERY_TIMEOUT;
     })
     .await;
-    let (lease, _) = app.lease("renewed-late", "worker", 60, 10.0).await;
+    let (lease, _) = app.lease("renewed-late", "worker", KEPT_TTL, 60.0).await;
     // Only the renewal statement of each mode: it keeps a claim that is
     // still live, and refuses one that ran out.
     let renewal: &[&str] = match coordination {
@@ -294,7 +293,7 @@ async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
             "throwIf(claim_id !=",
         ],
     };
-    proxy.hold_requests_containing(Some((renewal, SHORT_CLAIM_TTL + Duration::from_secs(1))));
+    proxy.hold_one_request_containing(renewal, claim_ttl + Duration::from_secs(1));
     let lapsed = async {
         held_once(&proxy).await;
         // The refusal is taken in once counted; nothing touched the lease's
@@ -304,68 +303,106 @@ async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
     tokio::time::timeout(Duration::from_secs(60), lapsed)
         .await
         .expect("a renewal was held, and refused");
-    let renewed = retried(|| app.renew("renewed-late", &lease, 60)).await;
-    renewed.expect_because(
-        StatusCode::OK,
-        "the lease outlives its claim's late renewal",
-    );
-    app.release("renewed-late", &lease)
-        .await
-        .expect(StatusCode::NO_CONTENT);
+    kept_through_lapses(&app, "renewed-late", &lease).await;
 }
 
 /// A claim lapsed (ClickHouse out of reach), then a re-claim too slow to
 /// win: its lock read held past the claim TTL, so its own candidate ran out
 /// before it was read. It saw no other gateway's claim, so the lease stays
-/// kept, and the next attempt re-wins it. (Keeper mode has no such read
+/// kept, and a later attempt re-wins it. (Keeper mode has no such read
 /// between its write and its win: there the attempt simply wins.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_claim_too_slow_to_win_keeps_the_lapsed_lease() {
+    let mut claim_ttl = Duration::ZERO;
     let (app, proxy) = spawn_app_behind_proxy(|config| {
-        config.locks.claim_ttl = SHORT_CLAIM_TTL;
+        claim_ttl = config.locks.claim_ttl;
+        config.query_timeout = HELD_QUERY_TIMEOUT;
     })
     .await;
-    let (lease, _) = app.lease("re-claimed-late", "worker", 60, 10.0).await;
+    let (lease, _) = app.lease("re-claimed-late", "worker", KEPT_TTL, 60.0).await;
     proxy.set_down(true);
     tokio::time::timeout(Duration::from_secs(60), claim_lapsed(&app))
         .await
         .expect("the claim lapsed with ClickHouse away");
     // An attempt's read of the id's lock rows, not a routing read's.
     let read: &[&str] = &["kind_code", "ORDER BY state_id, created_at"];
-    proxy.hold_requests_containing(Some((read, SHORT_CLAIM_TTL + Duration::from_secs(1))));
+    proxy.hold_one_request_containing(read, claim_ttl + Duration::from_secs(1));
     proxy.set_down(false);
     tokio::time::timeout(Duration::from_secs(60), held_once(&proxy))
         .await
         .expect("a re-claim's read was held");
-    let renewed = retried(|| app.renew("re-claimed-late", &lease, 60)).await;
-    renewed.expect_because(StatusCode::OK, "the lease outlives a slow re-claim");
-    app.release("re-claimed-late", &lease)
-        .await
-        .expect(StatusCode::NO_CONTENT);
+    kept_through_lapses(&app, "re-claimed-late", &lease).await;
 }
 
-/// Waits until the proxy has held a request and ClickHouse answered it,
-/// then lets the next ones through.
+/// The query timeout of the lapse tests: past the claim TTL and the second
+/// more a statement is held, so that the held one is answered, not given up.
+const HELD_QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The lease TTL of the lapse tests: far longer than the load may keep a
+/// claim from being re-won, so that only the gateway can end the lease.
+const KEPT_TTL: u64 = 900;
+
+/// The claim lapsed with `lease` kept: it renews and releases, each asked
+/// again after every re-win while it is answered 503. The claim TTL is the
+/// production one (10 s): a re-claim is a dozen round trips through the
+/// local ClickHouse, which the other tests load for seconds at a time, and
+/// one that does not fit in the TTL is refused, correctly, and tried again.
+/// A re-won claim may lapse again under that load: the 503 then waits for
+/// the next re-win, an event, not a time. A 409 would mean the lease was lost.
+async fn kept_through_lapses(app: &TestApp, id: &str, lease: &str) {
+    let kept = async {
+        let renewed = once_re_won(app, || app.renew(id, lease, KEPT_TTL)).await;
+        renewed.expect_because(StatusCode::OK, "the lease outlives its lapsed claim");
+        let released = once_re_won(app, || app.release(id, lease)).await;
+        released.expect_because(StatusCode::NO_CONTENT, "the kept lease releases");
+    };
+    // Only a guard against a hang: the lease lives far longer.
+    tokio::time::timeout(Duration::from_secs(600), kept)
+        .await
+        .expect("the lapsed claim was re-won");
+}
+
+/// `request`'s first answer that is not 503: after each 503 (the claim
+/// lapsed, its lease kept), asked again once the gateway has re-won a
+/// claim since the request was sent.
+async fn once_re_won<F: Future<Output = Reply>>(app: &TestApp, request: impl Fn() -> F) -> Reply {
+    loop {
+        let before = lock_events(app, CLAIM_READOPTED).await;
+        let reply = request().await;
+        if reply.status != StatusCode::SERVICE_UNAVAILABLE {
+            return reply;
+        }
+        while lock_events(app, CLAIM_READOPTED).await <= before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Waits until the proxy has held a request and ClickHouse answered it.
 async fn held_once(proxy: &Proxy) {
     while proxy.held_answers().is_empty() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    proxy.hold_requests_containing(None);
+}
+
+/// How many of `sample`'s lock events the gateway has counted.
+async fn lock_events(app: &TestApp, sample: &str) -> f64 {
+    let text = app.get("/metrics").await.text;
+    metric(&text, sample).unwrap_or(0.0)
 }
 
 /// Waits until the gateway has counted a claim lapsed (or lost).
 async fn claim_lapsed(app: &TestApp) {
-    loop {
-        let text = app.get("/metrics").await.text;
-        if metric(&text, CLAIM_LAPSED).is_some_and(|n| n >= 1.0) {
-            return;
-        }
+    while lock_events(app, CLAIM_LAPSED).await < 1.0 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// The metrics sample of claims lapsed or lost here.
 const CLAIM_LAPSED: &str = r#"statehouse_lock_events_total{event="claim_lapsed"}"#;
+
+/// The metrics sample of lapsed claims re-won with their leases kept.
+const CLAIM_READOPTED: &str = r#"statehouse_lock_events_total{event="claim_readopted"}"#;
 
 /// A lease of 30 s for `owner`, waiting up to `wait`.
 fn ask(owner: &str, wait: Duration) -> Ask {

@@ -131,7 +131,20 @@ impl Proxy {
     /// for `delay` before ClickHouse sees it (the rest of the request waits
     /// behind it); `None` lets them through again.
     pub fn hold_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
-        self.set_hold(hold, false);
+        self.set_hold(hold, false, false, false);
+    }
+
+    /// As [`Self::hold_requests_containing`], for the first such request
+    /// only: the ones after it go through, however soon they follow.
+    pub fn hold_one_request_containing(&self, texts: &[&str], delay: Duration) {
+        self.set_hold(Some((texts, delay)), false, true, false);
+    }
+
+    /// Lets the first request that contains every one of `texts` through
+    /// at once and holds ClickHouse's answer to it for `delay`: it ran when
+    /// sent, and the gateway learns so only after `delay`.
+    pub fn hold_the_answer_to_one_request_containing(&self, texts: &[&str], delay: Duration) {
+        self.set_hold(Some((texts, delay)), false, true, true);
     }
 
     /// As [`Self::hold_requests_containing`], but the request's head goes on
@@ -139,14 +152,22 @@ impl Proxy {
     /// (it is in `system.processes`) and waits for its rows, as it would
     /// for a slow INSERT.
     pub fn hold_bodies_of_requests_containing(&self, hold: Option<(&[&str], Duration)>) {
-        self.set_hold(hold, true);
+        self.set_hold(hold, true, false, false);
     }
 
-    fn set_hold(&self, hold: Option<(&[&str], Duration)>, body_only: bool) {
+    fn set_hold(
+        &self,
+        hold: Option<(&[&str], Duration)>,
+        body_only: bool,
+        once: bool,
+        answer: bool,
+    ) {
         *self.shared.hold.lock().unwrap() = hold.map(|(texts, delay)| Hold {
             texts: texts.iter().map(|t| (*t).to_owned()).collect(),
             delay,
             body_only,
+            once,
+            answer,
         });
     }
 
@@ -184,6 +205,10 @@ struct Hold {
     texts: Vec<String>,
     delay: Duration,
     body_only: bool,
+    /// Cleared by the first request it holds.
+    once: bool,
+    /// The answer waits, not the request.
+    answer: bool,
 }
 
 async fn relay(client: TcpStream, shared: Arc<Shared>) {
@@ -195,6 +220,7 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
     let mut cut = shared.cut.subscribe();
     let losing = AtomicBool::new(false);
     let holding = AtomicBool::new(false);
+    let answer_delay_ms = AtomicU64::new(0);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let to_server = async {
@@ -242,13 +268,18 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                         .iter()
                         .all(|text| decoded.contains(text.as_str()))
                 {
+                    if hold.once {
+                        shared.hold.lock().unwrap().take();
+                    }
                     held = Some(hold);
                 }
             }
             let mut start = 0;
             if let Some(hold) = held {
                 holding.store(true, Ordering::SeqCst);
-                if hold.body_only {
+                if hold.answer {
+                    answer_delay_ms.store(hold.delay.as_millis() as u64, Ordering::SeqCst);
+                } else if hold.body_only {
                     // The head, through its blank line, goes on now.
                     start = buf[..n]
                         .windows(4)
@@ -258,7 +289,9 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
                         return;
                     }
                 }
-                tokio::time::sleep(hold.delay).await;
+                if !hold.answer {
+                    tokio::time::sleep(hold.delay).await;
+                }
             }
             let delay = shared.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {
@@ -283,6 +316,10 @@ async fn relay(client: TcpStream, shared: Arc<Shared>) {
             if holding.swap(false, Ordering::SeqCst) {
                 let now = std::time::Instant::now();
                 shared.held_answers.lock().unwrap().push(now);
+            }
+            let answer_delay = answer_delay_ms.swap(0, Ordering::SeqCst);
+            if answer_delay > 0 {
+                tokio::time::sleep(Duration::from_millis(answer_delay)).await;
             }
             if client_write.write_all(&buf[..n]).await.is_err() {
                 return;

@@ -158,6 +158,8 @@ pub(super) struct LeaseRowOut {
 
 const KIND_CLAIM: i8 = 1;
 pub(super) const KIND_LEASE: i8 = 2;
+/// A reservation of fencing tokens: its `fencing_token` is the last reserved.
+const KIND_TOKENS: i8 = 3;
 
 /// A claim or lease row as read: the columns of both kinds.
 #[derive(Clone, clickhouse::Row, Deserialize)]
@@ -218,6 +220,10 @@ pub struct IdLocks {
     /// or was cut off from ClickHouse) and, if it lives, may still answer for
     /// leases granted under it whose rows have not landed.
     pub lapsed: Option<Candidate>,
+    /// The highest fencing token of the id reserved or handed out (0 for
+    /// none): its reservation row, read with the rest, so that a claim won
+    /// by this read reserves above it without reading it again.
+    pub last_token: u64,
 }
 
 impl IdLocks {
@@ -230,7 +236,9 @@ impl IdLocks {
     pub(super) fn assemble(rows: Vec<LockRowIn>) -> Result<Self, StoreError> {
         let mut locks = Self::default();
         for row in rows {
-            if row.kind_code == KIND_CLAIM {
+            if row.kind_code == KIND_TOKENS {
+                locks.last_token = locks.last_token.max(row.fencing_token);
+            } else if row.kind_code == KIND_CLAIM {
                 let live = row.unexpired != 0;
                 let candidate = Candidate {
                     claim_id: parse_uuid(&row.claim_id)?,
@@ -246,6 +254,7 @@ impl IdLocks {
                     locks.lapsed = Some(candidate);
                 }
             } else if let Some(lease) = stored_lease(row)? {
+                locks.last_token = locks.last_token.max(lease.record.lease.fencing_token);
                 locks.leases.push(lease);
             }
         }
@@ -314,7 +323,8 @@ pub(super) const LOCK_COLUMNS: &str =
     info, ended_by, actor, reason, pool_limit, slots,
     expires_at > now64(3) AS unexpired";
 
-/// The rows of [`lock_rows_sql`]: those `filter` selects that may matter.
+/// The rows of [`lock_rows_sql`]: those `filter` selects that may matter,
+/// and the id's token reservation (one row an id, the highest kept).
 pub(super) fn lock_rows_filter(filter: &str, rows: LeaseRows) -> String {
     let leases = match rows {
         LeaseRows::PerId => "kind = 'lease'",
@@ -324,9 +334,19 @@ pub(super) fn lock_rows_filter(filter: &str, rows: LeaseRows) -> String {
     };
     format!(
         "{filter}
-           AND (({leases}) OR (kind = 'claim' AND released = 0
+           AND (({leases}) OR kind = 'tokens' OR (kind = 'claim' AND released = 0
                 AND expires_at > now64(3) - toIntervalSecond({LAPSED_CLAIMS_READ_SECONDS})))"
     )
+}
+
+/// Puts one id's lock rows in `lock_rows_sql`'s order: earliest first, then
+/// by claim id as text (its `ORDER BY created_at, claim_id` sorts by the
+/// `claim_id` it selects, the text; ClickHouse compares strings bytewise, as
+/// Rust does).
+pub(super) fn in_lock_order(locks: &mut [LockRowIn]) {
+    locks.sort_by(|a, b| {
+        (a.created_ms, a.claim_id.as_str()).cmp(&(b.created_ms, b.claim_id.as_str()))
+    });
 }
 
 /// The lease table's DDL (see [`Placement`]). Claims are only needed while
@@ -545,5 +565,21 @@ mod tests {
         let lapsed = locks.lapsed.as_ref().expect("the lapsed candidate is read");
         assert_eq!(lapsed.gateway_id.to_string(), HOLDER);
         assert_eq!(locks.latest().unwrap().authority_url, "http://holder");
+    }
+
+    #[test]
+    fn the_token_reservation_row_gives_the_last_token_and_is_no_lease() {
+        let tokens = |last: u64| LockRowIn {
+            kind_code: KIND_TOKENS,
+            fencing_token: last,
+            ..claim(NIL_UUID)
+        };
+        let locks = IdLocks::assemble(vec![tokens(1024), lease(LeaseState::Held, true)]).unwrap();
+        assert_eq!(locks.last_token, 1024);
+        assert_eq!(locks.leases.len(), 1, "the reservation is not a lease");
+        assert!(locks.candidates.is_empty() && locks.lapsed.is_none());
+        let recorded = IdLocks::assemble(vec![lease(LeaseState::Held, true)]).unwrap();
+        assert_eq!(recorded.last_token, 7, "a lease row's token counts too");
+        assert_eq!(IdLocks::assemble(Vec::new()).unwrap().last_token, 0);
     }
 }

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::client::ClickHouse;
 use super::ddl::Placement;
+use super::decision_read::decision_read;
 use super::error::StoreError;
 use super::lease_rows::{
     Candidate, INSERT_COLUMNS, IdLocks, KIND_LEASE, KIND_TYPE, LeaseRecord, LeaseRowOut, LeaseRows,
@@ -438,6 +439,19 @@ impl LeaseStore {
         IdLocks::assemble(rows.unwrap_or_default())
     }
 
+    /// [`LeaseStore::id_locks`] and, in the same statement, whether a
+    /// gateway other than `gateway_id` may claim, by `members` (see
+    /// `decision_read`).
+    pub async fn id_locks_and_others(
+        &self,
+        id: &StateId,
+        members: &MemberStore,
+        gateway_id: Uuid,
+    ) -> Result<(IdLocks, bool), StoreError> {
+        let table = (self.table.as_str(), self.rows);
+        decision_read(&self.ch, table, &members.others_sql(), id, gateway_id).await
+    }
+
     /// [`LeaseStore::id_locks`], for a write when `with_row`: the id's
     /// current row is read in the same statement and filed for the write
     /// (see `read_ahead`), where this table's ids name states.
@@ -543,16 +557,6 @@ impl LeaseStore {
                 insert.end().await
             })
             .await
-    }
-
-    /// The highest fencing token of `id` handed out or reserved so far (0 for none).
-    pub async fn last_token(&self, id: &StateId) -> Result<u64, StoreError> {
-        let sql = format!(
-            "SELECT max(fencing_token) FROM {} WHERE state_id = {{id:String}} AND kind IN ('lease', 'tokens')",
-            self.table
-        );
-        let query = self.ch.latest_read(&sql).param("id", id.as_str());
-        self.ch.timed("token_read", query.fetch_one::<u64>()).await
     }
 
     /// Reserves fencing tokens of `id` up to `last`: no later claim holder

@@ -69,13 +69,14 @@ impl MemberStore {
         self.ch.timed("member_beat", query.execute()).await
     }
 
-    /// Whether a gateway other than `gateway_id` may claim in table mode:
-    /// a live member, or a gateway of an earlier version (which keeps no
-    /// members row), known by a table-mode row in the gateways table
-    /// without a members row, live or not: such a gateway registers before
-    /// it serves, and its row stays a day after it stopped (the TTL).
-    pub async fn others(&self, gateway_id: Uuid) -> Result<bool, StoreError> {
-        let sql = format!(
+    /// The count of the gateways other than `{gateway:UUID}` that may claim
+    /// in table mode: a live member, or a gateway of an earlier version
+    /// (which keeps no members row), known by a table-mode row in the
+    /// gateways table without a members row, live or not: such a gateway
+    /// registers before it serves, and its row stays a day after it stopped
+    /// (the TTL).
+    pub(super) fn others_sql(&self) -> String {
+        format!(
             "SELECT count() FROM (
                  SELECT gateway_id FROM {members} FINAL
                  WHERE expires_at > now64(3) AND gateway_id != {{gateway:UUID}}
@@ -85,15 +86,6 @@ impl MemberStore {
                    AND gateway_id NOT IN (SELECT gateway_id FROM {members}))",
             members = self.table,
             gateways = self.gateways
-        );
-        let query = self
-            .ch
-            .latest_read(&sql)
-            .param("gateway", gateway_id.to_string());
-        let others = self
-            .ch
-            .timed("member_read", query.fetch_one::<u64>())
-            .await?;
-        Ok(others > 0)
+        )
     }
 }

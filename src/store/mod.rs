@@ -7,6 +7,7 @@ mod checked_insert;
 mod client;
 mod clock;
 mod ddl;
+mod decision_read;
 mod diagnosis;
 mod error;
 mod gateways_table;

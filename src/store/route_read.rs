@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::client::ClickHouse;
-use super::lease_rows::{LOCK_COLUMNS, LeaseRows, LockRowIn, lock_rows_filter};
+use super::lease_rows::{LOCK_COLUMNS, LeaseRows, LockRowIn, in_lock_order, lock_rows_filter};
 use super::read_batch::ReadBatch;
 use super::stored::StoredRow;
 use crate::domain::StateId;
@@ -121,16 +121,6 @@ fn route_rows_sql(lease_table: &str, state_table: &str, rows: LeaseRows) -> Stri
          FROM {state_table} FINAL WHERE {ids}",
         lock_rows_filter(ids, rows)
     )
-}
-
-/// Puts one id's lock rows in `lock_rows_sql`'s order: earliest first, then
-/// by claim id as text (its `ORDER BY created_at, claim_id` sorts by the
-/// `claim_id` it selects, the text; ClickHouse compares strings bytewise, as
-/// Rust does).
-fn in_lock_order(locks: &mut [LockRowIn]) {
-    locks.sort_by(|a, b| {
-        (a.created_ms, a.claim_id.as_str()).cmp(&(b.created_ms, b.claim_id.as_str()))
-    });
 }
 
 /// The coalesced routing reads of the ids of `lease_table` and `state_table`.

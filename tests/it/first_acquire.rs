@@ -13,11 +13,17 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::json;
-use statehouse::domain::Coordination;
+use statehouse::config::parse_clickhouse_url;
+use statehouse::domain::{Coordination, StateId};
+use statehouse::metrics::Metrics;
+use statehouse::store::{ClickHouse, History, Identifier, Store};
+use uuid::Uuid;
 
 use crate::api::Api;
 use crate::checker::{Held, Log, check, retried};
-use crate::helpers::{metric, raw_sql, spawn_configured, test_config, unique_schema};
+use crate::helpers::{
+    clickhouse_url, metric, raw_sql, spawn_configured, test_config, unique_schema,
+};
 
 /// Fresh ids the first gateway locks one after the other.
 const IDS: usize = 12;
@@ -186,4 +192,48 @@ async fn a_lone_gateway_beside_a_gateway_of_an_earlier_version_settles_every_cla
     };
     assert!(event("claim_win") >= Some(3.0), "each id claimed");
     assert_eq!(event("claim_alone"), Some(0.0));
+}
+
+/// The decision read (docs/gateways.md, rule 3) answers in one statement
+/// what a lone member's claim is decided by: the id's candidates, its last
+/// fencing token, and whether another gateway may claim. Table mode's tables.
+#[tokio::test]
+async fn the_decision_read_finds_the_candidates_the_last_token_and_the_other_members() {
+    let schema = unique_schema();
+    let target = parse_clickhouse_url(&clickhouse_url()).expect("a valid ClickHouse URI");
+    let ch = ClickHouse::new(
+        &target,
+        Duration::from_secs(30),
+        Arc::new(Metrics::default()),
+    );
+    let store = Store::new(
+        ch,
+        Identifier::parse(&schema).unwrap(),
+        &Identifier::parse("state").unwrap(),
+        History::Off,
+    );
+    store.ensure_schema().await.expect("tables made");
+    let (me, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let id = StateId::parse("decided").unwrap();
+    let (leases, members) = (&store.leases, &store.members);
+    let ttl = Duration::from_secs(15);
+    members.beat(me, ttl).await.unwrap();
+    let claim = Uuid::new_v4();
+    let url = "http://me";
+    leases
+        .propose_claim(&id, claim, me, url, ttl)
+        .await
+        .unwrap();
+    leases.reserve_tokens(&id, 2047).await.unwrap();
+
+    let (locks, others) = leases.id_locks_and_others(&id, members, me).await.unwrap();
+    assert!(!others, "alone among the members");
+    let line: Vec<Uuid> = locks.candidates.iter().map(|c| c.claim_id).collect();
+    assert_eq!(line, [claim]);
+    assert_eq!(locks.last_token, 2047);
+    assert!(locks.leases.is_empty(), "the reservation is no lease");
+
+    members.beat(other, ttl).await.unwrap();
+    let (_, others) = leases.id_locks_and_others(&id, members, me).await.unwrap();
+    assert!(others, "another live member may claim");
 }

@@ -84,20 +84,26 @@ impl KeeperClaims {
         let mut routed = self.routed.take(id);
         loop {
             let started = Instant::now();
-            let read = match routed.take() {
-                Some(read) => read,
-                None => store.read(id).await?,
+            let (read, routed_locks) = match routed.take() {
+                Some((read, locks)) => (read, Some(locks)),
+                None => (store.read(id).await?, None),
             };
             let readopting = lapsed.filter(|l| unclaimed_since(read.claim.as_ref(), l));
             // The lease rows are read after the key: a gateway that shuts
             // down writes its hand-over before it releases the key, so a read
             // that saw the release sees the lease handed on. With them, the
-            // tokens of table mode, if the id was locked in it before.
-            let (locks, recorded_token) =
-                tokio::join!(claimant.leases.id_locks(id), claimant.leases.last_token(id));
+            // tokens of table mode, if the id was locked in it before. With
+            // no key at all, the rows read beside the key's routing read do:
+            // a key is never deleted, so while it is missing no gateway has
+            // claimed the id in this mode, and none grants on it, or writes
+            // its rows, without the key this claim's strict INSERT then finds.
+            let locks = match routed_locks.filter(|_| read.claim.is_none()) {
+                Some(locks) => locks,
+                None => claimant.leases.id_locks(id).await?,
+            };
             let key_token = read.claim.as_ref().map_or(0, |key| key.last_token);
             // Tokens go on above both; the key holds the mark from now on.
-            let base = key_token.max(recorded_token?);
+            let base = key_token.max(locks.last_token);
             let new = NewClaim {
                 claim_id: Uuid::new_v4(),
                 gateway_id: me,
@@ -179,7 +185,7 @@ impl KeeperClaims {
                             Ok(store.renew(id, new.claim_id, ttl).await? == Outcome::Done)
                         })
                         .await?;
-                    let inherited = claimant.inherit(locks?.leases, readopting);
+                    let inherited = claimant.inherit(locks.leases, readopting);
                     making.settle();
                     return Ok(ClaimOutcome::Won(Box::new(WonClaim {
                         claim,
@@ -382,8 +388,8 @@ impl ClaimProtocol for KeeperClaims {
                 self.store.read(id),
                 self.claimant.leases.id_locks_or_with_row(id, with_row)
             );
-            let read = read?;
-            self.routed.keep(id, asked, read.clone());
+            let (read, locks) = (read?, locks?);
+            self.routed.keep(id, asked, read.clone(), locks.clone());
             let holder = read.claim.and_then(|c| c.holder).map(|h| Candidate {
                 claim_id: h.claim_id,
                 gateway_id: h.gateway_id,
@@ -397,7 +403,6 @@ impl ClaimProtocol for KeeperClaims {
                 Some(h) if h.expires_ms > read.now_ms => (Some(h), None),
                 lapsed => (None, lapsed.filter(|h| !h.advertise_url.is_empty())),
             };
-            let locks = locks?;
             Ok(Authority {
                 claims: live.into_iter().collect(),
                 leases: locks.leases,

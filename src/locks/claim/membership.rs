@@ -10,9 +10,9 @@
 //!   it was sent under still held: answered in time, it was visible before
 //!   the member's row could lapse.
 //! - A member whose candidate has landed may decide its claim without
-//!   settling if a read begun after that found no other live member and no
-//!   gateway of an earlier version, and its read of the id's rows was
-//!   answered within the alone window of that read's start.
+//!   settling if one read sent after that found no other live member and no
+//!   gateway of an earlier version beside the id's rows, and was answered
+//!   within the alone window of its send.
 //!
 //! Every fraction this takes is in `timing`.
 
@@ -21,8 +21,9 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
+use crate::domain::StateId;
 use crate::locks::timing::ClaimTiming;
-use crate::store::{MemberStore, StoreError};
+use crate::store::{IdLocks, LeaseStore, MemberStore, StoreError};
 
 /// This gateway's membership, for one lock core's claims.
 pub(super) struct Membership {
@@ -143,15 +144,24 @@ impl Membership {
         standing.joined_at.is_some_and(|joined| joined <= at) && standing.valid(Instant::now())
     }
 
-    /// Reads whether any other gateway may claim: a live member, or a
-    /// table-mode gateway of an earlier version (no members row). None: one
-    /// may; else until when a read of the id's rows must be answered to
-    /// decide a claim without settling. Call it only after the candidate
+    /// Reads `id`'s rows in `leases` and, in the same statement, whether
+    /// any other gateway may claim (a live member, or a table-mode gateway
+    /// of an earlier version, which keeps no members row). Answers the rows
+    /// if this gateway may decide its claim by them without settling: no
+    /// other gateway may claim, and the answer came within the alone window
+    /// of the moment the read was sent. Call it only after the candidate
     /// landed.
-    pub async fn alone(&self) -> Result<Option<Instant>, StoreError> {
+    pub async fn alone(
+        &self,
+        leases: &LeaseStore,
+        id: &StateId,
+    ) -> Result<Option<IdLocks>, StoreError> {
         let began = Instant::now();
-        let others = self.store.others(self.gateway_id).await?;
-        Ok((!others).then(|| began + self.timing.alone_window()))
+        let (locks, others) = leases
+            .id_locks_and_others(id, &self.store, self.gateway_id)
+            .await?;
+        let in_time = Instant::now() < began + self.timing.alone_window();
+        Ok((!others && in_time).then_some(locks))
     }
 }
 

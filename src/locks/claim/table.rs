@@ -79,13 +79,16 @@ impl TableClaims {
             // another may have read it gone and claimed without settling.
             return Ok(claimant.unsettled());
         }
-        let mut decided = self.decided_alone(id).await?;
+        let mut decided = self.decided_alone(id).await;
         if decided.is_none() {
             tokio::time::sleep_until((landed + claimant.timing.settle()).into()).await;
         }
         loop {
             let IdLocks {
-                candidates, leases, ..
+                candidates,
+                leases,
+                last_token,
+                ..
             } = match decided.take() {
                 Some(read) => read,
                 None => claimant.leases.id_locks(id).await?,
@@ -118,7 +121,7 @@ impl TableClaims {
                         proposed.candidate.clone(),
                         written_at,
                         others_waiting,
-                        leases,
+                        (leases, last_token),
                         lapsed,
                     )
                     .await?;
@@ -186,51 +189,49 @@ impl TableClaims {
     }
 
     /// The read of `id`'s rows that decides a claim whose candidate just
-    /// landed without settling, if this gateway may skip the settle: a read
-    /// begun after the landing found no other gateway that may claim, and
-    /// this read was answered within the alone window of its start. None:
-    /// the claim settles, as every claim did before.
-    async fn decided_alone(&self, id: &StateId) -> Result<Option<IdLocks>, StoreError> {
-        let Some(membership) = &self.membership else {
-            return Ok(None);
-        };
-        let until = match membership.alone().await {
-            Ok(Some(until)) => until,
-            Ok(None) => return Ok(None),
+    /// landed without settling, if this gateway may skip the settle: the
+    /// same statement found no other gateway that may claim, and was
+    /// answered within the alone window of its send (see
+    /// [`Membership::alone`]). None: the claim settles, as every claim did
+    /// before.
+    async fn decided_alone(&self, id: &StateId) -> Option<IdLocks> {
+        let membership = self.membership.as_ref()?;
+        match membership.alone(&self.claimant.leases, id).await {
+            Ok(Some(read)) => {
+                self.claimant.metrics.lock_event(LockEvent::ClaimAlone);
+                Some(read)
+            }
+            Ok(None) => None,
             // The settle needs no such read: the claim goes on without it.
             Err(err) => {
                 tracing::debug!(state_id = %id, error = %err, "members not read; the claim settles");
-                return Ok(None);
+                None
             }
-        };
-        let read = self.claimant.leases.id_locks(id).await?;
-        if Instant::now() >= until {
-            return Ok(None);
         }
-        self.claimant.metrics.lock_event(LockEvent::ClaimAlone);
-        Ok(Some(read))
     }
 
     /// Takes over a claim just won: a block of fencing tokens above every
-    /// token before, and what the id's lease rows leave to it. `rows` were
-    /// read with the candidates that showed the win: a gateway hands its
-    /// leases on before it withdraws its claims, so a read that sees the
-    /// withdrawal sees the hand-over too. With `lapsed`, the win re-adopts
-    /// its kept leases if nothing shows another claim or grant since.
+    /// token before, and what the id's lease rows leave to it. `rows` and
+    /// the last token were read with the candidates that showed the win: a
+    /// gateway hands its leases on (and writes their rows) before it
+    /// withdraws its claims, and reserves tokens only under a claim it
+    /// holds, so a read that sees the withdrawal or the lapse sees both
+    /// too. With `lapsed`, the win re-adopts its kept leases if nothing
+    /// shows another claim or grant since.
     async fn won(
         &self,
         id: &StateId,
         candidate: Candidate,
         written_at: Instant,
         others_waiting: bool,
-        rows: Vec<StoredLease>,
+        (rows, last_token): (Vec<StoredLease>, u64),
         lapsed: Option<&Lapsed>,
     ) -> Result<WonClaim, StoreError> {
         let readopting = match lapsed {
             Some(lapsed) if self.nothing_since(id, lapsed, &rows).await? => Some(lapsed),
             _ => None,
         };
-        let tokens = self.reserve(id, 0).await?;
+        let tokens = self.reserve_above(id, last_token, 0).await?;
         self.claimant.metrics.lock_event(LockEvent::ClaimWin);
         Ok(WonClaim {
             claim: HeldClaim {
@@ -268,13 +269,24 @@ impl TableClaims {
     }
 
     /// Reserves the next block of fencing tokens for `id`, above every token
-    /// reserved or recorded so far (and at least `first`); the reservation is
-    /// written before any of them is handed out.
+    /// reserved or recorded so far (and at least `first`), read afresh.
     async fn reserve(&self, id: &StateId, first: u64) -> Result<TokenBlock, StoreError> {
-        let leases = &self.claimant.leases;
-        let next = (leases.last_token(id).await? + 1).max(first);
+        let last_token = self.claimant.leases.id_locks(id).await?.last_token;
+        self.reserve_above(id, last_token, first).await
+    }
+
+    /// Reserves the block of fencing tokens for `id` above `last_token`, the
+    /// highest reserved or recorded as read (and at least `first`); the
+    /// reservation is written before any of them is handed out.
+    async fn reserve_above(
+        &self,
+        id: &StateId,
+        last_token: u64,
+        first: u64,
+    ) -> Result<TokenBlock, StoreError> {
+        let next = (last_token + 1).max(first);
         let last = next + TOKENS_PER_BLOCK - 1;
-        leases.reserve_tokens(id, last).await?;
+        self.claimant.leases.reserve_tokens(id, last).await?;
         Ok(TokenBlock { next, last })
     }
 }

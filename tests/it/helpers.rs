@@ -292,22 +292,27 @@ pub async fn spawn_gateway_process(clickhouse_url: &str, extra: &[&str]) -> Gate
 
 /// A gateway process that advertises its address to its peers.
 pub async fn spawn_peer_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
-    let port = free_port();
-    let advertise = format!("http://127.0.0.1:{port}");
-    let mut args = vec!["--advertise-url", advertise.as_str()];
-    args.extend_from_slice(extra);
-    spawn_gateway_process_on(port, clickhouse_url, &args, "json", &[]).await
+    spawn_on_a_free_port(clickhouse_url, "json", &[], |port| {
+        advertised(&format!("http://127.0.0.1:{port}"), extra)
+    })
+    .await
+}
+
+/// `--advertise-url url` before `extra`.
+fn advertised(url: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["--advertise-url".to_owned(), url.to_owned()];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    args
 }
 
 /// A gateway process serving HTTPS (`extra` has its certificate flags) that
 /// advertises its `https://` address to its peers.
 pub async fn spawn_https_peer_process(clickhouse_url: &str, extra: &[&str]) -> GatewayProcess {
-    let port = free_port();
-    let advertise = format!("https://127.0.0.1:{port}");
-    let mut args = vec!["--advertise-url", advertise.as_str()];
-    args.extend_from_slice(extra);
-    let mut process = spawn_gateway_process_on(port, clickhouse_url, &args, "json", &[]).await;
-    process.base = advertise;
+    let mut process = spawn_on_a_free_port(clickhouse_url, "json", &[], |port| {
+        advertised(&format!("https://127.0.0.1:{port}"), extra)
+    })
+    .await;
+    process.base = process.base.replacen("http://", "https://", 1);
     process
 }
 
@@ -318,7 +323,33 @@ pub async fn spawn_gateway_process_logging(
     log_format: &str,
     env: &[(&str, &str)],
 ) -> GatewayProcess {
-    spawn_gateway_process_on(free_port(), clickhouse_url, extra, log_format, env).await
+    spawn_on_a_free_port(clickhouse_url, log_format, env, |_| {
+        extra.iter().map(|arg| (*arg).to_owned()).collect()
+    })
+    .await
+}
+
+/// Starts a gateway on a port that was free a moment before, with the flags
+/// `args_for(port)`. Another process (any outgoing connection's ephemeral
+/// port) may take the port in between: a start that could not listen is
+/// tried again on another port, so a busy machine does not fail a test.
+async fn spawn_on_a_free_port(
+    clickhouse_url: &str,
+    log_format: &str,
+    env: &[(&str, &str)],
+    args_for: impl Fn(u16) -> Vec<String>,
+) -> GatewayProcess {
+    let mut tries = 0;
+    loop {
+        let port = free_port();
+        let args = args_for(port);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match try_spawn_on(port, clickhouse_url, &args, log_format, env).await {
+            Ok(process) => return process,
+            Err(output) if output.contains("cannot listen on") && tries < 5 => tries += 1,
+            Err(output) => panic!("statehouse did not start:\n{output}"),
+        }
+    }
 }
 
 /// As [`spawn_gateway_process_logging`], on `port`.
@@ -329,6 +360,21 @@ pub async fn spawn_gateway_process_on(
     log_format: &str,
     env: &[(&str, &str)],
 ) -> GatewayProcess {
+    try_spawn_on(port, clickhouse_url, extra, log_format, env)
+        .await
+        .unwrap_or_else(|output| panic!("statehouse did not start:\n{output}"))
+}
+
+/// Starts `statehouse serve` on `port` and waits for its ready line; a
+/// process that exits first, or is not ready within 30 s, is answered by
+/// what it printed.
+async fn try_spawn_on(
+    port: u16,
+    clickhouse_url: &str,
+    extra: &[&str],
+    log_format: &str,
+    env: &[(&str, &str)],
+) -> Result<GatewayProcess, String> {
     use std::process::Stdio;
     use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -371,19 +417,33 @@ pub async fn spawn_gateway_process_on(
         }
         lines
     });
-    let ready = tokio::time::timeout(Duration::from_secs(30), ready_rx)
-        .await
-        .expect("ready within 30 s")
-        .expect("statehouse exited before it was ready");
+    let ready = match tokio::time::timeout(Duration::from_secs(30), ready_rx).await {
+        Ok(Ok(ready)) => ready,
+        Ok(Err(_)) => return Err(printed(logs.await.unwrap_or_default())),
+        Err(_) => {
+            let _ = child.kill().await;
+            let output = printed(logs.await.unwrap_or_default());
+            return Err(format!("not ready within 30 s; it printed:\n{output}"));
+        }
+    };
     if log_format == "json" {
         let ready: Value = serde_json::from_str(&ready).expect("the ready line is JSON");
         assert_eq!(ready["message"], "statehouse ready");
     }
-    GatewayProcess {
+    Ok(GatewayProcess {
         base: format!("http://127.0.0.1:{port}"),
         child,
         logs,
-    }
+    })
+}
+
+/// A process's stderr lines as one text.
+fn printed(lines: Vec<Vec<u8>>) -> String {
+    lines
+        .iter()
+        .map(|line| String::from_utf8_lossy(line))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Runs `statehouse serve` against `clickhouse_url` with a startup timeout

@@ -220,10 +220,13 @@ async fn a_won_claim_whose_renewal_fails_is_withdrawn() {
     proxy.set_delay(Duration::ZERO);
     proxy.refuse_requests_containing(None);
 
+    // Granted once a's withdrawal lands (or, were it lost, once a's claim
+    // lapses): a wait long enough for either on a loaded machine, where the
+    // 3 s it was once met a 409.
     let reply = b
         .acquire(
             "renewal-fails",
-            &json!({"owner": "b", "ttl_seconds": 30, "wait_seconds": 3}),
+            &json!({"owner": "b", "ttl_seconds": 30, "wait_seconds": 30}),
         )
         .await;
     reply.expect(StatusCode::CREATED);

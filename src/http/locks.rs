@@ -196,7 +196,7 @@ pub async fn get(
     StatePath(id): StatePath,
     seen: Option<Extension<SeenLease>>,
 ) -> Result<Json<LockView>, ApiError> {
-    match ctx.locks.current(&id, seen.as_deref()).await? {
+    match ctx.locks.holder(&id, seen.as_deref()).await? {
         Some(lease) => Ok(Json(LockView::from(&lease))),
         None => Err(ApiError::LockNotFound(id.as_str().to_owned())),
     }

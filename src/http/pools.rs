@@ -117,15 +117,15 @@ pub async fn acquire(
 }
 
 /// The 409 of a pool of `limit` that stayed full: who holds it now (an
-/// earlier authority's leases that keep their places included), and when a
-/// place comes free if only lock-delays keep them.
+/// earlier authority's leases that keep their places included, as `GET`
+/// shows them), and when a place comes free if only lock-delays keep them.
 async fn full(
     ctx: &AppContext,
     name: StateId,
     limit: usize,
     free_at_ms: Option<i64>,
 ) -> Result<ApiError, ApiError> {
-    let occupancy = ctx.pools.refusing(&name).await?;
+    let occupancy = ctx.pools.occupancy(&name).await?;
     let view = match &occupancy {
         Some(occupancy) => PoolView::from(occupancy),
         None => PoolView::empty(&name, limit),

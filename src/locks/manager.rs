@@ -272,10 +272,30 @@ impl LockManager {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
+        self.lease_by(id, seen, |st| st.lease().cloned()).await
+    }
+
+    /// Who holds `id`, as `GET /v1/locks/{state_id}` shows it: as
+    /// [`LockManager::current`], and where this gateway is the authority and
+    /// no lease of its own holds the id, an earlier authority's lease that
+    /// keeps its place here, the holder a refused acquire is told of.
+    pub async fn holder(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+    ) -> Result<Option<Lease>, LockError> {
+        self.lease_by(id, seen, |st| st.holder().cloned()).await
+    }
+
+    async fn lease_by(
+        &self,
+        id: &StateId,
+        seen: Option<&SeenLease>,
+        of: fn(&SlotState) -> Option<Lease>,
+    ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.slots.existing(id)
-            && let Some(lease) = slot.current(id, &self.metrics, |st| {
-                st.answers_for().then(|| st.lease().cloned())
-            })
+            && let Some(lease) =
+                slot.current(id, &self.metrics, |st| st.answers_for().then(|| of(st)))
         {
             return Ok(lease);
         }
@@ -296,24 +316,10 @@ impl LockManager {
     /// Who holds `id` and how many wait: this gateway's slot when it is the
     /// id's authority, else ClickHouse's record. None when none holds or waits.
     pub async fn occupancy(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
-        self.occupancy_by(id, Occupancy::of).await
-    }
-
-    /// [`LockManager::occupancy`] for the answer to a refused acquire: an
-    /// earlier authority's leases that keep their places on this one count
-    /// among the holders (see `Occupancy::refusing`).
-    pub async fn refusing(&self, id: &StateId) -> Result<Option<Occupancy>, LockError> {
-        self.occupancy_by(id, Occupancy::refusing).await
-    }
-
-    async fn occupancy_by(
-        &self,
-        id: &StateId,
-        of: fn(&StateId, &SlotState) -> Option<Occupancy>,
-    ) -> Result<Option<Occupancy>, LockError> {
         if let Some(slot) = self.slots.existing(id)
-            && let Some(here) =
-                slot.current(id, &self.metrics, |st| st.answers_for().then(|| of(id, st)))
+            && let Some(here) = slot.current(id, &self.metrics, |st| {
+                st.answers_for().then(|| Occupancy::of(id, st))
+            })
         {
             return Ok(here);
         }

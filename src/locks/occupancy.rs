@@ -28,19 +28,13 @@ pub struct Waiting {
 }
 
 impl Occupancy {
-    /// As the id's authority sees it; None when none holds or waits.
+    /// As the id's authority sees it; None when none holds or waits. The
+    /// leases of an earlier authority that keep their places here (its claim
+    /// lapsed while they ran) are among the holders: they keep others out
+    /// until they would have expired, and a refused acquire names them.
     pub(super) fn of(id: &StateId, st: &SlotState) -> Option<Self> {
-        Self::holding(id, st, Vec::new())
-    }
-
-    /// As [`Occupancy::of`], with the leases of an earlier authority that
-    /// keep their places here (its claim lapsed while they ran) among the
-    /// holders: who keeps a refused acquire out.
-    pub(super) fn refusing(id: &StateId, st: &SlotState) -> Option<Self> {
-        Self::holding(id, st, st.orphaned())
-    }
-
-    fn holding(id: &StateId, st: &SlotState, orphaned: Vec<Lease>) -> Option<Self> {
+        // Granted before any lease of this authority's: oldest first.
+        let mut holders = st.orphaned();
         let waiters: Vec<Waiting> = st
             .waiters()
             .into_iter()
@@ -49,9 +43,8 @@ impl Occupancy {
                 slots: q.slots,
             })
             .collect();
-        let used = st.used() + orphaned.iter().map(|l| l.slots).sum::<usize>();
-        let mut holders = st.holders();
-        holders.extend(orphaned);
+        holders.extend(st.holders());
+        let used = holders.iter().map(|l| l.slots).sum();
         let occupancy = Self {
             id: id.clone(),
             limit: st.limit(),

@@ -234,6 +234,13 @@ async fn a_lease_held_through_an_authority_that_crashes_keeps_its_holder_and_the
         assert_eq!(holder[field], granted[field], "{field}: {}", refused.text);
     }
     assert_eq!(holder["gateway_id"], authority, "its authority, now dead");
+    // GET shows it as the holder the 409 names, alone and in the list.
+    let shown = b.api().get(&format!("/v1/locks/{id}")).await;
+    shown.expect(StatusCode::OK);
+    let shown = shown.json();
+    assert_eq!(&shown, holder, "as the 409 names it");
+    assert_eq!(shown["lock_delay_seconds"], 3);
+    assert_eq!(listed(&b.api(), id).await, Some(shown));
 
     // Past its expiry, its lock-delay: the survivor answers it at once.
     let refused = loop {
@@ -252,7 +259,23 @@ async fn a_lease_held_through_an_authority_that_crashes_keeps_its_holder_and_the
         expires_at + 3_000,
         "free at the lease's expiry and its delay"
     );
+    // During the delay no lease exists.
+    let gone = b.api().get(&format!("/v1/locks/{id}")).await;
+    gone.expect(StatusCode::NOT_FOUND);
+    assert_eq!(listed(&b.api(), id).await, None);
     granted_after(&b.api(), id, &free_at).await;
+}
+
+/// `id`'s entry in `GET /v1/locks` through `api`, if it is listed.
+async fn listed(api: &Api, id: &str) -> Option<Value> {
+    let list = api.get("/v1/locks").await;
+    list.expect(StatusCode::OK);
+    list.json()["locks"]
+        .as_array()
+        .expect("locks")
+        .iter()
+        .find(|lock| lock["state_id"] == id)
+        .cloned()
 }
 
 /// A grant as the checker sees it: its server times, and whether its

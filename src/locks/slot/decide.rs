@@ -132,7 +132,7 @@ impl SlotState {
 
     /// The holder a refused acquire is told of: the current lease, else the
     /// earlier authority's lease that ends first.
-    pub(super) fn holder(&self) -> Option<&Lease> {
+    pub fn holder(&self) -> Option<&Lease> {
         self.lease().or_else(|| {
             self.orphaned
                 .iter()

@@ -1,8 +1,9 @@
 //! The leases of an earlier authority that lost its claim while they ran
 //! (it was killed or frozen), pure state in and a decision out, no I/O:
 //! each keeps its place until it would have expired, and an acquire refused
-//! meanwhile is told of it as the holder, not of a lock-delay; its own
-//! lock-delay, if it asked for one, follows its expiry.
+//! meanwhile is told of it as the holder, not of a lock-delay, and `GET`
+//! views show it as one; its own lock-delay, if it asked for one, follows
+//! its expiry.
 
 use super::fixtures::{DEAD, GATEWAY, claim, one_of, orphan, rules, state_id, waiter};
 use super::*;
@@ -139,7 +140,7 @@ fn an_orphan_without_a_lock_delay_frees_its_place_at_its_expiry() {
 }
 
 #[test]
-fn a_full_pool_counts_and_names_an_earlier_authoritys_leases_in_its_refusal_only() {
+fn a_full_pool_counts_and_names_an_earlier_authoritys_leases_as_get_shows_them() {
     let now = Instant::now();
     let mut st = SlotState::default();
     let kept = vec![
@@ -152,15 +153,48 @@ fn a_full_pool_counts_and_names_an_earlier_authoritys_leases_in_its_refusal_only
         panic!("a held pool names a holder")
     };
     assert_eq!(holder.fencing_token, 8, "the first to free its place");
-    let refusing = Occupancy::refusing(&id(), &st).expect("held and waited on");
-    assert_eq!((refusing.used, refusing.limit), (3, 3));
-    let named: Vec<u64> = refusing.holders.iter().map(|l| l.fencing_token).collect();
+    let view = Occupancy::of(&id(), &st).expect("held and waited on");
+    assert_eq!((view.used, view.limit, view.waiting), (3, 3, 1));
+    let named: Vec<u64> = view.holders.iter().map(|l| l.fencing_token).collect();
     assert_eq!(named, tokens);
-    let view = Occupancy::of(&id(), &st).expect("waited on");
-    assert!(
-        view.holders.is_empty() && view.used == 0,
-        "GET is unchanged"
+    assert!(view.holders.iter().all(|l| l.gateway_id == DEAD));
+}
+
+#[test]
+fn get_shows_an_orphan_as_the_holder_until_it_would_have_expired() {
+    let now = Instant::now();
+    let mut st = SlotState::default();
+    let orphan = delayed_orphan(now);
+    let held = orphan.lease.clone();
+    let ticket = kept_out(&mut st, 1, vec![orphan], now);
+    assert_eq!(
+        decide(&mut st, ticket, now, now, now),
+        Step::GiveUp(Some(held.clone()))
     );
+    let _ = st.leave(ticket);
+    assert_eq!(st.holder(), Some(&held), "as the 409 named it");
+    let view = Occupancy::of(&id(), &st).expect("held, nobody waiting");
+    assert_eq!((view.holders, view.used, view.waiting), (vec![held], 1, 0));
+    // Expired: only its lock-delay keeps the place, and no lease holds it.
+    let expiry = now + Duration::from_secs(10);
+    st.expire(&id(), expiry, &Metrics::default());
+    assert_eq!(st.holder(), None);
+    assert!(Occupancy::of(&id(), &st).is_none(), "none holds or waits");
+}
+
+#[test]
+fn beside_an_orphan_a_lease_granted_here_is_named_first_and_listed_after_it() {
+    let now = Instant::now();
+    let mut st = SlotState::default();
+    let orphan = orphan(&id(), 7, 1, 10, now, WON_MS);
+    let (_, granted) = won_with(&mut st, 2, vec![orphan], now);
+    assert!(granted, "one of two places is free");
+    let mine = st.lease().cloned().expect("granted here");
+    assert_eq!(st.holder(), Some(&mine), "the current lease");
+    let view = Occupancy::of(&id(), &st).expect("held");
+    let tokens: Vec<u64> = view.holders.iter().map(|l| l.fencing_token).collect();
+    assert_eq!(tokens, [7, mine.fencing_token], "oldest first");
+    assert_eq!(view.used, 2);
 }
 
 #[test]
@@ -209,6 +243,6 @@ fn a_claim_won_again_keeps_each_orphan_once() {
     };
     let _ = st.claim_rewon(won, now, Duration::ZERO);
     assert_eq!(st.orphaned().len(), 1);
-    let refusing = Occupancy::refusing(&id(), &st).expect("held");
-    assert_eq!(refusing.used, 2, "the grant and the orphan, once");
+    let view = Occupancy::of(&id(), &st).expect("held");
+    assert_eq!(view.used, 2, "the grant and the orphan, once");
 }

@@ -417,6 +417,37 @@ async fn a_full_pool_names_a_killed_authoritys_lease_as_a_holder() {
     assert_eq!(holder["slots"], 2);
     assert_eq!(holder["info"], info);
     assert_eq!(holder["gateway_id"], authority, "its authority, now dead");
+    // GET shows it as the 409 does, alone and in the list, until it would
+    // have expired; then none holds or waits.
+    let api = survivor.api();
+    let got = view(&api, name).await;
+    assert_eq!(
+        (&got["used"], &got["holders"]),
+        (&shown["used"], &shown["holders"])
+    );
+    assert_eq!(pool_listed(&api, name).await, Some(got));
+    let gone = loop {
+        let reply = api.pool_view(name).await;
+        if reply.status != StatusCode::OK {
+            break reply;
+        }
+        assert!(Instant::now() < give_up, "{}", reply.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    gone.expect(StatusCode::NOT_FOUND);
+    assert_eq!(pool_listed(&api, name).await, None);
+}
+
+/// `name`'s entry in `GET /v1/pools` through `api`, if it is listed.
+async fn pool_listed(api: &Api, name: &str) -> Option<Value> {
+    let list = api.get("/v1/pools").await;
+    list.expect(StatusCode::OK);
+    list.json()["pools"]
+        .as_array()
+        .expect("pools")
+        .iter()
+        .find(|pool| pool["pool"] == name)
+        .cloned()
 }
 
 /// Acquires `body` through `api`, retrying while the dead authority's claim

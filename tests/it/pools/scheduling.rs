@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::{no_slot, until_waiting};
+use super::{listed, no_slot, until_waiting};
 use crate::helpers::{
     Api, clickhouse_url, spawn_app, spawn_peer_process, two_peers, unique_schema,
 };
@@ -425,7 +425,7 @@ async fn a_full_pool_names_a_killed_authoritys_lease_as_a_holder() {
         (&got["used"], &got["holders"]),
         (&shown["used"], &shown["holders"])
     );
-    assert_eq!(pool_listed(&api, name).await, Some(got));
+    assert_eq!(listed(&api, name).await, Some(got));
     let gone = loop {
         let reply = api.pool_view(name).await;
         if reply.status != StatusCode::OK {
@@ -435,19 +435,7 @@ async fn a_full_pool_names_a_killed_authoritys_lease_as_a_holder() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     gone.expect(StatusCode::NOT_FOUND);
-    assert_eq!(pool_listed(&api, name).await, None);
-}
-
-/// `name`'s entry in `GET /v1/pools` through `api`, if it is listed.
-async fn pool_listed(api: &Api, name: &str) -> Option<Value> {
-    let list = api.get("/v1/pools").await;
-    list.expect(StatusCode::OK);
-    list.json()["pools"]
-        .as_array()
-        .expect("pools")
-        .iter()
-        .find(|pool| pool["pool"] == name)
-        .cloned()
+    assert_eq!(listed(&api, name).await, None);
 }
 
 /// Acquires `body` through `api`, retrying while the dead authority's claim

@@ -68,8 +68,14 @@ pub fn test_config(schema: &str) -> Config {
     ])
     .expect("test configuration is valid");
     config.query_timeout = Duration::from_secs(10);
+    config.startup_timeout = START_WAIT;
     config
 }
+
+/// How long a test gateway may take to start: its DDL queues behind every
+/// other test's statements at the one local engine, which under
+/// SCRIPTS_TEST_STRESS took longer than the 30 s default.
+const START_WAIT: Duration = Duration::from_secs(120);
 
 /// A test gateway on a port of its own that it advertises to its peers.
 pub fn peer_config(schema: &str) -> Config {
@@ -388,6 +394,10 @@ async fn try_spawn_on(
         ])
         .args(extra)
         .env("STATEHOUSE_CLICKHOUSE_URL", clickhouse_url)
+        .env(
+            "STATEHOUSE_STARTUP_TIMEOUT",
+            format!("{}s", START_WAIT.as_secs()),
+        )
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -417,13 +427,15 @@ async fn try_spawn_on(
         }
         lines
     });
-    let ready = match tokio::time::timeout(Duration::from_secs(30), ready_rx).await {
+    let ready = match tokio::time::timeout(START_WAIT, ready_rx).await {
         Ok(Ok(ready)) => ready,
         Ok(Err(_)) => return Err(printed(logs.await.unwrap_or_default())),
         Err(_) => {
             let _ = child.kill().await;
             let output = printed(logs.await.unwrap_or_default());
-            return Err(format!("not ready within 30 s; it printed:\n{output}"));
+            return Err(format!(
+                "not ready within {START_WAIT:?}; it printed:\n{output}"
+            ));
         }
     };
     if log_format == "json" {

@@ -19,7 +19,7 @@ use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
 use crate::api::Reply;
-use crate::checker::retried;
+use crate::checker::retried_for;
 use crate::helpers::{TestApp, metric, spawn_app_with, test_config, unique_schema};
 use crate::proxy::{Proxy, spawn_app_behind_proxy};
 
@@ -235,6 +235,11 @@ async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
 /// after 2 s and released, both accepted, at once or after a 503 while a
 /// lapsed claim is re-won (which clients retry, as `Retry-After` asks; a
 /// 409 would mean the lease was lost).
+/// The TTL of the leases won late, and how long their renewal and release
+/// are asked again while they answer 503 (a claim being re-won).
+const LATE_TTL: u64 = 600;
+const LAPSED_WAIT: Duration = Duration::from_secs(300);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
     let proxy = Proxy::to_clickhouse().await;
@@ -252,11 +257,14 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
             let api = app.api.clone();
             tokio::spawn(async move {
                 let id = format!("late-{n}");
-                let (lease, _) = api.lease(&id, "worker", 30, 120.0).await;
+                // A TTL that outlives the lapses a loaded machine brings.
+                let (lease, _) = api.lease(&id, "worker", LATE_TTL, 120.0).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let renewed = retried(|| api.renew(&id, &lease, 30)).await;
+                // A hundred claims re-won one by one through the slow proxy
+                // on a loaded machine take minutes, not the 20 s of `retried`.
+                let renewed = retried_for(LAPSED_WAIT, || api.renew(&id, &lease, LATE_TTL)).await;
                 renewed.expect_because(StatusCode::OK, format!("{id} renew"));
-                let released = retried(|| api.release(&id, &lease)).await;
+                let released = retried_for(LAPSED_WAIT, || api.release(&id, &lease)).await;
                 released.expect_because(StatusCode::NO_CONTENT, format!("{id} release"));
             })
         })

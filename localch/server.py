@@ -20,7 +20,9 @@ those users get in, by `X-ClickHouse-User`/`X-ClickHouse-Key`, HTTP Basic or
 AUTHENTICATION_FAILED (516, HTTP 403); a `readonly` user may only read, and
 anything else gets ClickHouse's ACCESS_DENIED (497, HTTP 403) naming the grant.
 chDB allows one process per data directory and one statement at a time per
-connection, so queries are serialized behind one lock.
+connection; the process opens `--connections` of them (default 2) on its data
+and runs that many statements at once, as a server runs its clients' queries
+side by side (one at a time left every test waiting behind the others').
 
 With `--zookeeper HOST:PORT` chDB runs with a server config naming that
 ZooKeeper and `keeper_map_path_prefix` `/statehouse`, so KeeperMap tables work;
@@ -34,6 +36,7 @@ import base64
 import binascii
 import http.server
 import os
+import queue
 import re
 import signal
 import socket
@@ -253,10 +256,26 @@ class Engine:
         return b""
 
 
+class Engines:
+    """Connections to one data directory, each lent to one request at a time."""
+
+    def __init__(self, path: str, config_file: str | None, count: int):
+        self.idle: queue.SimpleQueue[Engine] = queue.SimpleQueue()
+        for _ in range(count):
+            self.idle.put(Engine(path, config_file))
+
+    def execute(self, *args) -> bytes:
+        engine = self.idle.get()
+        try:
+            return engine.execute(*args)
+        finally:
+            self.idle.put(engine)
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "statehouse-localch"
-    engine: Engine
+    engine: Engines
     verbose = False
     users: dict[str, User] | None = None
 
@@ -424,11 +443,14 @@ def main() -> int:
         help="only let these users in (repeatable); without it any credentials are accepted",
     )
     parser.add_argument("--zookeeper", metavar="HOST:PORT", help="run KeeperMap on this ZooKeeper")
+    parser.add_argument(
+        "--connections", type=int, default=2, help="statements run at once, a connection each (default 2)"
+    )
     args = parser.parse_args()
 
     os.makedirs(args.data, exist_ok=True)
     config_file = write_keeper_config(args.data, args.zookeeper) if args.zookeeper else None
-    Handler.engine = Engine(args.data, config_file)
+    Handler.engine = Engines(args.data, config_file, max(1, args.connections))
     Handler.verbose = args.verbose
     if args.user:
         Handler.users = {user.name: user for user in args.user}

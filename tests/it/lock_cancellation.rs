@@ -246,7 +246,7 @@ async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
     let app = spawn_app_with(|config| {
         proxy.route(config);
         // Slow is the point here, not unavailable: the local ClickHouse runs
-        // one query at a time for every test at once, so under this load one
+        // two queries at a time for every test at once, so under this load one
         // query can queue for longer than 30 s on the 2-core CI machine.
         config.query_timeout = Duration::from_secs(120);
     })

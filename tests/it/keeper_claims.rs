@@ -71,21 +71,27 @@ fn id(raw: &str) -> StateId {
     StateId::parse(raw.to_owned()).unwrap()
 }
 
-/// Reads until the server's clock says the claim has lapsed.
-async fn until_lapsed(claims: &KeeperClaimStore, id: &StateId) -> ClaimRead {
+/// Reads `id`'s key. ZooKeeper starved of CPU (SCRIPTS_TEST_STRESS) loses
+/// a connection now and then: a read that fails is asked again for up to
+/// 120 s, as the gateway asks again after a 503.
+async fn read_key(claims: &KeeperClaimStore, id: &StateId) -> ClaimRead {
     let give_up = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let read = match claims.read(id).await {
-            Ok(read) => read,
-            // ZooKeeper starved of CPU (SCRIPTS_TEST_STRESS) loses its
-            // connection now and then: asked again, as the gateway does.
+        match claims.read(id).await {
+            Ok(read) => return read,
             Err(err) if tokio::time::Instant::now() < give_up => {
                 eprintln!("claim read failed, asked again: {err}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
             }
             Err(err) => panic!("the claim could not be read for 120 s: {err}"),
-        };
+        }
+    }
+}
+
+/// Reads until the server's clock says the claim has lapsed.
+async fn until_lapsed(claims: &KeeperClaimStore, id: &StateId) -> ClaimRead {
+    loop {
+        let read = read_key(claims, id).await;
         let claim = read.claim.as_ref().expect("the key exists");
         if claim.takeable(read.now_ms) {
             return read;
@@ -119,7 +125,7 @@ async fn exactly_one_of_concurrent_creates_on_two_nodes_wins_and_both_see_it() {
         "{outcomes:?}"
     );
     for node in [&a, &b] {
-        let read = node.read(&target).await.unwrap();
+        let read = read_key(node, &target).await;
         let claim = read.claim.unwrap();
         assert_eq!(claim.holder_claim_id(), winners[0]);
         assert_eq!(claim.last_token, 1);
@@ -130,7 +136,7 @@ async fn exactly_one_of_concurrent_creates_on_two_nodes_wins_and_both_see_it() {
 #[tokio::test]
 async fn a_missing_key_reads_as_none_with_the_server_clock() {
     let (a, _) = two_nodes().await;
-    let read = a.read(&id("never-claimed")).await.unwrap();
+    let read = read_key(&a, &id("never-claimed")).await;
     assert_eq!(read.claim, None);
     assert!(read.now_ms > 1_700_000_000_000, "{}", read.now_ms);
 }
@@ -141,7 +147,7 @@ async fn only_the_holder_renews_and_a_renewal_extends_the_expiry() {
     let target = id("dev:renewed");
     let mine = claim(Duration::from_secs(5), 1);
     assert_eq!(a.create(&target, &mine).await.unwrap(), Outcome::Done);
-    let before = b.read(&target).await.unwrap().claim.unwrap();
+    let before = read_key(&b, &target).await.claim.unwrap();
 
     let stranger = Uuid::new_v4();
     assert_eq!(
@@ -151,7 +157,7 @@ async fn only_the_holder_renews_and_a_renewal_extends_the_expiry() {
         Outcome::Refused
     );
     assert_eq!(
-        b.read(&target).await.unwrap().claim.unwrap(),
+        read_key(&b, &target).await.claim.unwrap(),
         before,
         "a refused renewal changes nothing"
     );
@@ -162,7 +168,7 @@ async fn only_the_holder_renews_and_a_renewal_extends_the_expiry() {
             .unwrap(),
         Outcome::Done
     );
-    let after = b.read(&target).await.unwrap().claim.unwrap();
+    let after = read_key(&b, &target).await.claim.unwrap();
     let (old, new) = (before.holder.unwrap(), after.holder.unwrap());
     assert_eq!(new.claim_id, mine.claim_id);
     assert!(new.expires_ms > old.expires_ms, "{old:?} -> {new:?}");
@@ -221,7 +227,7 @@ async fn only_a_lapsed_claim_is_taken_over_and_then_its_old_holder_has_lost_it()
         Outcome::Done
     );
 
-    let now = a.read(&target).await.unwrap().claim.unwrap();
+    let now = read_key(&a, &target).await.claim.unwrap();
     assert_eq!(now.holder_claim_id(), second.claim_id);
     assert_eq!(now.last_token, 10, "the takeover reserved tokens 6..=10");
     for outcome in [
@@ -236,7 +242,7 @@ async fn only_a_lapsed_claim_is_taken_over_and_then_its_old_holder_has_lost_it()
         assert_eq!(outcome, Outcome::Refused);
     }
     assert_eq!(
-        a.read(&target).await.unwrap().claim.unwrap(),
+        read_key(&a, &target).await.claim.unwrap(),
         now,
         "the old holder changed nothing"
     );
@@ -278,7 +284,7 @@ async fn of_concurrent_takeovers_of_a_lapsed_claim_exactly_one_wins() {
         .find(|(_, o)| **o == Outcome::Done)
         .unwrap()
         .0;
-    let now = b.read(&target).await.unwrap().claim.unwrap();
+    let now = read_key(&b, &target).await.claim.unwrap();
     assert_eq!(now.holder_claim_id(), winner.claim_id);
     assert_eq!(now.last_token, 2);
 }
@@ -313,7 +319,7 @@ async fn tokens_never_go_backwards_across_release_and_a_new_holder() {
         Outcome::Done
     );
 
-    let released = b.read(&target).await.unwrap();
+    let released = read_key(&b, &target).await;
     let key = released.claim.unwrap();
     assert_eq!(key.holder, None);
     assert_eq!(key.last_token, 25, "the mark outlives the claim");
@@ -331,7 +337,7 @@ async fn tokens_never_go_backwards_across_release_and_a_new_holder() {
             .unwrap(),
         Outcome::Done
     );
-    let now = a.read(&target).await.unwrap().claim.unwrap();
+    let now = read_key(&a, &target).await.claim.unwrap();
     assert_eq!(now.holder_claim_id(), second.claim_id);
     assert_eq!(now.last_token, 35, "the new holder's tokens start at 26");
 }
@@ -393,6 +399,6 @@ async fn a_waiter_marks_the_claim_and_the_holder_sees_it_until_it_lets_go() {
         a.release(&target, holder.claim_id).await.unwrap(),
         Outcome::Done
     );
-    let after = b.read(&target).await.unwrap().claim.unwrap();
+    let after = read_key(&b, &target).await.claim.unwrap();
     assert_eq!((after.holder, after.waiting_gateway), (None, None));
 }

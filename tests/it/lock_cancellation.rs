@@ -315,15 +315,16 @@ async fn a_claim_renewal_that_lands_after_the_claim_ran_out_keeps_its_lease() {
 }
 
 /// A claim lapsed (ClickHouse out of reach), then a re-claim too slow to
-/// win: its lock read held past the claim TTL, so its own candidate ran out
-/// before it was read. It saw no other gateway's claim, so the lease stays
+/// win: its decision read held past the claim TTL, so its own candidate ran
+/// out before it was read. It saw no other gateway's claim, so the lease stays
 /// kept, and a later attempt re-wins it. (Keeper mode has no such read
 /// between its write and its win: there the attempt simply wins.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_claim_too_slow_to_win_keeps_the_lapsed_lease() {
-    let mut claim_ttl = Duration::ZERO;
+    let (mut claim_ttl, mut coordination) = (Duration::ZERO, Coordination::Table);
     let (app, proxy) = spawn_app_behind_proxy(|config| {
         claim_ttl = config.locks.claim_ttl;
+        coordination = config.locks.coordination;
         config.query_timeout = HELD_QUERY_TIMEOUT;
     })
     .await;
@@ -332,8 +333,16 @@ async fn a_re_claim_too_slow_to_win_keeps_the_lapsed_lease() {
     tokio::time::timeout(Duration::from_secs(60), claim_lapsed(&app))
         .await
         .expect("the claim lapsed with ClickHouse away");
-    // An attempt's read of the id's lock rows, not a routing read's.
-    let read: &[&str] = &["kind_code", "ORDER BY state_id, created_at"];
+    // An attempt's read of the id's lock rows, not a routing read's. In
+    // table mode that is the decision read (its candidate among them), which
+    // every attempt sends after its candidate: the settled read that may
+    // follow is sent only when other gateways are seen or the decision read
+    // came back late, so holding that one held nothing on a quiet lone
+    // gateway. In keeper mode, the lease rows read again after the key.
+    let read: &[&str] = match coordination {
+        Coordination::Table => &["kind_code", "state_id = {id:String}"],
+        Coordination::Keeper => &["kind_code", "ORDER BY state_id, created_at"],
+    };
     proxy.hold_one_request_containing(read, claim_ttl + Duration::from_secs(1));
     proxy.set_down(false);
     tokio::time::timeout(Duration::from_secs(60), held_once(&proxy))

@@ -294,9 +294,9 @@ async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
     );
 }
 
-/// How long a worker may go without a grant before the test calls it a
-/// hang: far past what the rule needs (a few patiences), as a machine
-/// twice as slow queues twelve cycles.
+/// How long an acquire may go ungranted before the test calls it a hang:
+/// far past what the rule needs (a few patiences), as a machine twice as
+/// slow queues twelve checker cycles.
 const HANG: Duration = Duration::from_secs(600);
 
 /// A worker that rides an outage out: each step of its cycle (acquire, read

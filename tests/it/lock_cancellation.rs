@@ -227,6 +227,11 @@ async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
         .expect(StatusCode::NO_CONTENT);
 }
 
+/// The TTL of the leases won late, and how long their renewal and release
+/// are asked again while they answer 503 (a claim being re-won).
+const LATE_TTL: u64 = 600;
+const LAPSED_WAIT: Duration = Duration::from_secs(300);
+
 /// 100 first acquires at once, each on its own id, through a ClickHouse that
 /// takes 100 ms and more per round trip (the local one also queues them):
 /// claims are won seconds after their candidates were written, a good part of
@@ -235,11 +240,6 @@ async fn a_client_that_hangs_up_while_waiting_gives_up_its_place() {
 /// after 2 s and released, both accepted, at once or after a 503 while a
 /// lapsed claim is re-won (which clients retry, as `Retry-After` asks; a
 /// 409 would mean the lease was lost).
-/// The TTL of the leases won late, and how long their renewal and release
-/// are asked again while they answer 503 (a claim being re-won).
-const LATE_TTL: u64 = 600;
-const LAPSED_WAIT: Duration = Duration::from_secs(300);
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn leases_won_late_under_a_slow_clickhouse_live_their_ttl() {
     let proxy = Proxy::to_clickhouse().await;

@@ -3,7 +3,7 @@
 //! 1.2 and 1.3 only; the certificate and key are read again on SIGHUP.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use tokio::sync::broadcast::{self, error::RecvError};
 
@@ -181,9 +181,16 @@ pub fn peer_client_config(
 ) -> Arc<ClientConfig> {
     match roots {
         Some(roots) => client_config(roots, identity),
-        // Unreadable system certificates are skipped, as for ClickHouse.
-        None => client_config(&rustls_native_certs::load_native_certs().certs, identity),
+        None => client_config(system_roots(), identity),
     }
+}
+
+/// The system's trusted roots, read once per process: parsing the bundle
+/// costs milliseconds, and every ClickHouse client and peer client trusts
+/// them. Unreadable certificates are skipped; the readable ones still count.
+pub fn system_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| rustls_native_certs::load_native_certs().certs)
 }
 
 /// A TLS client trusting `roots`, presenting `identity` to a server that asks.

@@ -22,9 +22,7 @@ pub fn connector(target: &ClickHouseTarget) -> HttpsConnector<HttpConnector> {
     http.enforce_http(false);
     let mut roots = RootCertStore::empty();
     if target.secure {
-        // Unreadable system certificates are skipped; the configured roots still count.
-        let system = rustls_native_certs::load_native_certs();
-        roots.add_parsable_certificates(system.certs);
+        roots.add_parsable_certificates(crate::tls::system_roots().iter().cloned());
         roots.add_parsable_certificates(target.extra_roots.iter().cloned());
     }
     let tls = rustls::ClientConfig::builder_with_provider(

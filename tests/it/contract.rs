@@ -1,8 +1,8 @@
 //! openapi.yaml is the contract: the router serves exactly its operations,
 //! and every response a test sees conforms to it.
 
-use std::collections::BTreeSet;
-use std::sync::OnceLock;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -155,7 +155,18 @@ fn template_for(path: &str) -> Option<&'static str> {
         })
 }
 
-fn validate(schema: &'static Value, instance: &Value, what: &str) {
+/// The validator of `schema`, compiled once per test process: compiling one
+/// walks openapi.yaml's components, and was a fifth of the test binary's CPU
+/// when it was done for every response. Each schema is a `'static` part of
+/// the spec, so its address names it.
+fn validator(schema: &'static Value, what: &str) -> Arc<jsonschema::Validator> {
+    static VALIDATORS: OnceLock<Mutex<HashMap<usize, Arc<jsonschema::Validator>>>> =
+        OnceLock::new();
+    let validators = VALIDATORS.get_or_init(Mutex::default);
+    let key = std::ptr::from_ref(schema) as usize;
+    if let Some(validator) = validators.lock().unwrap().get(&key) {
+        return Arc::clone(validator);
+    }
     let root =
         json!({ "$ref": schema["$ref"].clone(), "components": spec()["components"].clone() });
     let root = if schema.get("$ref").is_some() {
@@ -163,9 +174,14 @@ fn validate(schema: &'static Value, instance: &Value, what: &str) {
     } else {
         json!({ "allOf": [schema], "components": spec()["components"].clone() })
     };
-    let validator =
-        jsonschema::draft202012::new(&root).unwrap_or_else(|e| panic!("schema for {what}: {e}"));
-    let errors: Vec<String> = validator
+    let compiled = Arc::new(
+        jsonschema::draft202012::new(&root).unwrap_or_else(|e| panic!("schema for {what}: {e}")),
+    );
+    Arc::clone(validators.lock().unwrap().entry(key).or_insert(compiled))
+}
+
+fn validate(schema: &'static Value, instance: &Value, what: &str) {
+    let errors: Vec<String> = validator(schema, what)
         .iter_errors(instance)
         .map(|e| e.to_string())
         .collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::checker::{self, Work, final_counter};
+use crate::checker::{self, Work, final_counter, retried};
 use crate::helpers::{
     GatewayProcess, clickhouse_url, spawn_app, spawn_gateway_process, unique_schema,
 };
@@ -60,13 +60,19 @@ async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     // Its write must land within the lease on a loaded machine; the lease
     // then keeps its place until it would have expired. Asked with a wait:
     // with a 3 s claim TTL under load, a no-wait acquire's one claim attempt
-    // may not settle in time (a 409 with no holder, seen under stress).
+    // may not settle in time (a 409 with no holder, seen under stress). The
+    // write is asked again on a 503, as a client does: under stress the
+    // 3 s claim lapsed between the grant and the write.
     let (lease, token) = a.api().lease("job", "worker-on-a", 10, 30.0).await;
-    let write = a
-        .api()
-        .put_state_with_lease("job", &json!({"completed": {"counter": 41}}), &lease)
-        .await;
-    assert!(write.status.is_success());
+    let on_a = a.api();
+    let counter = json!({"completed": {"counter": 41}});
+    let write = retried(|| on_a.put_state_with_lease("job", &counter, &lease)).await;
+    assert!(
+        write.status.is_success(),
+        "{}: {}",
+        write.status,
+        write.text
+    );
     a.child.kill().await.expect("kill -9");
 
     let (next, next_token) = b.api().lease("job", "worker-on-b", 30, 60.0).await;

@@ -254,29 +254,32 @@ async fn a_follower_sees_the_newest_of_every_id_written_through_three_gateways()
 }
 
 /// A cursor follows only its own glob; a made-up one is refused; one older
-/// than `--watch-retention` is 410 `cursor-expired`.
+/// than `--watch-retention` is 410 `cursor-expired`. The retention is long
+/// enough that no load makes the fresh cursor stale before it is used, and
+/// the test then waits it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cursor_of_another_glob_or_made_up_is_400_and_an_old_one_410() {
-    let app = spawn_app_with(|config| config.watch_retention = Duration::from_secs(3)).await;
+    const RETENTION: Duration = Duration::from_secs(10);
+    let app = spawn_app_with(|config| config.watch_retention = RETENTION).await;
     let glob = format!("{}:*", prefix("rules"));
     let since = cursor(&app, &glob, None).await;
+    let fresh = changes(&app, &glob, Some(&since), "0", None).await;
+    fresh.expect(StatusCode::OK);
+    let fresh_at = Instant::now();
     let other = changes(&app, "elsewhere:*", Some(&since), "0", None).await;
     other.expect(StatusCode::BAD_REQUEST);
     assert_eq!(other.problem_type(), "invalid-query");
     assert!(other.text.contains("another pattern"), "{}", other.text);
-    for made_up in [
-        "00",
-        "deadbeef",
-        &since[..since.len() - 2],
-        &format!("{}00", &since[..since.len() - 2]),
-    ] {
+    // Its last byte changed: to 00, unless it was 00 already (1 cursor in
+    // 256, which then passed as made up and failed stress run P).
+    let (kept, last) = since.split_at(since.len() - 2);
+    let altered = format!("{kept}{}", if last == "00" { "ff" } else { "00" });
+    for made_up in ["00", "deadbeef", kept, &altered] {
         let reply = changes(&app, &glob, Some(made_up), "0", None).await;
         reply.expect_because(StatusCode::BAD_REQUEST, made_up);
         assert_eq!(reply.problem_type(), "invalid-query");
     }
-    let fresh = changes(&app, &glob, Some(&since), "0", None).await;
-    fresh.expect(StatusCode::OK);
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    tokio::time::sleep_until((fresh_at + RETENTION + Duration::from_millis(1500)).into()).await;
     let old = changes(&app, &glob, Some(&since), "0", None).await;
     old.expect(StatusCode::GONE);
     assert_eq!(old.problem_type(), "cursor-expired");

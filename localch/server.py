@@ -190,10 +190,9 @@ class Engine:
 
     def __init__(self, path: str, config_file: str | None = None):
         self.conn = chdb.connect(f"file:{path}?config-file={config_file}" if config_file else f"file:{path}")
-        # One thread a statement: a server's statements here are tiny, and
-        # splitting each over the cores cost a fifth more CPU than it saved
-        # (measured on inserts and FINAL reads), CPU that the tests beside
-        # it need.
+        # One thread a statement: the statements here are tiny, and splitting
+        # each over the cores cost about a fifth more CPU than one thread
+        # (docs/development.md), CPU that the tests beside the engine need.
         self.conn.query("SET max_threads = 1")
         self.lock = threading.Lock()
         # The URL settings the connection holds now, as the last request set

@@ -61,8 +61,8 @@ async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     // then keeps its place until it would have expired. Asked with a wait:
     // with a 3 s claim TTL under load, a no-wait acquire's one claim attempt
     // may not settle in time (a 409 with no holder, seen under stress). The
-    // write is asked again on a 503, as a client does: under stress the
-    // 3 s claim lapsed between the grant and the write.
+    // write is asked again on a 503, as a client does: under stress the 3 s
+    // claim may lapse between the grant and the write.
     let (lease, token) = a.api().lease("job", "worker-on-a", 10, 30.0).await;
     let on_a = a.api();
     let counter = json!({"completed": {"counter": 41}});

@@ -4,12 +4,13 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use uuid::Uuid;
 
 use super::lock_view::LockView;
 use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
 use crate::domain::{DocumentError, Loss, Regression, StateIdError};
-use crate::locks::{ForwardError, LockError, Peer};
+use crate::locks::{ForwardError, GATEWAY_ID, LockError, Peer};
 use crate::states::StateError;
 use crate::store::StoreError;
 use crate::telemetry::ClientText;
@@ -65,6 +66,10 @@ pub enum ApiError {
     AuthorityUnreachable(ForwardError),
     #[error("the claim on this state_id is moving between gateways; retry shortly")]
     AuthorityMoving,
+    /// A forwarded request reached a gateway other than the one it was
+    /// sent to: one now answers at the address the claim names.
+    #[error("this is gateway {me}, not gateway {asked} that the request was forwarded to")]
+    NotThisGateway { asked: Uuid, me: Uuid },
     #[error("{0}")]
     BookmarkRegression(String, Vec<Regression>),
     #[error("{0}")]
@@ -372,9 +377,8 @@ impl ApiError {
             Self::Lock(LockError::Locked { .. } | LockError::LockedElsewhere(_)) => {
                 ProblemType::StateLocked
             }
-            Self::Lock(LockError::Elsewhere(_) | LockError::NotAuthority(_)) => {
-                ProblemType::Misdirected
-            }
+            Self::Lock(LockError::Elsewhere(_) | LockError::NotAuthority(_))
+            | Self::NotThisGateway { .. } => ProblemType::Misdirected,
             Self::AuthorityUnreachable(_)
             | Self::AuthorityMoving
             | Self::Lock(LockError::Moving(_) | LockError::Lapsed(_) | LockError::Unsettled(_)) => {
@@ -480,6 +484,12 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"statehouse\""),
             );
+        }
+        if let Self::NotThisGateway { me, .. } = self {
+            // For the forwarding gateway, which takes its peer for gone.
+            let me =
+                HeaderValue::from_str(&me.to_string()).expect("a UUID is a valid header value");
+            response.headers_mut().insert(GATEWAY_ID, me);
         }
         if let Self::Lock(LockError::Elsewhere(peer)) = self {
             // For the forwarding layer, which sends the request on to `peer`.

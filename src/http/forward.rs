@@ -33,6 +33,17 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// retry: the authority can move while a request looks for it.
 const ATTEMPTS: usize = 3;
 
+/// Refuses, acting on nothing, a request forwarded to another gateway that
+/// reached this one (see `locks::FORWARDED_TO`): an authority's lock
+/// operations, its writes and its tickets are its own.
+pub async fn meant_here(State(ctx): State<AppContext>, request: Request, next: Next) -> Response {
+    if let Some(asked) = ctx.locks.meant_for_another(request.headers()) {
+        let me = ctx.locks.gateway_id();
+        return ApiError::NotThisGateway { asked, me }.into_response();
+    }
+    next.run(request).await
+}
+
 /// Serves the request here when this gateway is the id's authority (or
 /// nobody is), else forwards it to the authority; an acquire that finds the
 /// authority only by losing the claim to it is forwarded then. A request

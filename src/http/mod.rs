@@ -167,9 +167,14 @@ pub fn router(ctx: AppContext) -> Router {
                 forward::to_authority,
             ));
         }
+        handler = handler.route_layer(middleware::from_fn_with_state(
+            ctx.clone(),
+            forward::meant_here,
+        ));
         // A request is authorized, then admitted against its token's share
-        // (so the guard comes first: it names the token), then forwarded
-        // or served; one refused for either costs no ClickHouse query.
+        // (so the guard comes first: it names the token), then refused if it
+        // was forwarded to another gateway, then forwarded or served; one
+        // refused for any of these costs no ClickHouse query.
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
         let admit = middleware::from_fn_with_state(
             (ctx.admission.clone(), ctx.metrics.clone(), op.counts),

@@ -4,14 +4,17 @@
 //! of its own. A forwarded request carries the forwarding gateway's id in
 //! `x-statehouse-forwarded-by`, and is never forwarded again: a gateway that
 //! gets one for an id another gateway holds answers 421, and the forwarding
-//! gateway looks the authority up afresh.
+//! gateway looks the authority up afresh. It also names the gateway it is
+//! meant for in `x-statehouse-forwarded-to`: any other that gets it (one now
+//! at the address the claim names) answers 421 naming itself, and the peer
+//! is taken for gone, as when its address refuses connections.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, Request, Response, Uri, header};
+use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -20,7 +23,7 @@ use uuid::Uuid;
 
 use super::claim::{Authority, Coordinator};
 use super::error::LockError;
-use super::peer::{FORWARDED_BY, Peer, Route, SeenLease};
+use super::peer::{FORWARDED_BY, FORWARDED_TO, GATEWAY_ID, Peer, Route, SeenLease};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::StateId;
@@ -367,8 +370,10 @@ impl PeerClient {
         for name in HOP_BY_HOP.iter().chain([&header::HOST]) {
             parts.headers.remove(name);
         }
-        let me = HeaderValue::from_str(&me.to_string()).expect("a UUID is a valid header value");
-        parts.headers.insert(FORWARDED_BY, me);
+        parts.headers.insert(FORWARDED_BY, uuid_header(me));
+        parts
+            .headers
+            .insert(FORWARDED_TO, uuid_header(peer.gateway_id));
         // The peer's span is a child of this gateway's, not of its caller's.
         traces::inject(&mut parts.headers);
         let sent = self.client.request(Request::from_parts(parts, body));
@@ -379,12 +384,36 @@ impl PeerClient {
                 return Err(unreachable(format!("no answer within {deadline:?}"), false));
             }
         };
+        if let Some(other) = answered_instead(&response, peer) {
+            // Its address is another gateway's now: it is as gone as one
+            // whose address refuses connections.
+            return Err(unreachable(
+                format!("gateway {other} answers there instead"),
+                true,
+            ));
+        }
         let (mut parts, body) = response.into_parts();
         for name in &HOP_BY_HOP {
             parts.headers.remove(name);
         }
         Ok(Response::from_parts(parts, Body::new(body)))
     }
+}
+
+fn uuid_header(id: Uuid) -> HeaderValue {
+    HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value")
+}
+
+/// The gateway that refused a request forwarded to `peer` as not meant for
+/// it (see [`FORWARDED_TO`]), if another one did.
+fn answered_instead<B>(response: &Response<B>, peer: &Peer) -> Option<Uuid> {
+    if response.status() != StatusCode::MISDIRECTED_REQUEST {
+        return None;
+    }
+    let other = response.headers().get(GATEWAY_ID)?.to_str().ok()?;
+    Uuid::parse_str(other)
+        .ok()
+        .filter(|other| *other != peer.gateway_id)
 }
 
 impl Authorities {

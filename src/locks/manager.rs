@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Request, Response};
+use axum::http::{HeaderMap, Request, Response};
 use uuid::Uuid;
 
 use super::acquire::{Acquirer, Ask};
@@ -20,7 +20,7 @@ use super::forward::{ForwardError, Router};
 use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::occupancy::Occupancy;
-use super::peer::{Peer, Route, SeenLease};
+use super::peer::{FORWARDED_TO, Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row, withdraw_after_rows};
 use super::slot::{LeaseAct, Released, SlotState};
 use super::slots::Slots;
@@ -402,6 +402,20 @@ impl LockManager {
     /// How long a routing read's findings stand in for a fresh read.
     pub fn seen_fresh(&self) -> Duration {
         self.coordinator.timing().seen_lease_fresh()
+    }
+
+    /// The gateway a forwarded request was sent to (`FORWARDED_TO`), if it
+    /// is not this one: the request is refused, acting on nothing.
+    pub fn meant_for_another(&self, headers: &HeaderMap) -> Option<Uuid> {
+        let asked = headers.get(FORWARDED_TO)?.to_str().ok()?;
+        Uuid::parse_str(asked)
+            .ok()
+            .filter(|asked| *asked != self.settings.gateway_id)
+    }
+
+    /// This gateway's id.
+    pub fn gateway_id(&self) -> Uuid {
+        self.settings.gateway_id
     }
 
     /// The peer looked up for `id` turned out not to be its authority.

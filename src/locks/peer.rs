@@ -11,6 +11,15 @@ use crate::store::{Candidate, now_ms};
 
 pub const FORWARDED_BY: HeaderName = HeaderName::from_static("x-statehouse-forwarded-by");
 
+/// The gateway a forwarded request was sent to: a gateway that is not it
+/// acts on nothing (another one answers at the address its claim names,
+/// say one of another cluster, or started there since) and answers 421
+/// naming itself in [`GATEWAY_ID`].
+pub const FORWARDED_TO: HeaderName = HeaderName::from_static("x-statehouse-forwarded-to");
+
+/// The gateway that answered a forwarded request meant for another one.
+pub const GATEWAY_ID: HeaderName = HeaderName::from_static("x-statehouse-gateway-id");
+
 /// The gateway that is the authority for a state_id, as peers reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {

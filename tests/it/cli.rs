@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::helpers::{answering, free_port, spawn_gateway_process, unique_schema};
+use crate::helpers::{ClosedPort, answering, free_port, spawn_gateway_process, unique_schema};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statehouse");
 
@@ -113,7 +113,8 @@ const PROXY_502: &[u8] = b"HTTP/1.1 502 Bad Gateway\r\nServer: nginx\r\nContent-
 
 #[test]
 fn unreachable_clickhouse_at_start_is_retried_until_the_startup_timeout() {
-    let closed_port = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
+    let closed = ClosedPort::bind();
+    let closed_port = format!("clickhouse://default@127.0.0.1:{}/default", closed.port());
     let proxy_without_upstream = format!("clickhouse://default@{}/default", answering(PROXY_502));
     for url in [closed_port, proxy_without_upstream] {
         let (code, stderr) = run(
@@ -210,7 +211,8 @@ fn an_open_address_without_tokens_is_refused_at_once_naming_both_ways_out() {
     // Nothing listens at this ClickHouse: a start that went on to it would
     // retry for the 30 s startup timeout. The bound below it only catches
     // that; a refusal takes a process start.
-    let clickhouse = format!("clickhouse://default@127.0.0.1:{}/default", free_port());
+    let closed = ClosedPort::bind();
+    let clickhouse = format!("clickhouse://default@127.0.0.1:{}/default", closed.port());
     for listen in ["0.0.0.0:8080", "[::]:8080"] {
         let started = std::time::Instant::now();
         let (code, stderr) = run(

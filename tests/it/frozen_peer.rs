@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::api::{Api, Reply};
-use crate::helpers::{GatewayProcess, clickhouse_target, clickhouse_url, free_port};
-use crate::helpers::{spawn_gateway_process_on, spawn_peer_process, unique_schema};
+use crate::api::{Api, Reply, encode_id};
+use crate::helpers::{GatewayProcess, clickhouse_target, clickhouse_url, free_port, peer_config};
+use crate::helpers::{
+    spawn_configured, spawn_gateway_process_on, spawn_peer_process, unique_schema,
+};
 use crate::proxy::Proxy;
 
 /// What the contract allows past an acquire's wait, whatever a peer does.
@@ -223,4 +225,45 @@ async fn a_frozen_authority_is_passed_over_once_its_claim_and_leases_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_black_holed_authority_is_passed_over_once_its_claim_and_leases_end() {
     an_authority_taken_away_is_treated_as_dead(Fault::BlackHoled).await;
+}
+
+/// A gateway now at the address an authority's claim names (one of another
+/// cluster, or one started there since) is not that authority: it refuses
+/// the requests forwarded to the authority, acting on nothing, and the
+/// forwarding gateway answers as for an authority out of reach, until the
+/// claim lapses and the id can be claimed elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_at_the_authoritys_address_refuses_its_forwards_and_acts_on_nothing() {
+    let other_cluster = spawn_configured(peer_config(&unique_schema())).await;
+    let schema = unique_schema();
+    let mut config = peer_config(&schema);
+    config.locks.advertise_url = Some(other_cluster.base.clone());
+    let a = spawn_configured(config).await;
+    let b = spawn_configured(peer_config(&schema)).await;
+    let id = "dev:at-anothers-address";
+    let (lease, _) = a.lease(id, "holder", 60, 5.0).await;
+
+    let acquire = b
+        .acquire(id, &json!({"owner": "other", "ttl_seconds": 60}))
+        .await;
+    acquire.expect(StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(acquire.problem_type(), "authority-unreachable");
+    assert!(
+        acquire.text.contains("answers there instead"),
+        "{}",
+        acquire.text
+    );
+    let write = b
+        .put_state_with_lease(id, &json!({"completed": {"by": "holder"}}), &lease)
+        .await;
+    write.expect(StatusCode::SERVICE_UNAVAILABLE);
+
+    // The gateway at that address granted and wrote nothing, nor did anyone.
+    let lock = format!("/v1/locks/{}", encode_id(id));
+    other_cluster.get(&lock).await.expect(StatusCode::NOT_FOUND);
+    other_cluster
+        .get_state(id)
+        .await
+        .expect(StatusCode::NOT_FOUND);
+    a.get_state(id).await.expect(StatusCode::NOT_FOUND);
 }

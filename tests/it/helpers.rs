@@ -282,6 +282,29 @@ impl GatewayProcess {
     }
 }
 
+/// A port bound and never listened on: connections to it are refused, and
+/// while it lives no listener can take it. A port that `free_port` found is
+/// free only until the next test binds port 0, so "nobody listens there"
+/// held only by luck: in CI another test's gateway got one and answered.
+pub struct ClosedPort(tokio::net::TcpSocket);
+
+impl ClosedPort {
+    pub fn bind() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+        Self(socket)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.0.local_addr().unwrap().port()
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port())
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -19,7 +19,7 @@ use statehouse::domain::Coordination;
 
 use crate::checker::{Held, Log, check, final_counter, retried, retried_for};
 use crate::helpers::{
-    Api, TestApp, clickhouse_url, free_port, peer_config, spawn_configured, unique_schema,
+    Api, ClosedPort, TestApp, clickhouse_url, peer_config, spawn_configured, unique_schema,
 };
 use crate::keeper_loss::KeeperNode;
 use crate::proxy::Proxy;
@@ -31,14 +31,14 @@ const LEASE_TTL: u64 = 60;
 const RECOVERY: Duration = Duration::from_secs(40);
 
 /// A gateway with the production claim TTL, advertising its address (or,
-/// with `unreachable_advertised`, an address nobody listens on: a gateway
-/// its peers cannot reach).
+/// with `unreachable`, a port nobody listens on: a gateway its peers cannot
+/// reach).
 async fn gateway(
     schema: &str,
     coordination: Coordination,
     clickhouse: &str,
     proxy: Option<&Proxy>,
-    unreachable_advertised: bool,
+    unreachable: Option<&ClosedPort>,
 ) -> TestApp {
     let mut config = peer_config(schema);
     config.clickhouse = parse_clickhouse_url(clickhouse).unwrap();
@@ -47,30 +47,23 @@ async fn gateway(
     if let Some(proxy) = proxy {
         proxy.route(&mut config);
     }
-    if unreachable_advertised {
-        config.locks.advertise_url = Some(format!("http://127.0.0.1:{}", free_port()));
+    if let Some(closed) = unreachable {
+        config.locks.advertise_url = Some(closed.url());
     }
     spawn_configured(config).await
 }
 
 /// Two gateways on the test ClickHouse, the first behind a proxy that can
-/// cut its link (and, with `unreachable_advertised`, out of its peer's reach).
+/// cut its link (and, with `unreachable`, out of its peer's reach).
 async fn cut_pair(
     coordination: Coordination,
-    unreachable_advertised: bool,
+    unreachable: Option<&ClosedPort>,
 ) -> (Proxy, TestApp, TestApp) {
     let schema = unique_schema();
     let proxy = Proxy::to_clickhouse().await;
     let url = clickhouse_url();
-    let a = gateway(
-        &schema,
-        coordination,
-        &url,
-        Some(&proxy),
-        unreachable_advertised,
-    )
-    .await;
-    let b = gateway(&schema, coordination, &url, None, false).await;
+    let a = gateway(&schema, coordination, &url, Some(&proxy), unreachable).await;
+    let b = gateway(&schema, coordination, &url, None, None).await;
     (proxy, a, b)
 }
 
@@ -195,8 +188,8 @@ async fn a_lease_outlives_a_keeper_outage_longer_than_the_claim_ttl() {
         .unwrap();
     let node_b = keeper.start_second_node();
     let schema = unique_schema();
-    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
-    let b = gateway(&schema, Coordination::Keeper, &node_b.url, None, false).await;
+    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, None).await;
+    let b = gateway(&schema, Coordination::Keeper, &node_b.url, None, None).await;
     ride_out(
         &a,
         &b,
@@ -221,7 +214,7 @@ async fn a_lease_outlives_a_cut_to_clickhouse_in_keeper_mode() {
 }
 
 async fn cut_link_ride_out(coordination: Coordination, id: &'static str) {
-    let (proxy, a, b) = cut_pair(coordination, false).await;
+    let (proxy, a, b) = cut_pair(coordination, None).await;
     ride_out(
         &a,
         &b,
@@ -245,7 +238,8 @@ async fn a_lease_claimed_elsewhere_during_a_cut_is_dead_in_keeper_mode() {
 }
 
 async fn taken_over_during_a_cut(coordination: Coordination, id: &'static str) {
-    let (proxy, a, b) = cut_pair(coordination, true).await;
+    let closed = ClosedPort::bind();
+    let (proxy, a, b) = cut_pair(coordination, Some(&closed)).await;
     // Before the cut, a loaded machine (another test starting ZooKeeper's
     // JVM) may still answer 503 or make a claim wait: asked again, as a
     // client does.
@@ -404,7 +398,7 @@ async fn checker_through_an_outage(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_lock_checker_holds_through_a_cut_to_clickhouse_in_table_mode() {
-    let (proxy, a, b) = cut_pair(Coordination::Table, false).await;
+    let (proxy, a, b) = cut_pair(Coordination::Table, None).await;
     checker_through_an_outage(
         &a,
         &b,
@@ -423,8 +417,8 @@ async fn the_lock_checker_holds_through_a_keeper_outage() {
         .await
         .unwrap();
     let schema = unique_schema();
-    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
-    let b = gateway(&schema, Coordination::Keeper, &keeper.url, None, false).await;
+    let a = gateway(&schema, Coordination::Keeper, &keeper.url, None, None).await;
+    let b = gateway(&schema, Coordination::Keeper, &keeper.url, None, None).await;
     checker_through_an_outage(
         &a,
         &b,

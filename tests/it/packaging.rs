@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use crate::helpers::{free_port, spawn_app};
+use crate::helpers::{ClosedPort, spawn_app};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -246,7 +246,8 @@ async fn the_images_health_check_passes_on_a_ready_gateway_and_fails_without_one
         "{}",
         String::from_utf8_lossy(&healthy.stderr)
     );
-    let nobody = healthcheck(format!("127.0.0.1:{}", free_port()))
+    let closed = ClosedPort::bind();
+    let nobody = healthcheck(format!("127.0.0.1:{}", closed.port()))
         .await
         .unwrap();
     assert_eq!(nobody.status.code(), Some(1));

@@ -537,7 +537,8 @@ async fn what_the_command_leaves_running_is_killed_before_the_lease_goes() {
 async fn bad_command_lines_and_unusable_gateways_exit_1_and_run_nothing() {
     let app = spawn_app().await;
     let scratch = Scratch::new();
-    let dead = format!("http://127.0.0.1:{}", crate::helpers::free_port());
+    let closed = crate::helpers::ClosedPort::bind();
+    let dead = closed.url();
     let cases: [(&str, Vec<&str>); 6] = [
         (
             "no --",

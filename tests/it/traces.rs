@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    GatewayProcess, clickhouse_target, clickhouse_url, free_port, metric,
+    ClosedPort, GatewayProcess, clickhouse_target, clickhouse_url, free_port, metric,
     spawn_gateway_process_logging, spawn_gateway_process_on, unique_schema,
 };
 use crate::otlp::{Collector, Received};
@@ -291,11 +291,6 @@ async fn a_write_forwarded_to_its_authority_stays_in_the_callers_trace() {
     b.terminate().await;
 }
 
-/// A port nothing listens on.
-fn closed_port() -> String {
-    format!("http://127.0.0.1:{}", free_port())
-}
-
 /// 80 PUTs one after another through `gateway`, each answered 201.
 async fn eighty_puts(gateway: &GatewayProcess) {
     let client = reqwest::Client::new();
@@ -319,7 +314,8 @@ async fn eighty_puts(gateway: &GatewayProcess) {
 /// a figure a loaded machine moves: `bench/traces` measures it.
 #[tokio::test]
 async fn a_collector_that_is_down_fails_no_request_and_its_spans_are_counted() {
-    let endpoint = closed_port();
+    let closed = ClosedPort::bind();
+    let endpoint = closed.url();
     let traced = spawn_gateway_process_logging(
         &clickhouse_url(),
         &["--schema", &unique_schema()],

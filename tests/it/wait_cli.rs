@@ -16,7 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::helpers::{Api, free_port, peer_config, spawn_app, spawn_configured, unique_schema};
+use crate::helpers::{Api, ClosedPort, peer_config, spawn_app, spawn_configured, unique_schema};
 use crate::run_lease::BIN;
 
 /// Long enough for a process just started to have read the state and be
@@ -243,7 +243,8 @@ async fn an_unreachable_gateway_is_asked_again_until_it_answers() {
 /// at a --timeout that ends first too, never 124.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gateway_that_cannot_be_reached_exits_1_naming_it() {
-    let base = format!("http://127.0.0.1:{}", free_port());
+    let closed = ClosedPort::bind();
+    let base = closed.url();
     let (status, stderr) = ended_within(
         wait_at(&base, &["--changed", &fresh_id("closed")]),
         CLOSED_PORT,

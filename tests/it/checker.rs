@@ -6,14 +6,14 @@
 //! number of cycles. Other tests with workers of their own (lock_delay,
 //! lock_faults, soak_mixed) record into the same log and run the same check.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{Api, Reply};
+use crate::api::retried;
+use crate::helpers::Api;
 
 /// What a worker saw while it held a lease: a sub-interval of the lease.
 #[derive(Clone, Copy, Debug)]
@@ -85,31 +85,6 @@ async fn worker(api: Api, id: &'static str, name: String, cycles: usize, work: W
             .await
             .expect_because(StatusCode::NO_CONTENT, &name);
         log.lock().unwrap().push(Held { start, end, token });
-    }
-}
-
-/// `request`'s answer, asked again a second apart (as `Retry-After` says)
-/// while it is 503 (ClickHouse or Keeper slow or away, a claim between
-/// gateways, a lapsed claim being re-won): what every client does. Any
-/// other answer is the request's. The 60 s give-up only catches a gateway
-/// that never recovers: with the Python suites beside a keeper-mode checker
-/// (load average 16 on 2 cores) a lapsed claim took over 20 s to re-win.
-pub async fn retried<F: Future<Output = Reply>>(request: impl Fn() -> F) -> Reply {
-    retried_for(Duration::from_secs(60), request).await
-}
-
-/// [`retried`], giving up after `limit`.
-pub async fn retried_for<F: Future<Output = Reply>>(
-    limit: Duration,
-    request: impl Fn() -> F,
-) -> Reply {
-    let give_up = Instant::now() + limit;
-    loop {
-        let reply = request().await;
-        if reply.status != StatusCode::SERVICE_UNAVAILABLE || Instant::now() >= give_up {
-            return reply;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -20,7 +20,8 @@ use statehouse::store::{ClickHouse, History, Identifier, Store};
 use uuid::Uuid;
 
 use crate::api::Api;
-use crate::checker::{Held, Log, check, retried};
+use crate::api::retried;
+use crate::checker::{Held, Log, check};
 use crate::helpers::{
     clickhouse_url, metric, raw_sql, spawn_configured, test_config, unique_schema,
 };

@@ -17,7 +17,8 @@ use serde_json::json;
 use statehouse::config::parse_clickhouse_url;
 use statehouse::domain::Coordination;
 
-use crate::checker::{Held, Log, check, final_counter, retried, retried_for};
+use crate::api::{retried, retried_for};
+use crate::checker::{Held, Log, check, final_counter};
 use crate::helpers::{
     Api, ClosedPort, TestApp, clickhouse_url, peer_config, spawn_configured, unique_schema,
 };

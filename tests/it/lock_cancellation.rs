@@ -19,7 +19,7 @@ use statehouse::store::{ClickHouse, Layout, Store};
 use tokio::io::AsyncWriteExt;
 
 use crate::api::Reply;
-use crate::checker::retried_for;
+use crate::api::retried_for;
 use crate::helpers::{TestApp, metric, spawn_app_with, test_config, unique_schema};
 use crate::proxy::{Proxy, spawn_app_behind_proxy};
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::checker::{self, Work, final_counter, retried};
+use crate::api::retried;
+use crate::checker::{self, Work, final_counter};
 use crate::helpers::{
     GatewayProcess, clickhouse_url, spawn_app, spawn_gateway_process, unique_schema,
 };
@@ -60,9 +61,11 @@ async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     // Its write must land within the lease on a loaded machine; the lease
     // then keeps its place until it would have expired. Asked with a wait:
     // with a 3 s claim TTL under load, a no-wait acquire's one claim attempt
-    // may not settle in time (a 409 with no holder, seen under stress). The
-    // write is asked again on a 503, as a client does: under stress the 3 s
-    // claim may lapse between the grant and the write.
+    // may not settle in time (a 409 with no holder, seen under stress).
+    // Acquires and the write are asked again on a 503, as a client does:
+    // under stress ClickHouse may not answer within the query timeout
+    // (stress run Q), and the 3 s claim may lapse between the grant and the
+    // write.
     let (lease, token) = a.api().lease("job", "worker-on-a", 10, 30.0).await;
     let on_a = a.api();
     let counter = json!({"completed": {"counter": 41}});
@@ -78,21 +81,24 @@ async fn a_killed_gateways_claim_expires_and_the_other_takes_over() {
     let (next, next_token) = b.api().lease("job", "worker-on-b", 30, 60.0).await;
     assert!(next_token > token, "{next_token} after {token}");
     assert_eq!(final_counter(&b.api(), "job").await, 41, "state intact");
-    let late = b
-        .api()
-        .put_state_with_lease("job", &json!({"completed": {"counter": 0}}), &lease)
-        .await;
+    let on_b = b.api();
+    let stale = json!({"completed": {"counter": 0}});
+    let late = retried(|| on_b.put_state_with_lease("job", &stale, &lease)).await;
     assert_eq!(
         late.problem_type(),
         "lease-not-current",
-        "the dead gateway's lease ended with it"
+        "the dead gateway's lease ended with it: {}",
+        late.text
     );
-    let write = b
-        .api()
-        .put_state_with_lease("job", &json!({"completed": {"counter": 42}}), &next)
-        .await;
-    assert!(write.status.is_success());
-    assert_eq!(final_counter(&b.api(), "job").await, 42);
+    let counter = json!({"completed": {"counter": 42}});
+    let write = retried(|| on_b.put_state_with_lease("job", &counter, &next)).await;
+    assert!(
+        write.status.is_success(),
+        "{}: {}",
+        write.status,
+        write.text
+    );
+    assert_eq!(final_counter(&on_b, "job").await, 42);
 }
 
 #[tokio::test]

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use statehouse::domain::GuardMode;
 use tokio::sync::watch;
 
-use crate::checker::{Held, Log, check, retried};
+use crate::api::retried;
+use crate::checker::{Held, Log, check};
 use crate::helpers::{Api, plugin_writes_ahead, spawn_app_with, two_peers, write_path_statements};
 
 fn bookmarked(value: &str) -> Value {

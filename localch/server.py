@@ -423,7 +423,13 @@ def write_keeper_config(data: str, zookeeper: str) -> str:
     with open(path, "w") as config:
         config.write(
             "<clickhouse>\n"
-            f"  <zookeeper><node><host>{host}</host><port>{port}</port></node></zookeeper>\n"
+            # Sessions and operations outlast a ZooKeeper starved of CPU
+            # for seconds (see localch/zookeeper's tick).
+            "  <zookeeper>\n"
+            f"    <node><host>{host}</host><port>{port}</port></node>\n"
+            "    <session_timeout_ms>30000</session_timeout_ms>\n"
+            "    <operation_timeout_ms>30000</operation_timeout_ms>\n"
+            "  </zookeeper>\n"
             "  <keeper_map_path_prefix>/statehouse</keeper_map_path_prefix>\n"
             "</clickhouse>\n"
         )

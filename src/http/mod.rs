@@ -167,20 +167,23 @@ pub fn router(ctx: AppContext) -> Router {
                 forward::to_authority,
             ));
         }
-        handler = handler.route_layer(middleware::from_fn_with_state(
-            ctx.clone(),
-            forward::meant_here,
-        ));
-        // A request is authorized, then admitted against its token's share
-        // (so the guard comes first: it names the token), then refused if it
-        // was forwarded to another gateway, then forwarded or served; one
-        // refused for any of these costs no ClickHouse query.
+        // A request forwarded to another gateway is refused first, whatever
+        // this gateway's tokens (another cluster's may differ), so that the
+        // forwarder finds its peer gone. Then it is authorized, then
+        // admitted against its token's share (so the guard comes first: it
+        // names the token), then forwarded or served; one refused for any
+        // of these costs no ClickHouse query.
+        let meant_here = middleware::from_fn_with_state(ctx.clone(), forward::meant_here);
         let guard = middleware::from_fn_with_state((ctx.clone(), op.access), auth::guard);
         let admit = middleware::from_fn_with_state(
             (ctx.admission.clone(), ctx.metrics.clone(), op.counts),
             admission::admit,
         );
-        router.route(op.path, handler.route_layer(admit).route_layer(guard))
+        let layered = handler
+            .route_layer(admit)
+            .route_layer(guard)
+            .route_layer(meant_here);
+        router.route(op.path, layered)
     });
     api
         // `/v1/states/` names the empty id: a 400 says why, where a 404 would puzzle.

@@ -45,7 +45,8 @@ pub enum ForwardError {
         url: String,
         reason: String,
         /// It could not be reached at all (a refused connection, a failed
-        /// handshake), or answered no probe past its claim: not merely slow.
+        /// handshake, another gateway answering at its address), or
+        /// answered no probe past its claim: not merely slow.
         /// It is looked up afresh for every id, and not asked first as a
         /// lapsed holder for a claim TTL.
         gone: bool,
@@ -141,7 +142,8 @@ pub(super) struct Router {
     peers: PeerClient,
     /// Who the authority for an id is, as looked up lately.
     authorities: Authorities,
-    /// Peers found gone lately (unreachable, or silent past their claim),
+    /// Peers found gone lately (unreachable, another gateway at their
+    /// address, or silent past their claim),
     /// and when: a lapsed holder among them is not asked first (see
     /// [`Router::route`]).
     unanswered: Mutex<HashMap<Uuid, Instant>>,
@@ -177,8 +179,8 @@ impl Router {
     /// live authority, if it advertised a URL. With no live claim, a gateway
     /// whose claim lapsed while its leases ran is asked first, as it may
     /// re-win the claim and keep them, unless it was found gone within the
-    /// claim TTL (unreachable, or silent past its claim: the id is claimed
-    /// here). `remembered` allows an authority looked up lately instead of
+    /// claim TTL (see [`ForwardError::Unreachable`]'s `gone`: the id is
+    /// claimed here). `remembered` allows an authority looked up lately instead of
     /// asking ClickHouse; `with_row` reads the id's current row with the
     /// authority, for a write served here.
     pub async fn route(
@@ -344,7 +346,9 @@ impl PeerClient {
     }
 
     /// Sends `request` to `peer` as gateway `me`, one hop: it is marked
-    /// forwarded, so the peer never sends it on.
+    /// forwarded, so the peer never sends it on, and names `peer`, so that
+    /// another gateway at its address acts on nothing; that one's refusal
+    /// finds `peer` gone.
     pub(super) async fn send(
         &self,
         me: Uuid,

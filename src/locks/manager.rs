@@ -20,7 +20,7 @@ use super::forward::{ForwardError, Router};
 use super::issued::Issued;
 use super::maintain::Maintenance;
 use super::occupancy::Occupancy;
-use super::peer::{FORWARDED_TO, Peer, Route, SeenLease};
+use super::peer::{FORWARDED_BY, FORWARDED_TO, Peer, Route, SeenLease};
 use super::record::{Recorder, ended_row, withdraw_after_rows};
 use super::slot::{LeaseAct, Released, SlotState};
 use super::slots::Slots;
@@ -407,6 +407,9 @@ impl LockManager {
     /// The gateway a forwarded request was sent to (`FORWARDED_TO`), if it
     /// is not this one: the request is refused, acting on nothing.
     pub fn meant_for_another(&self, headers: &HeaderMap) -> Option<Uuid> {
+        if !headers.contains_key(FORWARDED_BY) {
+            return None;
+        }
         let asked = headers.get(FORWARDED_TO)?.to_str().ok()?;
         Uuid::parse_str(asked)
             .ok()

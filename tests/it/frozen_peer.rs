@@ -8,8 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::json;
+use statehouse::auth::Tokens;
 
 use crate::api::{Api, Reply, encode_id};
 use crate::helpers::{GatewayProcess, clickhouse_target, clickhouse_url, free_port, peer_config};
@@ -227,6 +228,9 @@ async fn a_black_holed_authority_is_passed_over_once_its_claim_and_leases_end() 
     an_authority_taken_away_is_treated_as_dead(Fault::BlackHoled).await;
 }
 
+/// The other cluster's token, at least 16 characters.
+const OTHER_TOKEN: &str = "other-cluster-token-0123";
+
 /// A gateway now at the address an authority's claim names (one of another
 /// cluster, or one started there since) is not that authority: it refuses
 /// the requests forwarded to the authority, acting on nothing, and the
@@ -234,7 +238,15 @@ async fn a_black_holed_authority_is_passed_over_once_its_claim_and_leases_end() 
 /// claim lapses and the id can be claimed elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gateway_at_the_authoritys_address_refuses_its_forwards_and_acts_on_nothing() {
-    let other_cluster = spawn_configured(peer_config(&unique_schema())).await;
+    // Another cluster's gateway, with tokens of its own: it refuses before
+    // any token check, so the forwarder learns its peer is not there.
+    let mut other = peer_config(&unique_schema());
+    let mut tokens = Tokens::default();
+    tokens
+        .add("other", &format!("write {OTHER_TOKEN}"), ',')
+        .unwrap();
+    other.tokens = tokens;
+    let other_cluster = spawn_configured(other).await;
     let schema = unique_schema();
     let mut config = peer_config(&schema);
     config.locks.advertise_url = Some(other_cluster.base.clone());
@@ -259,11 +271,14 @@ async fn a_gateway_at_the_authoritys_address_refuses_its_forwards_and_acts_on_no
     write.expect(StatusCode::SERVICE_UNAVAILABLE);
 
     // The gateway at that address granted and wrote nothing, nor did anyone.
-    let lock = format!("/v1/locks/{}", encode_id(id));
-    other_cluster.get(&lock).await.expect(StatusCode::NOT_FOUND);
-    other_cluster
-        .get_state(id)
-        .await
-        .expect(StatusCode::NOT_FOUND);
+    for path in [
+        format!("/v1/locks/{}", encode_id(id)),
+        format!("/v1/states/{}", encode_id(id)),
+    ] {
+        other_cluster
+            .call(Method::GET, &path, None, OTHER_TOKEN)
+            .await
+            .expect(StatusCode::NOT_FOUND);
+    }
     a.get_state(id).await.expect(StatusCode::NOT_FOUND);
 }

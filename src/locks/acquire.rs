@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::claim::{ClaimOutcome, Coordinator};
+use super::claim::{ClaimOutcome, Coordinator, Recorded};
 use super::error::LockError;
 use super::record::{Recorder, withdraw_after_rows};
 use super::slot::{
@@ -282,7 +282,11 @@ impl Acquirer<'_> {
     /// it), nobody is known to hold the id, and the answer is 503, not a 409
     /// naming no one.
     async fn unsettled(&self, id: &StateId) -> LockError {
-        match self.coordinator.recorded_lease(id, None).await {
+        match self
+            .coordinator
+            .recorded_lease(id, None, Recorded::HoldingPlace)
+            .await
+        {
             Ok(Some(holder)) => LockError::Held {
                 state_id: id.clone(),
                 holder: Some(Box::new(holder)),
@@ -299,7 +303,11 @@ impl Acquirer<'_> {
     async fn held_elsewhere(&self, id: &StateId) -> LockError {
         let started = Instant::now();
         loop {
-            match self.coordinator.recorded_lease(id, None).await {
+            match self
+                .coordinator
+                .recorded_lease(id, None, Recorded::HoldingPlace)
+                .await
+            {
                 Ok(Some(holder)) => {
                     return LockError::Held {
                         state_id: id.clone(),

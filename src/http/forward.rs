@@ -99,7 +99,7 @@ pub async fn to_authority(State(ctx): State<AppContext>, request: Request, next:
                 // The lock check of the handler goes by what routing read.
                 let mut here = rebuild(&parts);
                 if let Some(seen) = seen {
-                    here.extensions_mut().insert(*seen);
+                    here.extensions_mut().insert(seen);
                 }
                 let mut response = next.clone().run(here).await;
                 let Some(Misrouted(peer)) = response.extensions_mut().remove::<Misrouted>() else {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::claim::{ClaimOutcome, Coordinator, Recorded};
+use super::claim::{ClaimOutcome, Coordinator};
 use super::error::LockError;
 use super::record::{Recorder, withdraw_after_rows};
 use super::slot::{
@@ -282,11 +282,7 @@ impl Acquirer<'_> {
     /// it), nobody is known to hold the id, and the answer is 503, not a 409
     /// naming no one.
     async fn unsettled(&self, id: &StateId) -> LockError {
-        match self
-            .coordinator
-            .recorded_lease(id, None, Recorded::HoldingPlace)
-            .await
-        {
+        match self.coordinator.recorded_lease(id, None).await {
             Ok(Some(holder)) => LockError::Held {
                 state_id: id.clone(),
                 holder: Some(Box::new(holder)),
@@ -303,11 +299,7 @@ impl Acquirer<'_> {
     async fn held_elsewhere(&self, id: &StateId) -> LockError {
         let started = Instant::now();
         loop {
-            match self
-                .coordinator
-                .recorded_lease(id, None, Recorded::HoldingPlace)
-                .await
-            {
+            match self.coordinator.recorded_lease(id, None).await {
                 Ok(Some(holder)) => {
                     return LockError::Held {
                         state_id: id.clone(),

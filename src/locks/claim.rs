@@ -25,8 +25,8 @@ use self::claimant::Claimant;
 use self::keeper::KeeperClaims;
 use self::key_reads::KeyReads;
 use self::membership::Membership;
+use self::protocol::ClaimProtocol;
 pub(super) use self::protocol::{Authority, ClaimOutcome};
-use self::protocol::{ClaimProtocol, leases_holding_places};
 use self::table::TableClaims;
 use super::peer::SeenLease;
 use super::slot::{Lapsed, TokenBlock};
@@ -35,17 +35,6 @@ use crate::config::LockSettings;
 use crate::domain::{Coordination, Lease, StateId};
 use crate::metrics::Metrics;
 use crate::store::{Candidate, KeeperClaimStore, LeaseStore, StoreError};
-
-/// Which recorded lease of an id is asked for.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Recorded {
-    /// The one in force, that writes go by: its authority's claim is live.
-    InForce,
-    /// The one holding the id's place, that an acquire would find: also one
-    /// kept through its claim's lapse, or left by a dead authority until it
-    /// would have expired.
-    HoldingPlace,
-}
 
 /// This gateway's side of the claim protocol: the protocol it speaks, and
 /// the timing its claims follow. The lock handle (`LockManager`) and the
@@ -59,8 +48,6 @@ pub(super) struct Coordinator {
     timing: ClaimTiming,
     /// Table mode's membership, kept alive by [`Coordinator::keep_membership`].
     membership: Option<Arc<Membership>>,
-    /// The lease rows, read for listings: who holds what needs no claim.
-    leases: LeaseStore,
 }
 
 impl Coordinator {
@@ -84,7 +71,7 @@ impl Coordinator {
             _ => None,
         };
         let claimant = Claimant {
-            leases: leases.clone(),
+            leases,
             settings,
             timing,
             metrics,
@@ -104,7 +91,6 @@ impl Coordinator {
             protocol,
             timing,
             membership,
-            leases,
         }
     }
 
@@ -214,35 +200,25 @@ impl Coordinator {
         self.protocol.authority(id, with_row).await
     }
 
-    /// The lease of `id` by ClickHouse's record, as `which` says: `seen`'s
-    /// while it is fresh, else read now. A lease that a routing read did
-    /// not see needs a claim it did not see either (a gateway hands its
-    /// leases on before it withdraws its claims), and a new claim grants
-    /// nothing for the settle time; half of that is the freshness kept.
+    /// The lease in force on `id` by ClickHouse's record: `seen`'s while it
+    /// is fresh, else read now. A lease that a routing read did not see
+    /// needs a claim it did not see either (a gateway hands its leases on
+    /// before it withdraws its claims), and a new claim grants nothing for
+    /// the settle time; half of that is the freshness kept.
     pub(super) async fn recorded_lease(
         &self,
         id: &StateId,
         seen: Option<&SeenLease>,
-        which: Recorded,
     ) -> Result<Option<Lease>, StoreError> {
         if let Some(seen) = seen.filter(|s| self.seen_fresh(s.at)) {
-            return Ok(match which {
-                Recorded::InForce => seen.lease.clone(),
-                Recorded::HoldingPlace => seen.holder.clone(),
-            });
+            return Ok(seen.lease.clone());
         }
-        let authority = self.authority(id, false).await?;
-        Ok(match which {
-            Recorded::InForce => authority.lease_in_force(),
-            Recorded::HoldingPlace => authority.holding_place(),
-        }
-        .cloned())
+        Ok(self.authority(id, false).await?.lease_in_force().cloned())
     }
 
-    /// Every lease ClickHouse records as holding its place, through any
-    /// gateway (see [`leases_holding_places`]).
+    /// Every lease ClickHouse records as in force, through any gateway.
     pub(super) async fn recorded_leases(&self) -> Result<Vec<Lease>, StoreError> {
-        Ok(leases_holding_places(self.leases.unexpired_leases().await?))
+        self.protocol.recorded_leases().await
     }
 
     /// The other gateways that hold claims and can be reached.
@@ -256,7 +232,7 @@ mod tests {
     use std::time::Duration;
 
     use super::claimant::{orphaned, place_end};
-    use super::protocol::{holds_place, in_force};
+    use super::protocol::in_force;
     use super::*;
     use crate::domain::LeaseState;
     use crate::store::StoredLease;
@@ -331,20 +307,6 @@ mod tests {
             &stored(LeaseState::HandedOver, false),
             claims(&[])
         ));
-    }
-
-    #[test]
-    fn a_lease_holds_its_place_until_it_expires_whatever_became_of_its_claim() {
-        // Listed through every gateway, with or without a live claim: an
-        // acquire anywhere finds it holding the id.
-        assert!(holds_place(&stored(LeaseState::Held, true)));
-        assert!(holds_place(&stored(LeaseState::HandedOver, true)));
-        assert!(!holds_place(&stored(LeaseState::Held, false)), "expired");
-        assert!(!holds_place(&stored(LeaseState::Released, true)));
-        assert!(
-            !holds_place(&delayed(LeaseState::Held, true, Some(4_000))),
-            "ended"
-        );
     }
 
     #[test]

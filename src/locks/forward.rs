@@ -155,7 +155,6 @@ pub(super) struct Router {
 fn seen(authority: Authority, at: Instant) -> SeenLease {
     SeenLease {
         lease: authority.lease_in_force().cloned(),
-        holder: authority.holding_place().cloned(),
         at,
     }
 }
@@ -206,14 +205,14 @@ impl Router {
             {
                 return Ok(Route::Peer(Peer::of(lapsed)));
             }
-            return Ok(Route::Here(Some(Box::new(seen(authority, at)))));
+            return Ok(Route::Here(Some(seen(authority, at))));
         };
         if first.gateway_id == self.gateway_id {
             // This gateway's own claim, not yet won here (a claim for
             // writes settling): no other gateway can grant a lease before
             // it is gone, so the read stands in for a fresh one as when
             // nobody holds a claim, and the write reads nothing more.
-            return Ok(Route::Here(Some(Box::new(seen(authority, at)))));
+            return Ok(Route::Here(Some(seen(authority, at))));
         }
         if first.advertise_url.is_empty() {
             tracing::info!(

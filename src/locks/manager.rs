@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, Request, Response};
 use uuid::Uuid;
 
 use super::acquire::{Acquirer, Ask};
-use super::claim::{Coordinator, Recorded};
+use super::claim::Coordinator;
 use super::error::LockError;
 use super::forward::{ForwardError, Router};
 use super::issued::Issued;
@@ -272,22 +272,19 @@ impl LockManager {
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
-        self.lease_by(id, seen, |st| st.lease().cloned(), Recorded::InForce)
-            .await
+        self.lease_by(id, seen, |st| st.lease().cloned()).await
     }
 
-    /// Who holds `id`, as `GET /v1/locks/{state_id}` shows it, the holder a
-    /// refused acquire is told of: where this gateway is the authority, its
-    /// own lease, else an earlier authority's that keeps its place here;
-    /// elsewhere the lease ClickHouse records as holding the id's place,
-    /// whether or not its authority's claim is live.
+    /// Who holds `id`, as `GET /v1/locks/{state_id}` shows it: as
+    /// [`LockManager::current`], and where this gateway is the authority and
+    /// no lease of its own holds the id, an earlier authority's lease that
+    /// keeps its place here, the holder a refused acquire is told of.
     pub async fn holder(
         &self,
         id: &StateId,
         seen: Option<&SeenLease>,
     ) -> Result<Option<Lease>, LockError> {
-        self.lease_by(id, seen, |st| st.holder().cloned(), Recorded::HoldingPlace)
-            .await
+        self.lease_by(id, seen, |st| st.holder().cloned()).await
     }
 
     async fn lease_by(
@@ -295,7 +292,6 @@ impl LockManager {
         id: &StateId,
         seen: Option<&SeenLease>,
         of: fn(&SlotState) -> Option<Lease>,
-        recorded: Recorded,
     ) -> Result<Option<Lease>, LockError> {
         if let Some(slot) = self.slots.existing(id)
             && let Some(lease) =
@@ -303,7 +299,7 @@ impl LockManager {
         {
             return Ok(lease);
         }
-        Ok(self.coordinator.recorded_lease(id, seen, recorded).await?)
+        Ok(self.coordinator.recorded_lease(id, seen).await?)
     }
 
     /// Every current lease: ClickHouse's record, with this gateway's own

@@ -49,23 +49,18 @@ impl Peer {
 #[derive(Clone, Debug)]
 pub enum Route {
     /// With the lease ClickHouse records, when finding the route read it.
-    Here(Option<Box<SeenLease>>),
+    Here(Option<SeenLease>),
     Peer(Peer),
 }
 
-/// The leases of a state_id that no gateway holds a claim on, as a
-/// request's routing read them (the one in force, the one holding its
-/// place): its lock check need not read them again (see
+/// The lease in force on a state_id that no gateway holds a claim on, as a
+/// request's routing read it: its lock check need not read it again (see
 /// `Coordinator::recorded_lease`). A write's routing read also reads the
 /// id's current row, which the store keeps for the write (see
 /// `LockManager::seen_at`).
 #[derive(Clone, Debug)]
 pub struct SeenLease {
-    /// The lease in force: its authority's claim is live.
     pub(super) lease: Option<Lease>,
-    /// The lease holding the id's place, in force or not (see
-    /// `claim::Recorded::HoldingPlace`).
-    pub(super) holder: Option<Lease>,
     /// When the read was asked for: it sees every write acknowledged before.
     pub(super) at: Instant,
 }

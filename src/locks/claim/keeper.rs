@@ -17,7 +17,7 @@
 //! landed; it is released in the background, and a later attempt of this
 //! gateway takes a leftover of its own over at once.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -27,8 +27,8 @@ use uuid::Uuid;
 use super::claimant::{Claimant, TOKENS_PER_BLOCK};
 use super::guard::Withdrawing;
 use super::key_reads::KeyReads;
-use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step};
-use crate::domain::StateId;
+use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
+use crate::domain::{Lease, StateId};
 use crate::locks::peer::Peer;
 use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock, WonClaim};
 use crate::metrics::LockEvent;
@@ -307,6 +307,20 @@ impl KeeperClaims {
         .await?;
         Ok((outcome != Outcome::Done).then_some(claim_id))
     }
+
+    /// The gateway holding each of `ids`' keys with a live claim, if one does.
+    async fn holders(&self, ids: &[StateId]) -> Result<HashMap<StateId, Uuid>, StoreError> {
+        Ok(self
+            .store
+            .read_many(ids)
+            .await?
+            .into_iter()
+            .filter_map(|(id, read)| {
+                let holder = read.claim?.holder?;
+                (holder.expires_ms > read.now_ms).then_some((id, holder.gateway_id))
+            })
+            .collect())
+    }
 }
 
 impl ClaimProtocol for KeeperClaims {
@@ -394,6 +408,21 @@ impl ClaimProtocol for KeeperClaims {
                 leases: locks.leases,
                 lapsed,
             })
+        })
+    }
+
+    fn recorded_leases(&self) -> Step<'_, Vec<Lease>> {
+        Box::pin(async move {
+            let unexpired = self.claimant.leases.unexpired_leases().await?;
+            let ids: Vec<StateId> = unexpired
+                .iter()
+                .filter_map(|l| l.latest())
+                .map(|l| l.record.lease.state_id.clone())
+                .collect();
+            let holders = self.holders(&ids).await?;
+            Ok(leases_in_force(unexpired, |_, id, gateway| {
+                holders.get(id) == Some(&gateway)
+            }))
         })
     }
 

@@ -62,6 +62,9 @@ pub(super) trait ClaimProtocol: Send + Sync {
     /// store keeps it for the write: see `store::LeaseStore::id_locks_or_with_row`).
     fn authority<'a>(&'a self, id: &'a StateId, with_row: bool) -> Step<'a, Authority>;
 
+    /// Every lease ClickHouse records as in force, through any gateway.
+    fn recorded_leases(&self) -> Step<'_, Vec<Lease>>;
+
     /// The other gateways that hold claims and can be reached.
     fn claim_holders(&self) -> Step<'_, Vec<(Uuid, String)>>;
 }
@@ -121,15 +124,6 @@ impl Authority {
     pub fn lease_in_force(&self) -> Option<&Lease> {
         self.in_force().last().map(|stored| &stored.record.lease)
     }
-
-    /// The latest recorded lease holding its place (see [`holds_place`]),
-    /// in force or not.
-    pub fn holding_place(&self) -> Option<&Lease> {
-        self.leases
-            .iter()
-            .rfind(|stored| holds_place(stored))
-            .map(|stored| &stored.record.lease)
-    }
 }
 
 /// Whether a recorded lease is in force: this is the one place the rule is
@@ -145,28 +139,26 @@ pub(super) fn in_force(stored: &StoredLease, has_claim: impl Fn(Uuid) -> bool) -
         }
 }
 
-/// The leases that hold their places, among every id's unexpired lease
-/// rows, whatever became of the claim they were granted under: held under
-/// a live claim; kept through a lapse of it (the outage rule); left by an
-/// authority that died or froze, until they would have expired (the next
-/// authority grants nothing before); or handed over at a shutdown. So every
-/// gateway lists who an acquire would find holding an id. A lease in force
-/// for writes needs its authority's claim too (see [`in_force`]).
-pub(super) fn leases_holding_places(unexpired: Vec<IdLocks>) -> Vec<Lease> {
+/// The leases in force among every id's unexpired lease rows, by the
+/// protocol's word on who holds a live claim: `has_claim(locks, id,
+/// gateway)`, with the id's candidates in `locks`.
+pub(super) fn leases_in_force(
+    unexpired: Vec<IdLocks>,
+    has_claim: impl Fn(&[Candidate], &StateId, Uuid) -> bool,
+) -> Vec<Lease> {
     unexpired
         .into_iter()
-        .flat_map(|locks| locks.leases)
-        .filter(holds_place)
-        .map(|stored| stored.record.lease)
+        .flat_map(
+            |IdLocks {
+                 candidates, leases, ..
+             }| {
+                let has_claim = &has_claim;
+                leases.into_iter().filter_map(move |stored| {
+                    let id = &stored.record.lease.state_id;
+                    in_force(&stored, |gateway| has_claim(&candidates, id, gateway))
+                        .then(|| stored.record.lease.clone())
+                })
+            },
+        )
         .collect()
-}
-
-/// Whether a recorded lease holds its place (see [`leases_holding_places`]).
-pub(super) fn holds_place(stored: &StoredLease) -> bool {
-    stored.unexpired
-        && match stored.record.state {
-            LeaseState::HandedOver => true,
-            LeaseState::Held => stored.record.ended_ms.is_none(),
-            LeaseState::Released => false,
-        }
 }

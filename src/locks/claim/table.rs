@@ -13,8 +13,8 @@ use uuid::Uuid;
 use super::claimant::{Claimant, TOKENS_PER_BLOCK};
 use super::guard::Withdrawing;
 use super::membership::{Membership, Pass};
-use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step};
-use crate::domain::{LeaseState, StateId};
+use super::protocol::{Authority, ClaimOutcome, ClaimProtocol, Step, leases_in_force};
+use crate::domain::{Lease, LeaseState, StateId};
 use crate::locks::peer::Peer;
 use crate::locks::slot::{HeldClaim, Lapsed, TokenBlock, WonClaim};
 use crate::metrics::LockEvent;
@@ -389,6 +389,16 @@ impl ClaimProtocol for TableClaims {
                 leases: locks.leases,
                 lapsed,
             })
+        })
+    }
+
+    fn recorded_leases(&self) -> Step<'_, Vec<Lease>> {
+        Box::pin(async move {
+            let unexpired = self.claimant.leases.unexpired_leases().await?;
+            // A gateway's claim is live while it has a candidate in line.
+            Ok(leases_in_force(unexpired, |candidates, _, gateway| {
+                candidates.iter().any(|c| c.gateway_id == gateway)
+            }))
         })
     }
 

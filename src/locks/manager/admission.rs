@@ -11,7 +11,6 @@ use uuid::Uuid;
 
 use super::LockManager;
 use crate::domain::{Lease, StateId};
-use crate::locks::claim::Recorded;
 use crate::locks::error::LockError;
 use crate::locks::peer::{Peer, Route, SeenLease};
 use crate::locks::ticket::{TicketGrant, request_ticket};
@@ -33,10 +32,7 @@ impl LockManager {
         if let Some(admitted) = admit_here(&self.slots, id, lease_id, self.query_timeout) {
             return admitted;
         }
-        let current = self
-            .coordinator
-            .recorded_lease(id, seen, Recorded::InForce)
-            .await?;
+        let current = self.coordinator.recorded_lease(id, seen).await?;
         let lease = lease_rule(id, current.as_ref(), lease_id)?;
         if current.is_none() && self.recent_writes.repeat(id, Instant::now()) {
             claim_for_writes(

@@ -10,7 +10,7 @@ use super::lock_view::LockView;
 use super::pool_view::PoolView;
 use super::wire::rfc3339_millis;
 use crate::domain::{DocumentError, Loss, Regression, StateIdError};
-use crate::locks::{ForwardError, GATEWAY_ID, LockError, Peer};
+use crate::locks::{ForwardError, GATEWAY_ID, LockError, Peer, uuid_header};
 use crate::states::StateError;
 use crate::store::StoreError;
 use crate::telemetry::ClientText;
@@ -487,9 +487,7 @@ impl IntoResponse for ApiError {
         }
         if let Self::NotThisGateway { me, .. } = self {
             // For the forwarding gateway, which takes its peer for gone.
-            let me =
-                HeaderValue::from_str(&me.to_string()).expect("a UUID is a valid header value");
-            response.headers_mut().insert(GATEWAY_ID, me);
+            response.headers_mut().insert(GATEWAY_ID, uuid_header(me));
         }
         if let Self::Lock(LockError::Elsewhere(peer)) = self {
             // For the forwarding layer, which sends the request on to `peer`.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use axum::http::{HeaderName, Request, Response, StatusCode, Uri, header};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::claim::{Authority, Coordinator};
 use super::error::LockError;
-use super::peer::{FORWARDED_BY, FORWARDED_TO, GATEWAY_ID, Peer, Route, SeenLease};
+use super::peer::{FORWARDED_BY, FORWARDED_TO, GATEWAY_ID, Peer, Route, SeenLease, uuid_header};
 use super::slots::Slots;
 use crate::config::LockSettings;
 use crate::domain::StateId;
@@ -402,10 +402,6 @@ impl PeerClient {
         }
         Ok(Response::from_parts(parts, Body::new(body)))
     }
-}
-
-fn uuid_header(id: Uuid) -> HeaderValue {
-    HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value")
 }
 
 /// The gateway that refused a request forwarded to `peer` as not meant for

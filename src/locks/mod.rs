@@ -89,7 +89,7 @@ pub use self::error::LockError;
 pub use self::forward::ForwardError;
 pub use self::manager::LockManager;
 pub use self::occupancy::{Occupancy, Waiting};
-pub use self::peer::{FORWARDED_BY, FORWARDED_TO, GATEWAY_ID, Peer, Route, SeenLease};
+pub use self::peer::{FORWARDED_BY, FORWARDED_TO, GATEWAY_ID, Peer, Route, SeenLease, uuid_header};
 pub use self::ticket::{TICKETS_PATH, TicketGrant, TicketRequest};
 pub use self::timing::UNCONFIRMED_GRANT;
 pub use self::write::{Admitted, Sending};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderName;
+use axum::http::{HeaderName, HeaderValue};
 use uuid::Uuid;
 
 use crate::domain::Lease;
@@ -19,6 +19,11 @@ pub const FORWARDED_TO: HeaderName = HeaderName::from_static("x-statehouse-forwa
 
 /// The gateway that answered a forwarded request meant for another one.
 pub const GATEWAY_ID: HeaderName = HeaderName::from_static("x-statehouse-gateway-id");
+
+/// A gateway id as the value of one of these headers.
+pub fn uuid_header(id: Uuid) -> HeaderValue {
+    HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value")
+}
 
 /// The gateway that is the authority for a state_id, as peers reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
